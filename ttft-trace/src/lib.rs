@@ -1,0 +1,1 @@
+//! ttft-trace: per-request time-to-first-token tracing for GPU inference servers.
