@@ -1,1 +1,29 @@
+//! Types shared by the eBPF probes and the userspace daemon.
+//!
+//! Everything here is `no_std`, `#[repr(C)]` with explicit padding and no
+//! `bool`, so that the kernel side and userspace agree on the bytes. The
+//! episode state machine lives here too: the probes run it in the kernel and
+//! the unit tests run the very same code on the host.
 #![no_std]
+
+pub mod counters;
+pub mod episode;
+pub mod event;
+pub mod offsets;
+
+pub use counters::{Direction, GpuCounters, Stat};
+pub use episode::{Completion, ThreadState};
+pub use event::{API_DRIVER, API_RUNTIME, EVENT_EPISODE, EpisodeEvent};
+pub use offsets::TracepointOffsets;
+
+/// Implements `aya::Pod` for the types userspace reads from maps and the ring
+/// buffer. Only with the `user` feature: the eBPF side does not link aya.
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: every type below is `#[repr(C)]`, `Copy`, made only of integers
+    // with explicit padding fields, so any bit pattern is a valid value.
+    unsafe impl aya::Pod for crate::EpisodeEvent {}
+    unsafe impl aya::Pod for crate::GpuCounters {}
+    unsafe impl aya::Pod for crate::TracepointOffsets {}
+    unsafe impl aya::Pod for crate::ThreadState {}
+}

@@ -1,1 +1,16 @@
 //! ttft-trace: per-request time-to-first-token tracing for GPU inference servers.
+//!
+//! A pipeline of small modules: `probes` (load, attach, maps), `decode`
+//! (ring-buffer bytes to events), `episodes` (what is reported per GPU
+//! episode), `record` (exact percentiles), `metrics` (Prometheus), `targets`
+//! (the traced process tree), `session` (the event loop tying them).
+
+pub mod clock;
+pub mod decode;
+pub mod episodes;
+pub mod metrics;
+pub mod probes;
+pub mod record;
+pub mod session;
+pub mod targets;
+pub mod tracefs;

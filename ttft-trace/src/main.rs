@@ -1,1 +1,101 @@
-fn main() {}
+//! ttft-trace command line. The work is in the library modules.
+
+use std::{net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(version, about = "Why was the first token slow? eBPF tracing of GPU inference servers")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Trace one process and its descendants.
+    Attach {
+        /// Process to trace (its children, present and future, are traced too).
+        #[arg(long)]
+        pid: u32,
+        /// Wait for the process to load a CUDA library instead of failing.
+        #[arg(long)]
+        wait: bool,
+        /// Give up waiting after this many seconds.
+        #[arg(long, value_name = "SECONDS", requires = "wait")]
+        wait_timeout: Option<f64>,
+        /// Also probe this library (repeatable), e.g. one not mapped yet.
+        #[arg(long = "cuda-lib", value_name = "PATH")]
+        cuda_libs: Vec<PathBuf>,
+        /// Prometheus endpoint address.
+        #[arg(long, default_value = "127.0.0.1:9464")]
+        listen: SocketAddr,
+        /// Do not serve /metrics.
+        #[arg(long)]
+        no_listen: bool,
+        /// Stop after this many seconds.
+        #[arg(long, value_name = "SECONDS")]
+        duration: Option<f64>,
+        /// Seconds between summary lines.
+        #[arg(long, value_name = "SECONDS", default_value_t = 5.0)]
+        interval: f64,
+        /// Write one JSON line per GPU episode (and per attached library).
+        #[arg(long, value_name = "FILE")]
+        jsonl: Option<PathBuf>,
+        /// Ring buffer size in bytes (a power of two, multiple of the page size).
+        #[arg(long, default_value_t = 1 << 22)]
+        ringbuf_bytes: u32,
+    },
+}
+
+fn seconds(s: f64) -> anyhow::Result<Duration> {
+    Duration::try_from_secs_f64(s).map_err(|e| anyhow::anyhow!("bad duration {s}: {e}"))
+}
+
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
+        .format_timestamp(None)
+        .init();
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ttft-trace: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    match cli.command {
+        Command::Attach {
+            pid,
+            wait,
+            wait_timeout,
+            cuda_libs,
+            listen,
+            no_listen,
+            duration,
+            interval,
+            jsonl,
+            ringbuf_bytes,
+        } => {
+            let cfg = ttft_trace::session::AttachConfig {
+                pid,
+                wait,
+                wait_timeout: wait_timeout.map(seconds).transpose()?,
+                cuda_libs,
+                listen: (!no_listen).then_some(listen),
+                duration: duration.map(seconds).transpose()?,
+                interval: seconds(interval)?,
+                jsonl,
+                ringbuf_bytes,
+            };
+            rt.block_on(ttft_trace::session::attach(cfg))?;
+            Ok(())
+        }
+    }
+}

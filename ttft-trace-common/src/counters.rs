@@ -1,0 +1,94 @@
+//! Counters aggregated in the kernel, per traced process, so that userspace
+//! does not need one event per launch or copy.
+
+/// Direction of a memory copy, from the `cudaMemcpyKind` argument or the
+/// driver function's name. The discriminants index [`GpuCounters`] arrays.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    HostToHost = 0,
+    HostToDevice = 1,
+    DeviceToHost = 2,
+    DeviceToDevice = 3,
+    /// `cudaMemcpyDefault` (direction inferred by the driver from unified
+    /// addressing) and `cuMemcpyAsync`: not knowable from the arguments.
+    Unknown = 4,
+}
+
+/// Number of [`Direction`] values.
+pub const DIRECTIONS: usize = 5;
+
+impl Direction {
+    /// From a `cudaMemcpyKind` argument. Values outside the enum count as
+    /// unknown rather than being trusted.
+    pub fn from_cuda_kind(kind: u64) -> Self {
+        match kind {
+            0 => Self::HostToHost,
+            1 => Self::HostToDevice,
+            2 => Self::DeviceToHost,
+            3 => Self::DeviceToDevice,
+            _ => Self::Unknown,
+        }
+    }
+
+    /// Label value used in metrics and logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::HostToHost => "h2h",
+            Self::HostToDevice => "h2d",
+            Self::DeviceToHost => "d2h",
+            Self::DeviceToDevice => "d2d",
+            Self::Unknown => "unknown",
+        }
+    }
+
+    pub const ALL: [Direction; DIRECTIONS] = [
+        Self::HostToHost,
+        Self::HostToDevice,
+        Self::DeviceToHost,
+        Self::DeviceToDevice,
+        Self::Unknown,
+    ];
+}
+
+/// Per-process GPU API counters (one copy per CPU in the kernel; userspace
+/// sums them).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GpuCounters {
+    pub kernel_launches: u64,
+    pub graph_launches: u64,
+    pub memcpy_calls: [u64; DIRECTIONS],
+    pub memcpy_bytes: [u64; DIRECTIONS],
+    pub episodes: u64,
+}
+
+impl GpuCounters {
+    /// Adds another CPU's (or process's) counters into this one.
+    pub fn add(&mut self, other: &GpuCounters) {
+        self.kernel_launches = self.kernel_launches.wrapping_add(other.kernel_launches);
+        self.graph_launches = self.graph_launches.wrapping_add(other.graph_launches);
+        for i in 0..DIRECTIONS {
+            self.memcpy_calls[i] = self.memcpy_calls[i].wrapping_add(other.memcpy_calls[i]);
+            self.memcpy_bytes[i] = self.memcpy_bytes[i].wrapping_add(other.memcpy_bytes[i]);
+        }
+        self.episodes = self.episodes.wrapping_add(other.episodes);
+    }
+}
+
+const _: () = {
+    assert!(core::mem::size_of::<GpuCounters>() == 8 * (3 + 2 * DIRECTIONS));
+};
+
+/// Indexes of the global per-CPU statistics array.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stat {
+    /// Events dropped because the ring buffer was full.
+    RingbufLost = 0,
+    /// Threads whose episode state could not be stored (map full).
+    ThreadStateFull = 1,
+}
+
+/// Number of [`Stat`] slots.
+pub const STATS: u32 = 2;

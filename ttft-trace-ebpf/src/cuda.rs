@@ -1,0 +1,382 @@
+//! Uprobes on the CUDA runtime (libcudart) and driver (libcuda) APIs.
+//!
+//! Runtime calls nest driver calls (every `cudaLaunchKernel` ends in the
+//! driver), so each runtime entry point has a return probe too and keeps a
+//! per-thread depth: driver calls made while a runtime call is in progress
+//! are the runtime's own and are skipped, so nothing is counted twice, while
+//! direct driver users (Triton, cuBLAS) are still seen.
+
+use aya_ebpf::{
+    Argument,
+    bindings::BPF_NOEXIST,
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user},
+    macros::{uprobe, uretprobe},
+    programs::{ProbeContext, RetProbeContext},
+};
+use ttft_trace_common::{
+    API_DRIVER, API_RUNTIME, Completion, Direction, EpisodeEvent, GpuCounters, Stat, ThreadState,
+};
+
+use crate::maps::{COUNTERS, EVENTS, THREADS, bump_stat, is_tracked};
+
+/// Offset of the stream handle in both `cudaLaunchConfig_t` and
+/// `CUlaunchConfig` (after two dim3s / six u32s and the shared-memory size).
+const LAUNCH_CONFIG_STREAM_OFFSET: usize = 32;
+
+/// Arguments past the registers live on the user stack.
+#[cfg(bpf_target_arch = "x86_64")]
+#[inline(always)]
+fn arg<T: Argument + Copy>(ctx: &ProbeContext, n: usize) -> Option<T> {
+    const REG_ARGS: usize = 6;
+    if n < REG_ARGS {
+        return ctx.arg(n);
+    }
+    // SAFETY: regs points at the probe's saved registers.
+    let sp = unsafe { (*ctx.regs).rsp } as usize;
+    // At function entry [rsp] is the return address; the 7th argument follows.
+    let addr = sp + 8 * (n - REG_ARGS + 1);
+    // SAFETY: bpf_probe_read_user checks the address.
+    unsafe { bpf_probe_read_user(addr as *const T) }.ok()
+}
+
+#[cfg(bpf_target_arch = "aarch64")]
+#[inline(always)]
+fn arg<T: Argument + Copy>(ctx: &ProbeContext, n: usize) -> Option<T> {
+    const REG_ARGS: usize = 8;
+    if n < REG_ARGS {
+        return ctx.arg(n);
+    }
+    // SAFETY: regs points at the probe's saved registers.
+    let sp = unsafe { (*ctx.regs).sp } as usize;
+    let addr = sp + 8 * (n - REG_ARGS);
+    // SAFETY: bpf_probe_read_user checks the address.
+    unsafe { bpf_probe_read_user(addr as *const T) }.ok()
+}
+
+#[inline(always)]
+fn now_ns() -> u64 {
+    // SAFETY: plain helper call, no pointers involved.
+    unsafe { bpf_ktime_get_ns() }
+}
+
+/// The calling thread, if its process is traced: (tgid, tid).
+#[inline(always)]
+fn traced_thread() -> Option<(u32, u32)> {
+    let id = bpf_get_current_pid_tgid();
+    let tgid = (id >> 32) as u32;
+    if is_tracked(tgid) {
+        Some((tgid, id as u32))
+    } else {
+        None
+    }
+}
+
+#[inline(always)]
+fn thread_state(tid: u32) -> Option<&'static mut ThreadState> {
+    if let Some(p) = THREADS.get_ptr_mut(&tid) {
+        // SAFETY: map values live until deleted; only this thread uses its entry.
+        return Some(unsafe { &mut *p });
+    }
+    // Ignore the result: another CPU cannot race us on our own tid, and a
+    // failure shows up as the lookup below failing.
+    let _ = THREADS.insert(&tid, &ThreadState::default(), u64::from(BPF_NOEXIST));
+    match THREADS.get_ptr_mut(&tid) {
+        // SAFETY: as above.
+        Some(p) => Some(unsafe { &mut *p }),
+        None => {
+            bump_stat(Stat::ThreadStateFull);
+            None
+        }
+    }
+}
+
+#[inline(always)]
+fn counters(tgid: u32) -> Option<*mut GpuCounters> {
+    if let Some(p) = COUNTERS.get_ptr_mut(&tgid) {
+        return Some(p);
+    }
+    let _ = COUNTERS.insert(&tgid, &GpuCounters::default(), u64::from(BPF_NOEXIST));
+    COUNTERS.get_ptr_mut(&tgid)
+}
+
+/// Adds to a per-CPU counter: the BPF target has no compare-and-swap, so the
+/// counters are per CPU and summed by userspace rather than atomic.
+#[inline(always)]
+fn add(field: *mut u64, v: u64) {
+    // SAFETY: field points into this CPU's copy of a live map value.
+    unsafe { *field = (*field).wrapping_add(v) };
+}
+
+#[inline(always)]
+fn count_launch(tgid: u32, graph: bool) {
+    if let Some(c) = counters(tgid) {
+        // SAFETY: c points into a live map value.
+        unsafe {
+            if graph {
+                add(&raw mut (*c).graph_launches, 1);
+            } else {
+                add(&raw mut (*c).kernel_launches, 1);
+            }
+        }
+    }
+}
+
+#[inline(always)]
+fn count_copy(tgid: u32, dir: Direction, bytes: u64) {
+    let i = dir as usize;
+    if let Some(c) = counters(tgid) {
+        if i < ttft_trace_common::counters::DIRECTIONS {
+            // SAFETY: c points into a live map value; i is bounds-checked.
+            unsafe {
+                add(&raw mut (*c).memcpy_calls[i], 1);
+                add(&raw mut (*c).memcpy_bytes[i], bytes);
+            }
+        }
+    }
+}
+
+#[inline(always)]
+fn emit(ep: &EpisodeEvent) {
+    match EVENTS.reserve::<EpisodeEvent>(0) {
+        Some(mut entry) => {
+            entry.write(*ep);
+            entry.submit(0);
+        }
+        None => bump_stat(Stat::RingbufLost),
+    }
+    if let Some(c) = counters(ep.tgid) {
+        // SAFETY: c points into a live map value.
+        unsafe { add(&raw mut (*c).episodes, 1) };
+    }
+}
+
+/// What one API call does to the episode state.
+#[derive(Clone, Copy)]
+enum Call {
+    Launch { stream: u64, graph: bool },
+    Copy { dir: Direction, bytes: u64, stream: u64, synchronous: bool },
+    Sync { completion: Completion, stream: u64 },
+}
+
+#[inline(always)]
+fn apply(st: &mut ThreadState, call: Call, now: u64, tgid: u32, tid: u32, api: u32) {
+    match call {
+        Call::Launch { stream, graph } => {
+            st.begin_call(None, 0);
+            st.on_launch(now, tgid, tid, stream, api, graph);
+            count_launch(tgid, graph);
+        }
+        Call::Copy { dir, bytes, stream, synchronous } => {
+            st.begin_call(synchronous.then_some(Completion::SyncCopy), 0);
+            count_copy(tgid, dir, bytes);
+            if dir == Direction::DeviceToHost {
+                st.on_d2h_copy(now, bytes, stream, synchronous);
+            }
+        }
+        Call::Sync { completion, stream } => st.begin_call(Some(completion), stream),
+    }
+}
+
+/// Entry of a runtime API function: handled only when outermost.
+#[inline(always)]
+fn runtime_entry(call: Option<Call>) -> u32 {
+    let Some((tgid, tid)) = traced_thread() else { return 0 };
+    let now = now_ns();
+    let Some(st) = thread_state(tid) else { return 0 };
+    if !st.enter_runtime() {
+        return 0;
+    }
+    match call {
+        Some(call) => apply(st, call, now, tgid, tid, API_RUNTIME),
+        // Arguments could not be read: still a call, complete nothing.
+        None => st.begin_call(None, 0),
+    }
+    0
+}
+
+/// Entry of a driver API function: skipped inside a runtime call.
+#[inline(always)]
+fn driver_entry(call: Option<Call>) -> u32 {
+    let Some((tgid, tid)) = traced_thread() else { return 0 };
+    let now = now_ns();
+    let Some(st) = thread_state(tid) else { return 0 };
+    if st.in_runtime() {
+        return 0;
+    }
+    match call {
+        Some(call) => apply(st, call, now, tgid, tid, API_DRIVER),
+        None => st.begin_call(None, 0),
+    }
+    0
+}
+
+#[inline(always)]
+fn call_return(ctx: &RetProbeContext, runtime: bool) -> u32 {
+    let Some((_, tid)) = traced_thread() else { return 0 };
+    let now = now_ns();
+    let Some(p) = THREADS.get_ptr_mut(&tid) else { return 0 };
+    // SAFETY: map value, used by this thread only.
+    let st = unsafe { &mut *p };
+    let outermost = if runtime { st.leave_runtime() } else { !st.in_runtime() };
+    if outermost {
+        let status: i32 = ctx.ret();
+        if let Some(ep) = st.end_call(now, status) {
+            emit(&ep);
+        }
+    }
+    0
+}
+
+#[inline(always)]
+fn copy_call(ctx: &ProbeContext, dir: Direction, bytes_arg: usize, stream_arg: Option<usize>) -> Option<Call> {
+    let bytes: u64 = ctx.arg(bytes_arg)?;
+    let (stream, synchronous) = match stream_arg {
+        Some(n) => (ctx.arg(n)?, false),
+        None => (0, true),
+    };
+    Some(Call::Copy { dir, bytes, stream, synchronous })
+}
+
+#[inline(always)]
+fn launch_config_stream(config: u64) -> Option<u64> {
+    // SAFETY: bpf_probe_read_user checks the address.
+    unsafe { bpf_probe_read_user((config as usize + LAUNCH_CONFIG_STREAM_OFFSET) as *const u64) }
+        .ok()
+}
+
+// ---- Runtime API (libcudart). Attached with a return probe each. ----
+
+/// `cudaLaunchKernel(func, dim3 grid, dim3 block, args, sharedMem, stream)`:
+/// each dim3 takes two registers, so the stream is argument 7.
+#[uprobe]
+pub fn cuda_launch_kernel(ctx: ProbeContext) -> u32 {
+    runtime_entry(arg(&ctx, 7).map(|stream| Call::Launch { stream, graph: false }))
+}
+
+/// `cudaLaunchKernelExC(const cudaLaunchConfig_t*, func, args)`.
+#[uprobe]
+pub fn cuda_launch_kernel_ex(ctx: ProbeContext) -> u32 {
+    let stream = ctx.arg(0).and_then(launch_config_stream);
+    runtime_entry(stream.map(|stream| Call::Launch { stream, graph: false }))
+}
+
+/// `cudaGraphLaunch(graphExec, stream)`.
+#[uprobe]
+pub fn cuda_graph_launch(ctx: ProbeContext) -> u32 {
+    runtime_entry(ctx.arg(1).map(|stream| Call::Launch { stream, graph: true }))
+}
+
+/// `cudaMemcpyAsync(dst, src, count, kind, stream)`.
+#[uprobe]
+pub fn cuda_memcpy_async(ctx: ProbeContext) -> u32 {
+    let dir = ctx.arg(3).map(Direction::from_cuda_kind);
+    runtime_entry(dir.and_then(|dir| copy_call(&ctx, dir, 2, Some(4))))
+}
+
+/// `cudaMemcpy(dst, src, count, kind)`: synchronous.
+#[uprobe]
+pub fn cuda_memcpy(ctx: ProbeContext) -> u32 {
+    let dir = ctx.arg(3).map(Direction::from_cuda_kind);
+    runtime_entry(dir.and_then(|dir| copy_call(&ctx, dir, 2, None)))
+}
+
+/// `cudaStreamSynchronize(stream)`.
+#[uprobe]
+pub fn cuda_stream_sync(ctx: ProbeContext) -> u32 {
+    let call = ctx.arg(0).map(|stream| Call::Sync { completion: Completion::StreamSync, stream });
+    runtime_entry(call)
+}
+
+/// `cudaEventSynchronize(event)`.
+#[uprobe]
+pub fn cuda_event_sync(_ctx: ProbeContext) -> u32 {
+    runtime_entry(Some(Call::Sync { completion: Completion::EventSync, stream: 0 }))
+}
+
+/// `cudaDeviceSynchronize()`.
+#[uprobe]
+pub fn cuda_device_sync(_ctx: ProbeContext) -> u32 {
+    runtime_entry(Some(Call::Sync { completion: Completion::DeviceSync, stream: 0 }))
+}
+
+/// Return of every runtime entry point above.
+#[uretprobe]
+pub fn cuda_runtime_return(ctx: RetProbeContext) -> u32 {
+    call_return(&ctx, true)
+}
+
+// ---- Driver API (libcuda). Return probes only where completion needs one. ----
+
+/// `cuLaunchKernel(f, gx, gy, gz, bx, by, bz, sharedMem, hStream, params, extra)`.
+#[uprobe]
+pub fn cu_launch_kernel(ctx: ProbeContext) -> u32 {
+    driver_entry(arg(&ctx, 8).map(|stream| Call::Launch { stream, graph: false }))
+}
+
+/// `cuLaunchKernelEx(const CUlaunchConfig*, f, params, extra)`.
+#[uprobe]
+pub fn cu_launch_kernel_ex(ctx: ProbeContext) -> u32 {
+    let stream = ctx.arg(0).and_then(launch_config_stream);
+    driver_entry(stream.map(|stream| Call::Launch { stream, graph: false }))
+}
+
+/// `cuGraphLaunch(hGraphExec, hStream)`.
+#[uprobe]
+pub fn cu_graph_launch(ctx: ProbeContext) -> u32 {
+    driver_entry(ctx.arg(1).map(|stream| Call::Launch { stream, graph: true }))
+}
+
+/// `cuMemcpyDtoHAsync_v2(dstHost, srcDevice, bytes, hStream)`.
+#[uprobe]
+pub fn cu_memcpy_dtoh_async(ctx: ProbeContext) -> u32 {
+    driver_entry(copy_call(&ctx, Direction::DeviceToHost, 2, Some(3)))
+}
+
+/// `cuMemcpyHtoDAsync_v2(dstDevice, srcHost, bytes, hStream)`.
+#[uprobe]
+pub fn cu_memcpy_htod_async(ctx: ProbeContext) -> u32 {
+    driver_entry(copy_call(&ctx, Direction::HostToDevice, 2, Some(3)))
+}
+
+/// `cuMemcpyAsync(dst, src, bytes, hStream)`: unified addressing, direction unknown.
+#[uprobe]
+pub fn cu_memcpy_async(ctx: ProbeContext) -> u32 {
+    driver_entry(copy_call(&ctx, Direction::Unknown, 2, Some(3)))
+}
+
+/// `cuMemcpyDtoH_v2(dstHost, srcDevice, bytes)`: synchronous.
+#[uprobe]
+pub fn cu_memcpy_dtoh(ctx: ProbeContext) -> u32 {
+    driver_entry(copy_call(&ctx, Direction::DeviceToHost, 2, None))
+}
+
+/// `cuMemcpyHtoD_v2(dstDevice, srcHost, bytes)`: synchronous.
+#[uprobe]
+pub fn cu_memcpy_htod(ctx: ProbeContext) -> u32 {
+    driver_entry(copy_call(&ctx, Direction::HostToDevice, 2, None))
+}
+
+/// `cuStreamSynchronize(hStream)`.
+#[uprobe]
+pub fn cu_stream_sync(ctx: ProbeContext) -> u32 {
+    let call = ctx.arg(0).map(|stream| Call::Sync { completion: Completion::StreamSync, stream });
+    driver_entry(call)
+}
+
+/// `cuEventSynchronize(hEvent)`.
+#[uprobe]
+pub fn cu_event_sync(_ctx: ProbeContext) -> u32 {
+    driver_entry(Some(Call::Sync { completion: Completion::EventSync, stream: 0 }))
+}
+
+/// `cuCtxSynchronize()`.
+#[uprobe]
+pub fn cu_ctx_sync(_ctx: ProbeContext) -> u32 {
+    driver_entry(Some(Call::Sync { completion: Completion::ContextSync, stream: 0 }))
+}
+
+/// Return of the driver's synchronous copies and synchronise calls.
+#[uretprobe]
+pub fn cu_driver_return(ctx: RetProbeContext) -> u32 {
+    call_return(&ctx, false)
+}

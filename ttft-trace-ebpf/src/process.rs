@@ -1,0 +1,56 @@
+//! Scheduler tracepoints that keep the traced process tree current: a child
+//! forked by a traced process is traced from its first instruction, and
+//! per-thread state is dropped when a thread exits.
+
+use aya_ebpf::{
+    helpers::bpf_get_current_pid_tgid,
+    macros::tracepoint,
+    programs::TracePointContext,
+};
+use ttft_trace_common::offsets::ABSENT;
+
+use crate::maps::{THREADS, TRACKED, is_tracked, offsets};
+
+/// `sched:sched_process_fork`: fires for new processes and new threads alike;
+/// a thread's id lands in TRACKED too and is removed at its exit.
+#[tracepoint]
+pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
+    let off = offsets();
+    // SAFETY: offsets come from this kernel's tracefs format file.
+    let Ok(parent) = (unsafe { ctx.read_at::<i32>(off.fork_parent_pid as usize) }) else {
+        return 0;
+    };
+    if !is_tracked(parent as u32) {
+        return 0;
+    }
+    // SAFETY: as above.
+    if let Ok(child) = unsafe { ctx.read_at::<i32>(off.fork_child_pid as usize) } {
+        let _ = TRACKED.insert(&(child as u32), &1, 0);
+    }
+    0
+}
+
+/// `sched:sched_process_exit`: fires once per exiting thread, in its context.
+#[tracepoint]
+pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
+    let id = bpf_get_current_pid_tgid();
+    let (tgid, tid) = ((id >> 32) as u32, id as u32);
+    if !is_tracked(tgid) {
+        return 0;
+    }
+    let _ = THREADS.remove(&tid);
+    let off = offsets();
+    let group_dead = if off.exit_group_dead == ABSENT {
+        tid == tgid
+    } else {
+        // SAFETY: offset from this kernel's tracefs format file.
+        unsafe { ctx.read_at::<u8>(off.exit_group_dead as usize) }.is_ok_and(|v| v != 0)
+    };
+    if tid != tgid {
+        let _ = TRACKED.remove(&tid);
+    }
+    if group_dead {
+        let _ = TRACKED.remove(&tgid);
+    }
+    0
+}

@@ -1,0 +1,98 @@
+//! Ring-buffer bytes to typed events. The kernel is trusted to send whole
+//! records, but a short or unknown record is an error, never a panic.
+
+use thiserror::Error;
+use ttft_trace_common::{EVENT_EPISODE, EpisodeEvent};
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum DecodeError {
+    #[error("record of {0} bytes is too short for its kind")]
+    Short(usize),
+    #[error("unknown event kind {0}")]
+    UnknownKind(u32),
+}
+
+/// A decoded ring-buffer record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    Episode(EpisodeEvent),
+}
+
+pub fn decode(bytes: &[u8]) -> Result<Event, DecodeError> {
+    let kind = bytes
+        .get(..4)
+        .map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+        .ok_or(DecodeError::Short(bytes.len()))?;
+    match kind {
+        EVENT_EPISODE => read_pod::<EpisodeEvent>(bytes).map(Event::Episode),
+        other => Err(DecodeError::UnknownKind(other)),
+    }
+}
+
+fn read_pod<T: aya::Pod>(bytes: &[u8]) -> Result<T, DecodeError> {
+    if bytes.len() < std::mem::size_of::<T>() {
+        return Err(DecodeError::Short(bytes.len()));
+    }
+    // SAFETY: length checked; T is Pod (any bit pattern valid); unaligned read.
+    Ok(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<T>()) })
+}
+
+/// The bytes of a Pod value, as the kernel would send them (tests, benches).
+pub fn encode<T: aya::Pod>(value: &T) -> Vec<u8> {
+    // SAFETY: T is Pod: plain bytes with explicit padding, no references.
+    unsafe {
+        std::slice::from_raw_parts((value as *const T).cast::<u8>(), std::mem::size_of::<T>())
+    }
+    .to_vec()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> EpisodeEvent {
+        EpisodeEvent {
+            kind: EVENT_EPISODE,
+            tgid: 100,
+            tid: 101,
+            completion: 2,
+            api: 3,
+            status: -7,
+            kernel_launches: 12,
+            graph_launches: 1,
+            stream: 0xdead_beef,
+            copy_stream: 0x10,
+            t_first_launch_ns: 1_000,
+            t_copy_enqueue_ns: 2_000,
+            t_copy_done_ns: 3_500,
+            copy_bytes: 4096,
+        }
+    }
+
+    #[test]
+    fn episode_round_trips() {
+        let ev = sample();
+        let bytes = encode(&ev);
+        assert_eq!(bytes.len(), 80);
+        assert_eq!(decode(&bytes), Ok(Event::Episode(ev)));
+        // Field placement as the kernel writes it (little-endian host).
+        assert_eq!(&bytes[4..8], &100u32.to_ne_bytes());
+        assert_eq!(&bytes[48..56], &1_000u64.to_ne_bytes());
+    }
+
+    #[test]
+    fn trailing_bytes_are_tolerated_short_ones_are_not() {
+        let mut bytes = encode(&sample());
+        bytes.extend_from_slice(&[0; 8]);
+        assert!(decode(&bytes).is_ok());
+        assert_eq!(decode(&bytes[..40]), Err(DecodeError::Short(40)));
+        assert_eq!(decode(&[1, 0]), Err(DecodeError::Short(2)));
+    }
+
+    #[test]
+    fn unknown_kind_is_an_error() {
+        let mut ev = sample();
+        ev.kind = 77;
+        assert_eq!(decode(&encode(&ev)), Err(DecodeError::UnknownKind(77)));
+    }
+}

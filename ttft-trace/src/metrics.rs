@@ -1,0 +1,278 @@
+//! Prometheus metrics and the /metrics endpoint.
+//!
+//! Base units, `_total` counters, histograms rather than percentile gauges,
+//! and low-cardinality labels only (never a pid, request or kernel name).
+
+use std::net::{SocketAddr, TcpListener};
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
+};
+use thiserror::Error;
+use ttft_trace_common::{Direction, GpuCounters, counters::DIRECTIONS};
+
+use crate::episodes::EpisodeRecord;
+
+#[derive(Debug, Error)]
+pub enum MetricsError {
+    #[error(
+        "cannot listen on {addr}: {source}{hint}",
+        hint = if source.kind() == std::io::ErrorKind::AddrInUse {
+            " (another process holds this port; pick another with --listen ADDR:PORT)"
+        } else { "" }
+    )]
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("registering metric: {0}")]
+    Register(#[from] prometheus::Error),
+}
+
+/// Bucket bounds for GPU episode latency, seconds: 100 µs to 10 s (a decode
+/// step is milliseconds, a long prefill can be seconds).
+const EPISODE_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0,
+];
+
+pub struct Metrics {
+    pub registry: Registry,
+    launch_to_first_d2h: Histogram,
+    episodes: IntCounterVec,
+    kernel_launches: IntCounter,
+    graph_launches: IntCounter,
+    memcpy_bytes: IntCounterVec,
+    memcpy_calls: IntCounterVec,
+    events_lost: IntCounter,
+    thread_state_dropped: IntCounter,
+    traced_processes: IntGauge,
+    attached_libraries: IntGaugeVec,
+}
+
+impl Metrics {
+    pub fn new() -> Result<Self, MetricsError> {
+        let registry = Registry::new();
+        let launch_to_first_d2h = Histogram::with_opts(
+            HistogramOpts::new(
+                "ttft_trace_launch_to_first_d2h_seconds",
+                "GPU episode latency: entry of the first kernel or graph launch to completion \
+                 of the first device-to-host copy after it",
+            )
+            .buckets(EPISODE_BUCKETS.to_vec()),
+        )?;
+        let episodes = IntCounterVec::new(
+            Opts::new(
+                "ttft_trace_gpu_episodes_total",
+                "GPU episodes seen, by the result of the call that completed the copy",
+            ),
+            &["result"],
+        )?;
+        let kernel_launches = IntCounter::new(
+            "ttft_trace_cuda_kernel_launches_total",
+            "Kernel launches (runtime and driver API, each launch counted once)",
+        )?;
+        let graph_launches = IntCounter::new(
+            "ttft_trace_cuda_graph_launches_total",
+            "CUDA graph launches",
+        )?;
+        let memcpy_bytes = IntCounterVec::new(
+            Opts::new(
+                "ttft_trace_cuda_memcpy_bytes_total",
+                "Bytes requested by memory copy calls, by direction (h2d, d2h, d2d, h2h, unknown)",
+            ),
+            &["direction"],
+        )?;
+        let memcpy_calls = IntCounterVec::new(
+            Opts::new("ttft_trace_cuda_memcpy_calls_total", "Memory copy calls, by direction"),
+            &["direction"],
+        )?;
+        let events_lost = IntCounter::new(
+            "ttft_trace_events_lost_total",
+            "Events dropped in the kernel because the ring buffer was full",
+        )?;
+        let thread_state_dropped = IntCounter::new(
+            "ttft_trace_thread_state_dropped_total",
+            "CUDA calls not followed because the per-thread state map was full",
+        )?;
+        let traced_processes = IntGauge::new(
+            "ttft_trace_traced_processes",
+            "Processes currently traced",
+        )?;
+        let attached_libraries = IntGaugeVec::new(
+            Opts::new(
+                "ttft_trace_attached_libraries",
+                "CUDA libraries with probes attached, by API",
+            ),
+            &["api"],
+        )?;
+        let build_info = IntGaugeVec::new(
+            Opts::new("ttft_trace_build_info", "Build information; always 1"),
+            &["version"],
+        )?;
+        build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .set(1);
+        for c in [
+            Box::new(launch_to_first_d2h.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(episodes.clone()),
+            Box::new(kernel_launches.clone()),
+            Box::new(graph_launches.clone()),
+            Box::new(memcpy_bytes.clone()),
+            Box::new(memcpy_calls.clone()),
+            Box::new(events_lost.clone()),
+            Box::new(thread_state_dropped.clone()),
+            Box::new(traced_processes.clone()),
+            Box::new(attached_libraries.clone()),
+            Box::new(build_info),
+        ] {
+            registry.register(c)?;
+        }
+        // Series that exist from the start, so rate() works from the first scrape.
+        for dir in Direction::ALL {
+            memcpy_bytes.with_label_values(&[dir.name()]);
+            memcpy_calls.with_label_values(&[dir.name()]);
+        }
+        for result in ["ok", "error"] {
+            episodes.with_label_values(&[result]);
+        }
+        Ok(Self {
+            registry,
+            launch_to_first_d2h,
+            episodes,
+            kernel_launches,
+            graph_launches,
+            memcpy_bytes,
+            memcpy_calls,
+            events_lost,
+            thread_state_dropped,
+            traced_processes,
+            attached_libraries,
+        })
+    }
+
+    /// An episode: counted by result; only successful ones enter the
+    /// latency histogram (a failed synchronise measures nothing).
+    pub fn observe_episode(&self, ep: &EpisodeRecord) {
+        let result = if ep.ok() { "ok" } else { "error" };
+        self.episodes.with_label_values(&[result]).inc();
+        if ep.ok() {
+            self.launch_to_first_d2h
+                .observe(ep.launch_to_first_d2h_ns as f64 / 1e9);
+        }
+    }
+
+    /// Adds the growth of the kernel's counters since the last reading.
+    pub fn add_counters(&self, delta: &GpuCounters) {
+        self.kernel_launches.inc_by(delta.kernel_launches);
+        self.graph_launches.inc_by(delta.graph_launches);
+        for (i, dir) in Direction::ALL.iter().enumerate().take(DIRECTIONS) {
+            self.memcpy_bytes
+                .with_label_values(&[dir.name()])
+                .inc_by(delta.memcpy_bytes[i]);
+            self.memcpy_calls
+                .with_label_values(&[dir.name()])
+                .inc_by(delta.memcpy_calls[i]);
+        }
+    }
+
+    /// Sets the lost-event and dropped-state counters to the kernel's totals.
+    pub fn set_kernel_stats(&self, lost: u64, state_dropped: u64) {
+        let bump = |c: &IntCounter, total: u64| c.inc_by(total.saturating_sub(c.get()));
+        bump(&self.events_lost, lost);
+        bump(&self.thread_state_dropped, state_dropped);
+    }
+
+    pub fn set_traced(&self, processes: usize, runtime_libs: usize, driver_libs: usize) {
+        self.traced_processes.set(processes as i64);
+        self.attached_libraries
+            .with_label_values(&["runtime"])
+            .set(runtime_libs as i64);
+        self.attached_libraries
+            .with_label_values(&["driver"])
+            .set(driver_libs as i64);
+    }
+
+    pub fn events_lost(&self) -> u64 {
+        self.events_lost.get()
+    }
+}
+
+/// The registry in Prometheus text format.
+pub fn render(registry: &Registry) -> String {
+    let mut buf = Vec::new();
+    // Encoding into a Vec cannot fail for well-formed metric families.
+    if let Err(e) = TextEncoder::new().encode(&registry.gather(), &mut buf) {
+        log::warn!("encoding metrics: {e}");
+    }
+    String::from_utf8_lossy(&buf).into_owned()
+}
+
+/// Binds the listen address now, so that a port in use is an error at start
+/// rather than a log line later.
+pub fn bind(addr: SocketAddr) -> Result<TcpListener, MetricsError> {
+    let listener = TcpListener::bind(addr).map_err(|source| MetricsError::Listen { addr, source })?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|source| MetricsError::Listen { addr, source })?;
+    Ok(listener)
+}
+
+/// Serves `/metrics` (and a plain `/` pointing at it) until the task is dropped.
+pub async fn serve(listener: TcpListener, registry: Registry) -> std::io::Result<()> {
+    use axum::{Router, http::header, response::IntoResponse, routing::get};
+    let app = Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let body = render(&registry);
+                async move {
+                    (
+                        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+                        body,
+                    )
+                        .into_response()
+                }
+            }),
+        )
+        .route("/", get(|| async { "ttft-trace: metrics at /metrics\n" }));
+    let listener = tokio::net::TcpListener::from_std(listener)?;
+    axum::serve(listener, app).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_the_documented_series() {
+        let m = Metrics::new().expect("metrics");
+        let mut delta = GpuCounters::default();
+        delta.kernel_launches = 5;
+        delta.memcpy_bytes[Direction::DeviceToHost as usize] = 4096;
+        m.add_counters(&delta);
+        m.set_kernel_stats(3, 0);
+        m.set_kernel_stats(3, 0);
+        let text = render(&m.registry);
+        for needle in [
+            "ttft_trace_launch_to_first_d2h_seconds_bucket{le=\"0.0001\"} 0",
+            "ttft_trace_cuda_kernel_launches_total 5",
+            "ttft_trace_cuda_graph_launches_total 0",
+            "ttft_trace_cuda_memcpy_bytes_total{direction=\"d2h\"} 4096",
+            "ttft_trace_cuda_memcpy_bytes_total{direction=\"h2d\"} 0",
+            "ttft_trace_events_lost_total 3",
+            "ttft_trace_build_info{version=",
+        ] {
+            assert!(text.contains(needle), "missing {needle} in\n{text}");
+        }
+    }
+
+    #[test]
+    fn port_in_use_is_a_clear_error() {
+        let first = bind("127.0.0.1:0".parse().expect("addr")).expect("bind");
+        let addr = first.local_addr().expect("addr");
+        let err = bind(addr).expect_err("second bind fails").to_string();
+        assert!(err.contains("another process holds this port"), "{err}");
+    }
+}

@@ -1,0 +1,263 @@
+//! Loading the eBPF object, attaching its programs, and reading its maps.
+
+pub mod libraries;
+pub mod symbols;
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    os::unix::fs::MetadataExt,
+    path::PathBuf,
+};
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf},
+    programs::{TracePoint, UProbe, uprobe::UProbeScope},
+};
+use thiserror::Error;
+use ttft_trace_common::{
+    GpuCounters, Stat, TracepointOffsets, offsets::ABSENT,
+};
+
+use crate::tracefs::{self, Format, TracefsError};
+use libraries::CudaLibrary;
+use symbols::Api;
+
+/// The eBPF object built by build.rs (aya-build).
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/ttft-trace-probes"));
+
+#[derive(Debug, Error)]
+pub enum ProbeError {
+    #[error(
+        "this binary was built with AYA_BUILD_SKIP and carries no eBPF programs; \
+         rebuild without it"
+    )]
+    NoObject,
+    #[error("ttft-trace must run as root (it loads eBPF programs and attaches uprobes)")]
+    NotRoot,
+    #[error(transparent)]
+    Tracefs(#[from] TracefsError),
+    #[error("loading the eBPF programs into the kernel failed: {0}")]
+    Load(#[source] aya::EbpfError),
+    #[error("eBPF program {0}: {1}")]
+    Program(&'static str, #[source] aya::programs::ProgramError),
+    #[error("eBPF map {0}: {1}")]
+    Map(&'static str, #[source] aya::maps::MapError),
+    #[error("eBPF object lacks {0}")]
+    Missing(&'static str),
+    #[error("cannot stat {0}: {1}")]
+    Stat(PathBuf, std::io::Error),
+}
+
+/// What attaching one library did.
+#[derive(Debug, Clone)]
+pub struct Attached {
+    pub path: PathBuf,
+    pub apis: Vec<Api>,
+    /// Symbols probed.
+    pub symbols: usize,
+    /// Symbols whose attach failed, with the reason.
+    pub failed: Vec<(String, String)>,
+}
+
+/// The loaded programs and the libraries they are attached to.
+pub struct Probes {
+    ebpf: Ebpf,
+    /// Libraries attached, by (device, inode): uprobes attach to a file, and
+    /// fire in every process that maps it.
+    attached: HashMap<(u64, u64), Attached>,
+}
+
+/// Reads the tracepoint offsets the probes need from tracefs.
+fn tracepoint_offsets() -> Result<TracepointOffsets, TracefsError> {
+    let root = tracefs::root()?;
+    let fork = Format::read(&root, "sched", "sched_process_fork")?;
+    let exit = Format::read(&root, "sched", "sched_process_exit")?;
+    Ok(TracepointOffsets {
+        fork_parent_pid: fork.offset("parent_pid")?,
+        fork_child_pid: fork.offset("child_pid")?,
+        exit_group_dead: exit.optional_offset("group_dead").unwrap_or(ABSENT),
+        _pad: 0,
+    })
+}
+
+impl Probes {
+    /// Loads every program, attaches the process-tree tracepoints. Uprobes
+    /// wait for [`Probes::attach_library`].
+    pub fn load(ringbuf_bytes: u32) -> Result<Self, ProbeError> {
+        if OBJECT.is_empty() {
+            return Err(ProbeError::NoObject);
+        }
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err(ProbeError::NotRoot);
+        }
+        let offsets = tracepoint_offsets()?;
+        let mut ebpf = EbpfLoader::new()
+            .override_global("OFFSETS", &offsets, true)
+            .map_max_entries("EVENTS", ringbuf_bytes)
+            .load(OBJECT)
+            .map_err(ProbeError::Load)?;
+        for name in symbols::program_names() {
+            let prog: &mut UProbe = ebpf
+                .program_mut(name)
+                .ok_or(ProbeError::Missing(name))?
+                .try_into()
+                .map_err(|e| ProbeError::Program(name, e))?;
+            prog.load().map_err(|e| ProbeError::Program(name, e))?;
+        }
+        for name in ["sched_process_fork", "sched_process_exit"] {
+            let prog: &mut TracePoint = ebpf
+                .program_mut(name)
+                .ok_or(ProbeError::Missing(name))?
+                .try_into()
+                .map_err(|e| ProbeError::Program(name, e))?;
+            prog.load().map_err(|e| ProbeError::Program(name, e))?;
+            prog.attach("sched", name)
+                .map_err(|e| ProbeError::Program(name, e))?;
+        }
+        Ok(Self {
+            ebpf,
+            attached: HashMap::new(),
+        })
+    }
+
+    /// Attaches the probes to one library, once per file. Returns None when
+    /// the file was attached before.
+    pub fn attach_library(&mut self, lib: &CudaLibrary) -> Result<Option<Attached>, ProbeError> {
+        let meta = std::fs::metadata(&lib.open_path)
+            .map_err(|e| ProbeError::Stat(lib.open_path.clone(), e))?;
+        let key = (meta.dev(), meta.ino());
+        if self.attached.contains_key(&key) {
+            return Ok(None);
+        }
+        let mut report = Attached {
+            path: lib.path.clone(),
+            apis: lib.apis.iter().copied().collect(),
+            symbols: 0,
+            failed: Vec::new(),
+        };
+        for (sym, offset) in &lib.symbols {
+            match self.attach_symbol(sym, *offset, lib) {
+                Ok(()) => report.symbols += 1,
+                Err(e) => report.failed.push((sym.name.to_string(), e.to_string())),
+            }
+        }
+        self.attached.insert(key, report.clone());
+        Ok(Some(report))
+    }
+
+    /// Entry and (where needed) return probe of one symbol: both or neither,
+    /// since the runtime nesting depth counts entries against returns.
+    fn attach_symbol(
+        &mut self,
+        sym: &symbols::ProbedSymbol,
+        offset: u64,
+        lib: &CudaLibrary,
+    ) -> Result<(), ProbeError> {
+        let entry = uprobe(&mut self.ebpf, sym.program)?;
+        let link = entry
+            .attach(offset, &lib.open_path, UProbeScope::AllProcesses)
+            .map_err(|e| ProbeError::Program(sym.program, e))?;
+        if !sym.needs_return {
+            return Ok(());
+        }
+        let ret_name = sym.api.return_program();
+        let ret = uprobe(&mut self.ebpf, ret_name)?;
+        if let Err(e) = ret.attach(offset, &lib.open_path, UProbeScope::AllProcesses) {
+            let entry = uprobe(&mut self.ebpf, sym.program)?;
+            let _ = entry.detach(link);
+            return Err(ProbeError::Program(ret_name, e));
+        }
+        Ok(())
+    }
+
+    pub fn attached(&self) -> impl Iterator<Item = &Attached> {
+        self.attached.values()
+    }
+
+    /// Starts tracing a process (its children are added by the kernel).
+    pub fn track(&mut self, pid: u32) -> Result<(), ProbeError> {
+        let mut map: BpfHashMap<_, u32, u32> = BpfHashMap::try_from(
+            self.ebpf.map_mut("TRACKED").ok_or(ProbeError::Missing("TRACKED"))?,
+        )
+        .map_err(|e| ProbeError::Map("TRACKED", e))?;
+        map.insert(pid, 1, 0).map_err(|e| ProbeError::Map("TRACKED", e))
+    }
+
+    /// Stops tracing an id (a process that exited, or a thread's id).
+    pub fn untrack(&mut self, pid: u32) -> Result<(), ProbeError> {
+        let mut map: BpfHashMap<_, u32, u32> = BpfHashMap::try_from(
+            self.ebpf.map_mut("TRACKED").ok_or(ProbeError::Missing("TRACKED"))?,
+        )
+        .map_err(|e| ProbeError::Map("TRACKED", e))?;
+        match map.remove(&pid) {
+            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+            Err(e) => Err(ProbeError::Map("TRACKED", e)),
+        }
+    }
+
+    /// Ids in the tracked map (processes and, transiently, threads).
+    pub fn tracked(&self) -> Result<Vec<u32>, ProbeError> {
+        let map: BpfHashMap<_, u32, u32> = BpfHashMap::try_from(
+            self.ebpf.map("TRACKED").ok_or(ProbeError::Missing("TRACKED"))?,
+        )
+        .map_err(|e| ProbeError::Map("TRACKED", e))?;
+        Ok(map.keys().filter_map(Result::ok).collect())
+    }
+
+    /// Per-process counters, summed over CPUs.
+    pub fn counters(&self) -> Result<BTreeMap<u32, GpuCounters>, ProbeError> {
+        let map: PerCpuHashMap<_, u32, GpuCounters> = PerCpuHashMap::try_from(
+            self.ebpf.map("COUNTERS").ok_or(ProbeError::Missing("COUNTERS"))?,
+        )
+        .map_err(|e| ProbeError::Map("COUNTERS", e))?;
+        let mut out = BTreeMap::new();
+        for entry in map.iter() {
+            let (tgid, per_cpu) = entry.map_err(|e| ProbeError::Map("COUNTERS", e))?;
+            let mut sum = GpuCounters::default();
+            for c in per_cpu.iter() {
+                sum.add(c);
+            }
+            out.insert(tgid, sum);
+        }
+        Ok(out)
+    }
+
+    /// Forgets a process's counters once they have been read for the last time.
+    pub fn drop_counters(&mut self, tgid: u32) -> Result<(), ProbeError> {
+        let mut map: PerCpuHashMap<_, u32, GpuCounters> = PerCpuHashMap::try_from(
+            self.ebpf.map_mut("COUNTERS").ok_or(ProbeError::Missing("COUNTERS"))?,
+        )
+        .map_err(|e| ProbeError::Map("COUNTERS", e))?;
+        match map.remove(&tgid) {
+            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+            Err(e) => Err(ProbeError::Map("COUNTERS", e)),
+        }
+    }
+
+    /// A kernel statistic, summed over CPUs.
+    pub fn stat(&self, stat: Stat) -> Result<u64, ProbeError> {
+        let map: PerCpuArray<_, u64> = PerCpuArray::try_from(
+            self.ebpf.map("STATS_MAP").ok_or(ProbeError::Missing("STATS_MAP"))?,
+        )
+        .map_err(|e| ProbeError::Map("STATS_MAP", e))?;
+        let values = map
+            .get(&(stat as u32), 0)
+            .map_err(|e| ProbeError::Map("STATS_MAP", e))?;
+        Ok(values.iter().copied().fold(0u64, u64::wrapping_add))
+    }
+
+    /// Takes the ring buffer out, for the event loop to own.
+    pub fn take_events(&mut self) -> Result<RingBuf<MapData>, ProbeError> {
+        let map = self.ebpf.take_map("EVENTS").ok_or(ProbeError::Missing("EVENTS"))?;
+        RingBuf::try_from(map).map_err(|e| ProbeError::Map("EVENTS", e))
+    }
+}
+
+fn uprobe<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut UProbe, ProbeError> {
+    ebpf.program_mut(name)
+        .ok_or(ProbeError::Missing(name))?
+        .try_into()
+        .map_err(|e| ProbeError::Program(name, e))
+}

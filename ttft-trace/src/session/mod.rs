@@ -1,0 +1,363 @@
+//! `ttft-trace attach`: find the target's CUDA libraries, attach, and run the
+//! event loop (ring buffer, periodic rescans and counter reads, summaries,
+//! /metrics) until the duration ends, a signal arrives or the target exits.
+
+mod counters;
+mod summary;
+
+use std::{
+    collections::BTreeSet,
+    fs::File,
+    io::{BufWriter, Write},
+    net::SocketAddr,
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+use aya::maps::{MapData, RingBuf};
+use serde_json::json;
+use tokio::{
+    io::{Interest, unix::AsyncFd},
+    signal::unix::SignalKind,
+};
+use ttft_trace_common::Stat;
+
+use crate::{
+    clock::monotonic_ns,
+    decode::{Event, decode},
+    episodes::EpisodeRecord,
+    metrics::{self, Metrics},
+    probes::{
+        Attached, Probes,
+        libraries::{self, Scanner},
+        symbols::Api,
+    },
+    record::LatencyRecorder,
+    targets,
+};
+use counters::CounterTracker;
+
+/// How often the process tree is rescanned for new CUDA libraries and the
+/// kernel's counters are read.
+const RESCAN: Duration = Duration::from_millis(250);
+/// How often `--wait` looks for a CUDA library to appear.
+const WAIT_POLL: Duration = Duration::from_millis(10);
+
+pub struct AttachConfig {
+    pub pid: u32,
+    pub wait: bool,
+    pub wait_timeout: Option<Duration>,
+    pub cuda_libs: Vec<PathBuf>,
+    pub listen: Option<SocketAddr>,
+    pub duration: Option<Duration>,
+    pub interval: Duration,
+    pub jsonl: Option<PathBuf>,
+    pub ringbuf_bytes: u32,
+}
+
+/// Why tracing stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    Duration,
+    Signal,
+    TargetExited,
+}
+
+struct Session {
+    probes: Probes,
+    scanner: Scanner,
+    metrics: Metrics,
+    latency: LatencyRecorder,
+    counters: CounterTracker,
+    jsonl: Option<BufWriter<File>>,
+    failed_total: u64,
+    failed_window: u64,
+    decode_errors: u64,
+}
+
+pub async fn attach(cfg: AttachConfig) -> Result<Stop> {
+    if !targets::is_process(cfg.pid) {
+        bail!("no process with pid {} (or it is a thread, or a zombie)", cfg.pid);
+    }
+    let title = format!("pid {} ({})", cfg.pid, targets::comm(cfg.pid).unwrap_or_default());
+    let metrics = Metrics::new()?;
+    let listener = cfg.listen.map(metrics::bind).transpose()?;
+    let probes = Probes::load(cfg.ringbuf_bytes)?;
+    let jsonl = match &cfg.jsonl {
+        Some(p) => Some(BufWriter::new(
+            File::create(p).with_context(|| format!("creating {}", p.display()))?,
+        )),
+        None => None,
+    };
+    let mut s = Session {
+        probes,
+        scanner: Scanner::default(),
+        metrics,
+        latency: LatencyRecorder::new(),
+        counters: CounterTracker::default(),
+        jsonl,
+        failed_total: 0,
+        failed_window: 0,
+        decode_errors: 0,
+    };
+    // Track first, then scan: a child forked in between is then tracked by
+    // the kernel and found by the scan.
+    s.probes.track(cfg.pid)?;
+    for child in targets::descendants(cfg.pid) {
+        s.probes.track(child)?;
+    }
+    for path in &cfg.cuda_libs {
+        let lib = libraries::inspect(path, path)?.with_context(|| {
+            format!(
+                "{} defines none of the CUDA entry points ttft-trace probes \
+                 (cudaLaunchKernel, cudaGraphLaunch or cuLaunchKernel)",
+                path.display()
+            )
+        })?;
+        if let Some(a) = s.probes.attach_library(&lib)? {
+            s.report_attach(&a);
+        }
+    }
+    s.attach_new_libraries()?;
+    if s.probes.attached().next().is_none() {
+        s.wait_for_library(&cfg).await?;
+    }
+    let server = listener.map(|l| {
+        log::info!("serving Prometheus metrics on http://{}/metrics", l.local_addr().map_or_else(|_| "?".into(), |a| a.to_string()));
+        tokio::spawn(metrics::serve(l, s.metrics.registry.clone()))
+    });
+
+    let events = s.probes.take_events()?;
+    let stop = s.run(events, &cfg).await?;
+    if let Some(server) = server {
+        server.abort();
+    }
+    let elapsed = s.elapsed_since_start();
+    let lost = s.metrics.events_lost();
+    println!(
+        "{}",
+        summary::final_block(&title, elapsed, &s.latency.total(), s.failed_total, s.counters.total(), lost)
+    );
+    if s.decode_errors > 0 {
+        log::warn!("{} ring-buffer records could not be decoded", s.decode_errors);
+    }
+    if let Some(w) = s.jsonl.as_mut() {
+        w.flush().context("writing the JSONL file")?;
+    }
+    Ok(stop)
+}
+
+impl Session {
+    fn elapsed_since_start(&self) -> f64 {
+        START.get_or_init(Instant::now).elapsed().as_secs_f64()
+    }
+
+    /// Blocks (asynchronously) until a CUDA library appears in the tree, the
+    /// target exits, or the timeout passes; without `--wait`, explains what
+    /// was searched.
+    async fn wait_for_library(&mut self, cfg: &AttachConfig) -> Result<()> {
+        if !cfg.wait {
+            let mut searched = BTreeSet::new();
+            let mut processes = 0;
+            for pid in self.live_processes()? {
+                processes += 1;
+                if let Ok(scan) = self.scanner.scan(pid) {
+                    searched.extend(scan.searched);
+                }
+            }
+            let list: Vec<String> = searched.iter().map(|p| format!("  {}", p.display())).collect();
+            bail!(
+                "pid {} ({} process(es) with descendants) maps no library that defines the CUDA \
+                 runtime or driver entry points (cudaLaunchKernel, cudaGraphLaunch, \
+                 cuLaunchKernel) in .dynsym or .symtab; searched {} mapped ELF file(s):\n{}\n\
+                 Use --wait to wait for one to be loaded, or --cuda-lib PATH to name one.",
+                cfg.pid,
+                processes,
+                searched.len(),
+                list.join("\n")
+            );
+        }
+        log::info!("waiting for pid {} to load a CUDA library", cfg.pid);
+        let deadline = cfg.wait_timeout.map(|t| Instant::now() + t);
+        loop {
+            tokio::time::sleep(WAIT_POLL).await;
+            if self.live_processes()?.is_empty() {
+                bail!("pid {} exited before loading a CUDA library", cfg.pid);
+            }
+            self.attach_new_libraries()?;
+            if self.probes.attached().next().is_some() {
+                return Ok(());
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                bail!("no CUDA library appeared in pid {} within the --wait-timeout", cfg.pid);
+            }
+        }
+    }
+
+    /// Live processes among the tracked ids; ids of exited processes and of
+    /// threads are dropped from the kernel's map on the way.
+    fn live_processes(&mut self) -> Result<Vec<u32>> {
+        let mut live = Vec::new();
+        for id in self.probes.tracked()? {
+            if targets::is_process(id) {
+                live.push(id);
+            } else if !std::path::Path::new(&format!("/proc/{id}")).exists() {
+                self.probes.untrack(id)?;
+            }
+        }
+        Ok(live)
+    }
+
+    /// Scans every traced process and attaches libraries not seen before.
+    /// Returns the live processes.
+    fn attach_new_libraries(&mut self) -> Result<Vec<u32>> {
+        let live = self.live_processes()?;
+        for pid in &live {
+            let Ok(scan) = self.scanner.scan(*pid) else { continue };
+            for lib in scan.libraries {
+                if let Some(a) = self.probes.attach_library(&lib)? {
+                    self.report_attach(&a);
+                }
+            }
+        }
+        let (mut rt, mut drv) = (0, 0);
+        for a in self.probes.attached() {
+            rt += usize::from(a.apis.contains(&Api::Runtime));
+            drv += usize::from(a.apis.contains(&Api::Driver));
+        }
+        self.metrics.set_traced(live.len(), rt, drv);
+        Ok(live)
+    }
+
+    fn report_attach(&mut self, a: &Attached) {
+        let apis: Vec<&str> = a.apis.iter().map(|x| x.name()).collect();
+        log::info!(
+            "attached {} probes to {} ({})",
+            a.symbols,
+            a.path.display(),
+            apis.join("+")
+        );
+        for (sym, err) in &a.failed {
+            log::warn!("could not probe {sym} in {}: {err}", a.path.display());
+        }
+        if let Some(w) = self.jsonl.as_mut() {
+            let line = json!({
+                "type": "attach", "t_ns": monotonic_ns(), "library": a.path,
+                "apis": apis, "symbols": a.symbols, "failed": a.failed.len(),
+            });
+            let _ = writeln!(w, "{line}");
+        }
+    }
+
+    fn handle(&mut self, bytes: &[u8]) {
+        match decode(bytes) {
+            Ok(Event::Episode(ev)) => {
+                let rec = EpisodeRecord::new(&ev);
+                self.metrics.observe_episode(&rec);
+                if rec.ok() {
+                    self.latency.record(rec.launch_to_first_d2h_ns);
+                } else {
+                    self.failed_total += 1;
+                    self.failed_window += 1;
+                }
+                if let Some(w) = self.jsonl.as_mut() {
+                    if let Err(e) = serde_json::to_writer(&mut *w, &rec).map_err(std::io::Error::from).and_then(|()| w.write_all(b"\n")) {
+                        log::warn!("writing JSONL failed, no more lines will be written: {e}");
+                        self.jsonl = None;
+                    }
+                }
+            }
+            Err(e) => {
+                self.decode_errors += 1;
+                log::debug!("undecodable record: {e}");
+            }
+        }
+    }
+
+    fn drain(&mut self, ring: &mut RingBuf<MapData>) {
+        while let Some(item) = ring.next() {
+            let bytes: &[u8] = &item;
+            // Copy out so the ring slot is released before processing.
+            let owned = bytes.to_vec();
+            drop(item);
+            self.handle(&owned);
+        }
+    }
+
+    /// Reads the kernel's counters and statistics into the metrics; forgets
+    /// processes that are gone once their last reading is taken.
+    fn read_counters(&mut self, live: &[u32]) -> Result<()> {
+        let reading = self.probes.counters()?;
+        let delta = self.counters.update(&reading);
+        self.metrics.add_counters(&delta);
+        for tgid in reading.keys() {
+            if !live.contains(tgid) && !targets::is_process(*tgid) {
+                self.probes.drop_counters(*tgid)?;
+                self.counters.forget(*tgid);
+            }
+        }
+        let lost = self.probes.stat(Stat::RingbufLost)?;
+        let dropped = self.probes.stat(Stat::ThreadStateFull)?;
+        self.metrics.set_kernel_stats(lost, dropped);
+        Ok(())
+    }
+
+    async fn run(&mut self, ring: RingBuf<MapData>, cfg: &AttachConfig) -> Result<Stop> {
+        START.get_or_init(Instant::now);
+        // SAFETY: the RingBuf owns its map fd, which stays open and unchanged
+        // for as long as the AsyncFd owns the RingBuf.
+        let mut ring = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
+            .map_err(|e| anyhow::anyhow!("polling the ring buffer: {}", e.into_parts().1))?;
+        let mut rescan = tokio::time::interval(RESCAN);
+        let mut report = tokio::time::interval(cfg.interval);
+        report.tick().await;
+        let mut sigterm = tokio::signal::unix::signal(SignalKind::terminate())?;
+        let mut sigint = tokio::signal::unix::signal(SignalKind::interrupt())?;
+        let deadline = cfg.duration.map(|d| tokio::time::Instant::now() + d);
+        let stop = loop {
+            tokio::select! {
+                guard = ring.readable_mut() => {
+                    let mut guard = guard.context("polling the ring buffer")?;
+                    self.drain(guard.get_inner_mut());
+                    guard.clear_ready();
+                }
+                _ = rescan.tick() => {
+                    let live = self.attach_new_libraries()?;
+                    self.read_counters(&live)?;
+                    if live.is_empty() {
+                        break Stop::TargetExited;
+                    }
+                }
+                _ = report.tick() => {
+                    let window = self.latency.take_window();
+                    println!("{}", summary::interval_line(
+                        self.elapsed_since_start(), &window, self.failed_window,
+                        self.counters.total(), self.metrics.events_lost()));
+                    self.failed_window = 0;
+                    if let Some(w) = self.jsonl.as_mut() { let _ = w.flush(); }
+                }
+                _ = sigterm.recv() => break Stop::Signal,
+                _ = sigint.recv() => break Stop::Signal,
+                _ = sleep_until(deadline) => break Stop::Duration,
+            }
+        };
+        // Whatever the kernel sent before the stop still counts.
+        self.drain(ring.get_mut());
+        let live = self.live_processes()?;
+        self.read_counters(&live)?;
+        if stop == Stop::TargetExited {
+            log::info!("the traced processes have exited");
+        }
+        Ok(stop)
+    }
+}
+
+static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
