@@ -249,7 +249,11 @@ mod tests {
     fn async_copy_waits_for_a_synchronise() {
         let mut s = launched(2);
         s.on_d2h_copy(200, 64, 0x1000, false);
-        assert_eq!(s.on_copy_return(201, 0), None, "async return is not completion");
+        assert_eq!(
+            s.on_copy_return(201, 0),
+            None,
+            "async return is not completion"
+        );
         let ep = s
             .on_sync_return(300, Completion::StreamSync, 0x1000, 0)
             .expect("episode");
@@ -261,7 +265,10 @@ mod tests {
     fn stream_sync_on_another_stream_does_not_complete() {
         let mut s = launched(1);
         s.on_d2h_copy(200, 64, 0x1000, false);
-        assert_eq!(s.on_sync_return(250, Completion::StreamSync, 0x2000, 0), None);
+        assert_eq!(
+            s.on_sync_return(250, Completion::StreamSync, 0x2000, 0),
+            None
+        );
         // The default stream covers it, and so does an event or device sync.
         let ep = s.on_sync_return(260, Completion::StreamSync, 0, 0);
         assert_eq!(ep.map(|e| e.t_copy_done_ns), Some(260));
@@ -305,7 +312,10 @@ mod tests {
         assert_eq!(ep.kernel_launches, 2);
         s.on_launch(400, 7, 8, 0x5, API_DRIVER, false);
         assert_eq!(s.ep.t_first_launch_ns, 400);
-        assert_eq!((s.ep.kernel_launches, s.ep.api, s.ep.stream), (1, API_DRIVER, 0x5));
+        assert_eq!(
+            (s.ep.kernel_launches, s.ep.api, s.ep.stream),
+            (1, API_DRIVER, 0x5)
+        );
     }
 
     #[test]
@@ -314,7 +324,10 @@ mod tests {
         s.on_d2h_copy(200, 10, 0x9, false);
         s.on_d2h_copy(220, 99, 0, true);
         let ep = s.on_copy_return(260, 0).expect("episode");
-        assert_eq!((ep.copy_bytes, ep.t_copy_enqueue_ns, ep.t_copy_done_ns), (10, 200, 260));
+        assert_eq!(
+            (ep.copy_bytes, ep.t_copy_enqueue_ns, ep.t_copy_done_ns),
+            (10, 200, 260)
+        );
     }
 
     #[test]
@@ -336,7 +349,11 @@ mod tests {
         let mut s = launched(1);
         s.begin_call(None, 0);
         s.on_d2h_copy(200, 8, 0x10, false);
-        assert_eq!(s.end_call(210, 0), None, "async copy return completes nothing");
+        assert_eq!(
+            s.end_call(210, 0),
+            None,
+            "async copy return completes nothing"
+        );
         s.begin_call(Some(Completion::StreamSync), 0x20);
         assert_eq!(s.end_call(220, 0), None, "other stream");
         s.begin_call(Some(Completion::StreamSync), 0x10);

@@ -8,7 +8,7 @@
 
 use aya_ebpf::{
     Argument,
-    bindings::BPF_NOEXIST,
+    bindings::{BPF_NOEXIST, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user},
     macros::{uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext},
@@ -17,7 +17,7 @@ use ttft_trace_common::{
     API_DRIVER, API_RUNTIME, Completion, Direction, EpisodeEvent, GpuCounters, Stat, ThreadState,
 };
 
-use crate::maps::{COUNTERS, EVENTS, THREADS, bump_stat, is_tracked};
+use crate::maps::{COUNTERS, EVENTS, THREADS, bump_stat, is_tracked, wakeup_bytes};
 
 /// Offset of the stream handle in both `cudaLaunchConfig_t` and
 /// `CUlaunchConfig` (after two dim3s / six u32s and the shared-memory size).
@@ -73,14 +73,14 @@ fn traced_thread() -> Option<(u32, u32)> {
 
 #[inline(always)]
 fn thread_state(tid: u32) -> Option<&'static mut ThreadState> {
-    if let Some(p) = THREADS.get_ptr_mut(&tid) {
+    if let Some(p) = THREADS.get_ptr_mut(tid) {
         // SAFETY: map values live until deleted; only this thread uses its entry.
         return Some(unsafe { &mut *p });
     }
     // Ignore the result: another CPU cannot race us on our own tid, and a
     // failure shows up as the lookup below failing.
-    let _ = THREADS.insert(&tid, &ThreadState::default(), u64::from(BPF_NOEXIST));
-    match THREADS.get_ptr_mut(&tid) {
+    let _ = THREADS.insert(tid, ThreadState::default(), u64::from(BPF_NOEXIST));
+    match THREADS.get_ptr_mut(tid) {
         // SAFETY: as above.
         Some(p) => Some(unsafe { &mut *p }),
         None => {
@@ -92,11 +92,11 @@ fn thread_state(tid: u32) -> Option<&'static mut ThreadState> {
 
 #[inline(always)]
 fn counters(tgid: u32) -> Option<*mut GpuCounters> {
-    if let Some(p) = COUNTERS.get_ptr_mut(&tgid) {
+    if let Some(p) = COUNTERS.get_ptr_mut(tgid) {
         return Some(p);
     }
-    let _ = COUNTERS.insert(&tgid, &GpuCounters::default(), u64::from(BPF_NOEXIST));
-    COUNTERS.get_ptr_mut(&tgid)
+    let _ = COUNTERS.insert(tgid, GpuCounters::default(), u64::from(BPF_NOEXIST));
+    COUNTERS.get_ptr_mut(tgid)
 }
 
 /// Adds to a per-CPU counter: the BPF target has no compare-and-swap, so the
@@ -124,13 +124,13 @@ fn count_launch(tgid: u32, graph: bool) {
 #[inline(always)]
 fn count_copy(tgid: u32, dir: Direction, bytes: u64) {
     let i = dir as usize;
-    if let Some(c) = counters(tgid) {
-        if i < ttft_trace_common::counters::DIRECTIONS {
-            // SAFETY: c points into a live map value; i is bounds-checked.
-            unsafe {
-                add(&raw mut (*c).memcpy_calls[i], 1);
-                add(&raw mut (*c).memcpy_bytes[i], bytes);
-            }
+    if let Some(c) = counters(tgid)
+        && i < ttft_trace_common::counters::DIRECTIONS
+    {
+        // SAFETY: c points into a live map value; i is bounds-checked.
+        unsafe {
+            add(&raw mut (*c).memcpy_calls[i], 1);
+            add(&raw mut (*c).memcpy_bytes[i], bytes);
         }
     }
 }
@@ -140,7 +140,7 @@ fn emit(ep: &EpisodeEvent) {
     match EVENTS.reserve::<EpisodeEvent>(0) {
         Some(mut entry) => {
             entry.write(*ep);
-            entry.submit(0);
+            entry.submit(wakeup_flag());
         }
         None => bump_stat(Stat::RingbufLost),
     }
@@ -150,12 +150,36 @@ fn emit(ep: &EpisodeEvent) {
     }
 }
 
+/// Waking the reader on every event would let it preempt the traced thread
+/// right at its CUDA call's return (a 2-core host showed 250 µs stalls), so
+/// events are batched: userspace drains on a timer, and is woken only once
+/// the buffer holds more than the load-time threshold.
+#[inline(always)]
+fn wakeup_flag() -> u64 {
+    if EVENTS.query(u64::from(BPF_RB_AVAIL_DATA)) > wakeup_bytes() {
+        u64::from(BPF_RB_FORCE_WAKEUP)
+    } else {
+        u64::from(BPF_RB_NO_WAKEUP)
+    }
+}
+
 /// What one API call does to the episode state.
 #[derive(Clone, Copy)]
 enum Call {
-    Launch { stream: u64, graph: bool },
-    Copy { dir: Direction, bytes: u64, stream: u64, synchronous: bool },
-    Sync { completion: Completion, stream: u64 },
+    Launch {
+        stream: u64,
+        graph: bool,
+    },
+    Copy {
+        dir: Direction,
+        bytes: u64,
+        stream: u64,
+        synchronous: bool,
+    },
+    Sync {
+        completion: Completion,
+        stream: u64,
+    },
 }
 
 #[inline(always)]
@@ -166,7 +190,12 @@ fn apply(st: &mut ThreadState, call: Call, now: u64, tgid: u32, tid: u32, api: u
             st.on_launch(now, tgid, tid, stream, api, graph);
             count_launch(tgid, graph);
         }
-        Call::Copy { dir, bytes, stream, synchronous } => {
+        Call::Copy {
+            dir,
+            bytes,
+            stream,
+            synchronous,
+        } => {
             st.begin_call(synchronous.then_some(Completion::SyncCopy), 0);
             count_copy(tgid, dir, bytes);
             if dir == Direction::DeviceToHost {
@@ -180,9 +209,13 @@ fn apply(st: &mut ThreadState, call: Call, now: u64, tgid: u32, tid: u32, api: u
 /// Entry of a runtime API function: handled only when outermost.
 #[inline(always)]
 fn runtime_entry(call: Option<Call>) -> u32 {
-    let Some((tgid, tid)) = traced_thread() else { return 0 };
+    let Some((tgid, tid)) = traced_thread() else {
+        return 0;
+    };
     let now = now_ns();
-    let Some(st) = thread_state(tid) else { return 0 };
+    let Some(st) = thread_state(tid) else {
+        return 0;
+    };
     if !st.enter_runtime() {
         return 0;
     }
@@ -197,9 +230,13 @@ fn runtime_entry(call: Option<Call>) -> u32 {
 /// Entry of a driver API function: skipped inside a runtime call.
 #[inline(always)]
 fn driver_entry(call: Option<Call>) -> u32 {
-    let Some((tgid, tid)) = traced_thread() else { return 0 };
+    let Some((tgid, tid)) = traced_thread() else {
+        return 0;
+    };
     let now = now_ns();
-    let Some(st) = thread_state(tid) else { return 0 };
+    let Some(st) = thread_state(tid) else {
+        return 0;
+    };
     if st.in_runtime() {
         return 0;
     }
@@ -212,12 +249,20 @@ fn driver_entry(call: Option<Call>) -> u32 {
 
 #[inline(always)]
 fn call_return(ctx: &RetProbeContext, runtime: bool) -> u32 {
-    let Some((_, tid)) = traced_thread() else { return 0 };
+    let Some((_, tid)) = traced_thread() else {
+        return 0;
+    };
     let now = now_ns();
-    let Some(p) = THREADS.get_ptr_mut(&tid) else { return 0 };
+    let Some(p) = THREADS.get_ptr_mut(tid) else {
+        return 0;
+    };
     // SAFETY: map value, used by this thread only.
     let st = unsafe { &mut *p };
-    let outermost = if runtime { st.leave_runtime() } else { !st.in_runtime() };
+    let outermost = if runtime {
+        st.leave_runtime()
+    } else {
+        !st.in_runtime()
+    };
     if outermost {
         let status: i32 = ctx.ret();
         if let Some(ep) = st.end_call(now, status) {
@@ -228,13 +273,23 @@ fn call_return(ctx: &RetProbeContext, runtime: bool) -> u32 {
 }
 
 #[inline(always)]
-fn copy_call(ctx: &ProbeContext, dir: Direction, bytes_arg: usize, stream_arg: Option<usize>) -> Option<Call> {
+fn copy_call(
+    ctx: &ProbeContext,
+    dir: Direction,
+    bytes_arg: usize,
+    stream_arg: Option<usize>,
+) -> Option<Call> {
     let bytes: u64 = ctx.arg(bytes_arg)?;
     let (stream, synchronous) = match stream_arg {
         Some(n) => (ctx.arg(n)?, false),
         None => (0, true),
     };
-    Some(Call::Copy { dir, bytes, stream, synchronous })
+    Some(Call::Copy {
+        dir,
+        bytes,
+        stream,
+        synchronous,
+    })
 }
 
 #[inline(always)]
@@ -250,20 +305,29 @@ fn launch_config_stream(config: u64) -> Option<u64> {
 /// each dim3 takes two registers, so the stream is argument 7.
 #[uprobe]
 pub fn cuda_launch_kernel(ctx: ProbeContext) -> u32 {
-    runtime_entry(arg(&ctx, 7).map(|stream| Call::Launch { stream, graph: false }))
+    runtime_entry(arg(&ctx, 7).map(|stream| Call::Launch {
+        stream,
+        graph: false,
+    }))
 }
 
 /// `cudaLaunchKernelExC(const cudaLaunchConfig_t*, func, args)`.
 #[uprobe]
 pub fn cuda_launch_kernel_ex(ctx: ProbeContext) -> u32 {
     let stream = ctx.arg(0).and_then(launch_config_stream);
-    runtime_entry(stream.map(|stream| Call::Launch { stream, graph: false }))
+    runtime_entry(stream.map(|stream| Call::Launch {
+        stream,
+        graph: false,
+    }))
 }
 
 /// `cudaGraphLaunch(graphExec, stream)`.
 #[uprobe]
 pub fn cuda_graph_launch(ctx: ProbeContext) -> u32 {
-    runtime_entry(ctx.arg(1).map(|stream| Call::Launch { stream, graph: true }))
+    runtime_entry(ctx.arg(1).map(|stream| Call::Launch {
+        stream,
+        graph: true,
+    }))
 }
 
 /// `cudaMemcpyAsync(dst, src, count, kind, stream)`.
@@ -283,20 +347,29 @@ pub fn cuda_memcpy(ctx: ProbeContext) -> u32 {
 /// `cudaStreamSynchronize(stream)`.
 #[uprobe]
 pub fn cuda_stream_sync(ctx: ProbeContext) -> u32 {
-    let call = ctx.arg(0).map(|stream| Call::Sync { completion: Completion::StreamSync, stream });
+    let call = ctx.arg(0).map(|stream| Call::Sync {
+        completion: Completion::StreamSync,
+        stream,
+    });
     runtime_entry(call)
 }
 
 /// `cudaEventSynchronize(event)`.
 #[uprobe]
 pub fn cuda_event_sync(_ctx: ProbeContext) -> u32 {
-    runtime_entry(Some(Call::Sync { completion: Completion::EventSync, stream: 0 }))
+    runtime_entry(Some(Call::Sync {
+        completion: Completion::EventSync,
+        stream: 0,
+    }))
 }
 
 /// `cudaDeviceSynchronize()`.
 #[uprobe]
 pub fn cuda_device_sync(_ctx: ProbeContext) -> u32 {
-    runtime_entry(Some(Call::Sync { completion: Completion::DeviceSync, stream: 0 }))
+    runtime_entry(Some(Call::Sync {
+        completion: Completion::DeviceSync,
+        stream: 0,
+    }))
 }
 
 /// Return of every runtime entry point above.
@@ -310,20 +383,29 @@ pub fn cuda_runtime_return(ctx: RetProbeContext) -> u32 {
 /// `cuLaunchKernel(f, gx, gy, gz, bx, by, bz, sharedMem, hStream, params, extra)`.
 #[uprobe]
 pub fn cu_launch_kernel(ctx: ProbeContext) -> u32 {
-    driver_entry(arg(&ctx, 8).map(|stream| Call::Launch { stream, graph: false }))
+    driver_entry(arg(&ctx, 8).map(|stream| Call::Launch {
+        stream,
+        graph: false,
+    }))
 }
 
 /// `cuLaunchKernelEx(const CUlaunchConfig*, f, params, extra)`.
 #[uprobe]
 pub fn cu_launch_kernel_ex(ctx: ProbeContext) -> u32 {
     let stream = ctx.arg(0).and_then(launch_config_stream);
-    driver_entry(stream.map(|stream| Call::Launch { stream, graph: false }))
+    driver_entry(stream.map(|stream| Call::Launch {
+        stream,
+        graph: false,
+    }))
 }
 
 /// `cuGraphLaunch(hGraphExec, hStream)`.
 #[uprobe]
 pub fn cu_graph_launch(ctx: ProbeContext) -> u32 {
-    driver_entry(ctx.arg(1).map(|stream| Call::Launch { stream, graph: true }))
+    driver_entry(ctx.arg(1).map(|stream| Call::Launch {
+        stream,
+        graph: true,
+    }))
 }
 
 /// `cuMemcpyDtoHAsync_v2(dstHost, srcDevice, bytes, hStream)`.
@@ -359,20 +441,29 @@ pub fn cu_memcpy_htod(ctx: ProbeContext) -> u32 {
 /// `cuStreamSynchronize(hStream)`.
 #[uprobe]
 pub fn cu_stream_sync(ctx: ProbeContext) -> u32 {
-    let call = ctx.arg(0).map(|stream| Call::Sync { completion: Completion::StreamSync, stream });
+    let call = ctx.arg(0).map(|stream| Call::Sync {
+        completion: Completion::StreamSync,
+        stream,
+    });
     driver_entry(call)
 }
 
 /// `cuEventSynchronize(hEvent)`.
 #[uprobe]
 pub fn cu_event_sync(_ctx: ProbeContext) -> u32 {
-    driver_entry(Some(Call::Sync { completion: Completion::EventSync, stream: 0 }))
+    driver_entry(Some(Call::Sync {
+        completion: Completion::EventSync,
+        stream: 0,
+    }))
 }
 
 /// `cuCtxSynchronize()`.
 #[uprobe]
 pub fn cu_ctx_sync(_ctx: ProbeContext) -> u32 {
-    driver_entry(Some(Call::Sync { completion: Completion::ContextSync, stream: 0 }))
+    driver_entry(Some(Call::Sync {
+        completion: Completion::ContextSync,
+        stream: 0,
+    }))
 }
 
 /// Return of the driver's synchronous copies and synchronise calls.

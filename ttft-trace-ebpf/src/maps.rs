@@ -41,6 +41,16 @@ pub static OFFSETS: TracepointOffsets = TracepointOffsets {
     _pad: 0,
 };
 
+/// Unread ring-buffer bytes above which a new event wakes the reader.
+#[unsafe(no_mangle)]
+pub static WAKEUP_BYTES: u64 = 0;
+
+#[inline(always)]
+pub fn wakeup_bytes() -> u64 {
+    // SAFETY: as for offsets().
+    unsafe { core::ptr::read_volatile(&WAKEUP_BYTES) }
+}
+
 /// Reads a load-time global; the volatile read stops the compiler from
 /// folding the default value in.
 #[inline(always)]
@@ -60,5 +70,5 @@ pub fn bump_stat(stat: ttft_trace_common::Stat) {
 #[inline(always)]
 pub fn is_tracked(tgid: u32) -> bool {
     // SAFETY: the value is not kept beyond the lookup.
-    unsafe { TRACKED.get(&tgid).is_some() }
+    unsafe { TRACKED.get(tgid).is_some() }
 }

@@ -3,9 +3,7 @@
 //! per-thread state is dropped when a thread exits.
 
 use aya_ebpf::{
-    helpers::bpf_get_current_pid_tgid,
-    macros::tracepoint,
-    programs::TracePointContext,
+    helpers::bpf_get_current_pid_tgid, macros::tracepoint, programs::TracePointContext,
 };
 use ttft_trace_common::offsets::ABSENT;
 
@@ -25,7 +23,7 @@ pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
     }
     // SAFETY: as above.
     if let Ok(child) = unsafe { ctx.read_at::<i32>(off.fork_child_pid as usize) } {
-        let _ = TRACKED.insert(&(child as u32), &1, 0);
+        let _ = TRACKED.insert(child as u32, 1, 0);
     }
     0
 }
@@ -38,7 +36,7 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
     if !is_tracked(tgid) {
         return 0;
     }
-    let _ = THREADS.remove(&tid);
+    let _ = THREADS.remove(tid);
     let off = offsets();
     let group_dead = if off.exit_group_dead == ABSENT {
         tid == tgid
@@ -47,10 +45,10 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
         unsafe { ctx.read_at::<u8>(off.exit_group_dead as usize) }.is_ok_and(|v| v != 0)
     };
     if tid != tgid {
-        let _ = TRACKED.remove(&tid);
+        let _ = TRACKED.remove(tid);
     }
     if group_dead {
-        let _ = TRACKED.remove(&tgid);
+        let _ = TRACKED.remove(tgid);
     }
     0
 }

@@ -92,12 +92,21 @@ mod tests {
         };
         let r = EpisodeRecord::new(&ev);
         assert_eq!(r.launch_to_first_d2h_ns, 300);
-        assert_eq!((r.api, r.completion, r.stream.as_str()), ("runtime+driver", "event_sync", "0x20"));
+        assert_eq!(
+            (r.api, r.completion, r.stream.as_str()),
+            ("runtime+driver", "event_sync", "0x20")
+        );
         assert!(r.ok());
         let json = serde_json::to_string(&r).expect("serialise");
-        assert!(json.starts_with("{\"type\":\"episode\",\"pid\":5,"), "{json}");
+        assert!(
+            json.starts_with("{\"type\":\"episode\",\"pid\":5,"),
+            "{json}"
+        );
         assert_eq!(api_name(0), "unknown");
-        let bad = EpisodeEvent { completion: 42, ..ev };
+        let bad = EpisodeEvent {
+            completion: 42,
+            ..ev
+        };
         assert_eq!(EpisodeRecord::new(&bad).completion, "unknown");
     }
 }

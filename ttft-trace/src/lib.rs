@@ -9,6 +9,7 @@ pub mod clock;
 pub mod decode;
 pub mod episodes;
 pub mod metrics;
+pub mod nvml;
 pub mod probes;
 pub mod record;
 pub mod session;

@@ -5,7 +5,10 @@ use std::{net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(version, about = "Why was the first token slow? eBPF tracing of GPU inference servers")]
+#[command(
+    version,
+    about = "Why was the first token slow? eBPF tracing of GPU inference servers"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

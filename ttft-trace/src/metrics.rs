@@ -85,7 +85,10 @@ impl Metrics {
             &["direction"],
         )?;
         let memcpy_calls = IntCounterVec::new(
-            Opts::new("ttft_trace_cuda_memcpy_calls_total", "Memory copy calls, by direction"),
+            Opts::new(
+                "ttft_trace_cuda_memcpy_calls_total",
+                "Memory copy calls, by direction",
+            ),
             &["direction"],
         )?;
         let events_lost = IntCounter::new(
@@ -96,10 +99,8 @@ impl Metrics {
             "ttft_trace_thread_state_dropped_total",
             "CUDA calls not followed because the per-thread state map was full",
         )?;
-        let traced_processes = IntGauge::new(
-            "ttft_trace_traced_processes",
-            "Processes currently traced",
-        )?;
+        let traced_processes =
+            IntGauge::new("ttft_trace_traced_processes", "Processes currently traced")?;
         let attached_libraries = IntGaugeVec::new(
             Opts::new(
                 "ttft_trace_attached_libraries",
@@ -212,7 +213,8 @@ pub fn render(registry: &Registry) -> String {
 /// Binds the listen address now, so that a port in use is an error at start
 /// rather than a log line later.
 pub fn bind(addr: SocketAddr) -> Result<TcpListener, MetricsError> {
-    let listener = TcpListener::bind(addr).map_err(|source| MetricsError::Listen { addr, source })?;
+    let listener =
+        TcpListener::bind(addr).map_err(|source| MetricsError::Listen { addr, source })?;
     listener
         .set_nonblocking(true)
         .map_err(|source| MetricsError::Listen { addr, source })?;
@@ -229,7 +231,10 @@ pub async fn serve(listener: TcpListener, registry: Registry) -> std::io::Result
                 let body = render(&registry);
                 async move {
                     (
-                        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+                        [(
+                            header::CONTENT_TYPE,
+                            "text/plain; version=0.0.4; charset=utf-8",
+                        )],
                         body,
                     )
                         .into_response()
@@ -248,8 +253,10 @@ mod tests {
     #[test]
     fn renders_the_documented_series() {
         let m = Metrics::new().expect("metrics");
-        let mut delta = GpuCounters::default();
-        delta.kernel_launches = 5;
+        let mut delta = GpuCounters {
+            kernel_launches: 5,
+            ..GpuCounters::default()
+        };
         delta.memcpy_bytes[Direction::DeviceToHost as usize] = 4096;
         m.add_counters(&delta);
         m.set_kernel_stats(3, 0);

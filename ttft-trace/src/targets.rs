@@ -43,7 +43,11 @@ pub fn descendants(root: u32) -> Vec<u32> {
         return Vec::new();
     };
     for entry in dir.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
             continue;
         };
         if let Some(ppid) = fs::read_to_string(format!("/proc/{pid}/stat"))

@@ -70,17 +70,20 @@ impl Format {
     pub fn read(root: &Path, category: &str, name: &str) -> Result<Self, TracefsError> {
         let tp = format!("{category}:{name}");
         let path = root.join("events").join(category).join(name).join("format");
-        let text = fs::read_to_string(&path).map_err(|e| TracefsError::NoTracepoint(tp.clone(), e))?;
+        let text =
+            fs::read_to_string(&path).map_err(|e| TracefsError::NoTracepoint(tp.clone(), e))?;
         Self::parse(&tp, &text)
     }
 
     /// Parses the text of a format file (lines such as
-    /// `field:pid_t child_pid;	offset:20;	size:4;	signed:1;`).
+    /// `field:pid_t child_pid;<TAB>offset:20;<TAB>size:4;<TAB>signed:1;`).
     pub fn parse(tracepoint: &str, text: &str) -> Result<Self, TracefsError> {
         let mut fields = Vec::new();
         for line in text.lines() {
             let line = line.trim();
-            let Some(rest) = line.strip_prefix("field:") else { continue };
+            let Some(rest) = line.strip_prefix("field:") else {
+                continue;
+            };
             let mut decl = None;
             let mut offset = None;
             for part in rest.split(';') {
@@ -114,15 +117,19 @@ impl Format {
 
     /// Offset of a field, or an error naming it.
     pub fn offset(&self, field: &str) -> Result<u32, TracefsError> {
-        self.optional_offset(field).ok_or_else(|| TracefsError::NoField {
-            tracepoint: self.name.clone(),
-            field: field.into(),
-        })
+        self.optional_offset(field)
+            .ok_or_else(|| TracefsError::NoField {
+                tracepoint: self.name.clone(),
+                field: field.into(),
+            })
     }
 
     /// Offset of a field that older kernels may lack.
     pub fn optional_offset(&self, field: &str) -> Option<u32> {
-        self.fields.iter().find(|(n, _)| n == field).map(|(_, o)| *o)
+        self.fields
+            .iter()
+            .find(|(n, _)| n == field)
+            .map(|(_, o)| *o)
     }
 }
 

@@ -1,1 +1,59 @@
-fn main() {}
+//! Project tasks: `cargo xtask setup | demo | test | bench`.
+
+mod bench;
+mod demo;
+mod run;
+mod setup;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(about = "ttft-trace project tasks")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install what building and testing need (idempotent): the nightly's
+    /// rust-src, bpf-linker built against the nightly's LLVM, the real
+    /// libcudart.so.12 and libnvidia-ml.so.1 used by the tests.
+    Setup,
+    /// Set up, build, and trace the bundled GPU-free workload; show the
+    /// summary and what /metrics serves.
+    Demo,
+    /// Set up, then run every test (root-only tests need root).
+    Test {
+        /// Extra arguments for `cargo test`.
+        #[arg(trailing_var_arg = true)]
+        args: Vec<String>,
+    },
+    /// Clippy on the eBPF crate, which builds only for the BPF target.
+    LintEbpf,
+    /// Measure probe overhead per cudaLaunchKernel and the event rate the
+    /// daemon keeps up with; writes target/bench/results.json.
+    Bench,
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().task {
+        Task::Setup => setup::setup(),
+        Task::Demo => {
+            setup::setup()?;
+            demo::demo()
+        }
+        Task::Test { args } => {
+            setup::setup()?;
+            run::test(&args)
+        }
+        Task::LintEbpf => {
+            setup::setup()?;
+            run::lint_ebpf()
+        }
+        Task::Bench => {
+            setup::setup()?;
+            bench::bench()
+        }
+    }
+}

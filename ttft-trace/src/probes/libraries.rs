@@ -68,7 +68,9 @@ fn parse_maps(pid: u32, text: &str) -> Vec<MappedFile> {
             continue;
         };
         let path = path.trim_start();
-        let Ok(inode) = inode.parse::<u64>() else { continue };
+        let Ok(inode) = inode.parse::<u64>() else {
+            continue;
+        };
         if inode == 0 || !path.starts_with('/') || path.ends_with(" (deleted)") {
             continue;
         }
@@ -118,10 +120,12 @@ pub fn inspect(path: &Path, open_path: &Path) -> Result<Option<CudaLibrary>, Lib
         let Some(probed) = sym.name().ok().and_then(symbols::lookup) else {
             continue;
         };
-        if let Some(offset) = file_offset(&elf, sym.address()) {
-            if !found.iter().any(|(s, o)| s.name == probed.name && *o == offset) {
-                found.push((probed, offset));
-            }
+        if let Some(offset) = file_offset(&elf, sym.address())
+            && !found
+                .iter()
+                .any(|(s, o)| s.name == probed.name && *o == offset)
+        {
+            found.push((probed, offset));
         }
     }
     if !found.iter().any(|(s, _)| MARKERS.contains(&s.name)) {
@@ -209,8 +213,14 @@ mod tests {
         let files = parse_maps(42, text);
         assert_eq!(files.len(), 2);
         assert_eq!(files[0].path, PathBuf::from("/usr/bin/python3.11"));
-        assert_eq!(files[0].open_path, PathBuf::from("/proc/42/root/usr/bin/python3.11"));
-        assert_eq!(files[1].path, PathBuf::from("/opt/my lib/libcudart-4e0b8a1f.so.12"));
+        assert_eq!(
+            files[0].open_path,
+            PathBuf::from("/proc/42/root/usr/bin/python3.11")
+        );
+        assert_eq!(
+            files[1].path,
+            PathBuf::from("/opt/my lib/libcudart-4e0b8a1f.so.12")
+        );
         assert_eq!((files[1].dev.as_str(), files[1].inode), ("fd:01", 99));
     }
 
@@ -224,6 +234,9 @@ mod tests {
 
     #[test]
     fn missing_process_is_reported() {
-        assert!(matches!(mapped_files(u32::MAX), Err(LibraryError::NoProcess(_))));
+        assert!(matches!(
+            mapped_files(u32::MAX),
+            Err(LibraryError::NoProcess(_))
+        ));
     }
 }

@@ -15,9 +15,7 @@ use aya::{
     programs::{TracePoint, UProbe, uprobe::UProbeScope},
 };
 use thiserror::Error;
-use ttft_trace_common::{
-    GpuCounters, Stat, TracepointOffsets, offsets::ABSENT,
-};
+use ttft_trace_common::{GpuCounters, Stat, TracepointOffsets, offsets::ABSENT};
 
 use crate::tracefs::{self, Format, TracefsError};
 use libraries::CudaLibrary;
@@ -93,8 +91,12 @@ impl Probes {
             return Err(ProbeError::NotRoot);
         }
         let offsets = tracepoint_offsets()?;
+        // Wake the reader early only when an eighth of the buffer is used;
+        // otherwise it drains on its timer (see the probes' wakeup_flag).
+        let wakeup_bytes = u64::from(ringbuf_bytes / 8);
         let mut ebpf = EbpfLoader::new()
             .override_global("OFFSETS", &offsets, true)
+            .override_global("WAKEUP_BYTES", &wakeup_bytes, true)
             .map_max_entries("EVENTS", ringbuf_bytes)
             .load(OBJECT)
             .map_err(ProbeError::Load)?;
@@ -179,16 +181,21 @@ impl Probes {
     /// Starts tracing a process (its children are added by the kernel).
     pub fn track(&mut self, pid: u32) -> Result<(), ProbeError> {
         let mut map: BpfHashMap<_, u32, u32> = BpfHashMap::try_from(
-            self.ebpf.map_mut("TRACKED").ok_or(ProbeError::Missing("TRACKED"))?,
+            self.ebpf
+                .map_mut("TRACKED")
+                .ok_or(ProbeError::Missing("TRACKED"))?,
         )
         .map_err(|e| ProbeError::Map("TRACKED", e))?;
-        map.insert(pid, 1, 0).map_err(|e| ProbeError::Map("TRACKED", e))
+        map.insert(pid, 1, 0)
+            .map_err(|e| ProbeError::Map("TRACKED", e))
     }
 
     /// Stops tracing an id (a process that exited, or a thread's id).
     pub fn untrack(&mut self, pid: u32) -> Result<(), ProbeError> {
         let mut map: BpfHashMap<_, u32, u32> = BpfHashMap::try_from(
-            self.ebpf.map_mut("TRACKED").ok_or(ProbeError::Missing("TRACKED"))?,
+            self.ebpf
+                .map_mut("TRACKED")
+                .ok_or(ProbeError::Missing("TRACKED"))?,
         )
         .map_err(|e| ProbeError::Map("TRACKED", e))?;
         match map.remove(&pid) {
@@ -200,7 +207,9 @@ impl Probes {
     /// Ids in the tracked map (processes and, transiently, threads).
     pub fn tracked(&self) -> Result<Vec<u32>, ProbeError> {
         let map: BpfHashMap<_, u32, u32> = BpfHashMap::try_from(
-            self.ebpf.map("TRACKED").ok_or(ProbeError::Missing("TRACKED"))?,
+            self.ebpf
+                .map("TRACKED")
+                .ok_or(ProbeError::Missing("TRACKED"))?,
         )
         .map_err(|e| ProbeError::Map("TRACKED", e))?;
         Ok(map.keys().filter_map(Result::ok).collect())
@@ -209,7 +218,9 @@ impl Probes {
     /// Per-process counters, summed over CPUs.
     pub fn counters(&self) -> Result<BTreeMap<u32, GpuCounters>, ProbeError> {
         let map: PerCpuHashMap<_, u32, GpuCounters> = PerCpuHashMap::try_from(
-            self.ebpf.map("COUNTERS").ok_or(ProbeError::Missing("COUNTERS"))?,
+            self.ebpf
+                .map("COUNTERS")
+                .ok_or(ProbeError::Missing("COUNTERS"))?,
         )
         .map_err(|e| ProbeError::Map("COUNTERS", e))?;
         let mut out = BTreeMap::new();
@@ -227,7 +238,9 @@ impl Probes {
     /// Forgets a process's counters once they have been read for the last time.
     pub fn drop_counters(&mut self, tgid: u32) -> Result<(), ProbeError> {
         let mut map: PerCpuHashMap<_, u32, GpuCounters> = PerCpuHashMap::try_from(
-            self.ebpf.map_mut("COUNTERS").ok_or(ProbeError::Missing("COUNTERS"))?,
+            self.ebpf
+                .map_mut("COUNTERS")
+                .ok_or(ProbeError::Missing("COUNTERS"))?,
         )
         .map_err(|e| ProbeError::Map("COUNTERS", e))?;
         match map.remove(&tgid) {
@@ -239,7 +252,9 @@ impl Probes {
     /// A kernel statistic, summed over CPUs.
     pub fn stat(&self, stat: Stat) -> Result<u64, ProbeError> {
         let map: PerCpuArray<_, u64> = PerCpuArray::try_from(
-            self.ebpf.map("STATS_MAP").ok_or(ProbeError::Missing("STATS_MAP"))?,
+            self.ebpf
+                .map("STATS_MAP")
+                .ok_or(ProbeError::Missing("STATS_MAP"))?,
         )
         .map_err(|e| ProbeError::Map("STATS_MAP", e))?;
         let values = map
@@ -250,7 +265,10 @@ impl Probes {
 
     /// Takes the ring buffer out, for the event loop to own.
     pub fn take_events(&mut self) -> Result<RingBuf<MapData>, ProbeError> {
-        let map = self.ebpf.take_map("EVENTS").ok_or(ProbeError::Missing("EVENTS"))?;
+        let map = self
+            .ebpf
+            .take_map("EVENTS")
+            .ok_or(ProbeError::Missing("EVENTS"))?;
         RingBuf::try_from(map).map_err(|e| ProbeError::Map("EVENTS", e))
     }
 }

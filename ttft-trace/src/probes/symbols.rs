@@ -140,7 +140,12 @@ mod tests {
         let n = names.len();
         names.dedup();
         assert_eq!(n, names.len(), "duplicate symbol");
-        assert!(SYMBOLS.iter().filter(|s| s.api == Api::Runtime).all(|s| s.needs_return));
+        assert!(
+            SYMBOLS
+                .iter()
+                .filter(|s| s.api == Api::Runtime)
+                .all(|s| s.needs_return)
+        );
         for m in MARKERS {
             assert!(lookup(m).is_some(), "{m} is a marker but not probed");
         }

@@ -54,8 +54,10 @@ mod tests {
     use super::*;
 
     fn c(launches: u64, d2h: u64) -> GpuCounters {
-        let mut c = GpuCounters::default();
-        c.kernel_launches = launches;
+        let mut c = GpuCounters {
+            kernel_launches: launches,
+            ..GpuCounters::default()
+        };
         c.memcpy_bytes[2] = d2h;
         c
     }

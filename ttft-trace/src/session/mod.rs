@@ -21,7 +21,7 @@ use tokio::{
     io::{Interest, unix::AsyncFd},
     signal::unix::SignalKind,
 };
-use ttft_trace_common::Stat;
+use ttft_trace_common::{Direction, Stat};
 
 use crate::{
     clock::monotonic_ns,
@@ -41,6 +41,9 @@ use counters::CounterTracker;
 /// How often the process tree is rescanned for new CUDA libraries and the
 /// kernel's counters are read.
 const RESCAN: Duration = Duration::from_millis(250);
+/// How often the ring buffer is drained when the kernel has not woken us
+/// (it does so only when the buffer fills past a threshold).
+const DRAIN: Duration = Duration::from_millis(50);
 /// How often `--wait` looks for a CUDA library to appear.
 const WAIT_POLL: Duration = Duration::from_millis(10);
 
@@ -78,9 +81,16 @@ struct Session {
 
 pub async fn attach(cfg: AttachConfig) -> Result<Stop> {
     if !targets::is_process(cfg.pid) {
-        bail!("no process with pid {} (or it is a thread, or a zombie)", cfg.pid);
+        bail!(
+            "no process with pid {} (or it is a thread, or a zombie)",
+            cfg.pid
+        );
     }
-    let title = format!("pid {} ({})", cfg.pid, targets::comm(cfg.pid).unwrap_or_default());
+    let title = format!(
+        "pid {} ({})",
+        cfg.pid,
+        targets::comm(cfg.pid).unwrap_or_default()
+    );
     let metrics = Metrics::new()?;
     let listener = cfg.listen.map(metrics::bind).transpose()?;
     let probes = Probes::load(cfg.ringbuf_bytes)?;
@@ -124,7 +134,11 @@ pub async fn attach(cfg: AttachConfig) -> Result<Stop> {
         s.wait_for_library(&cfg).await?;
     }
     let server = listener.map(|l| {
-        log::info!("serving Prometheus metrics on http://{}/metrics", l.local_addr().map_or_else(|_| "?".into(), |a| a.to_string()));
+        log::info!(
+            "serving Prometheus metrics on http://{}/metrics",
+            l.local_addr()
+                .map_or_else(|_| "?".into(), |a| a.to_string())
+        );
         tokio::spawn(metrics::serve(l, s.metrics.registry.clone()))
     });
 
@@ -137,14 +151,28 @@ pub async fn attach(cfg: AttachConfig) -> Result<Stop> {
     let lost = s.metrics.events_lost();
     println!(
         "{}",
-        summary::final_block(&title, elapsed, &s.latency.total(), s.failed_total, s.counters.total(), lost)
+        summary::final_block(
+            &title,
+            elapsed,
+            &s.latency.total(),
+            s.failed_total,
+            s.counters.total(),
+            lost
+        )
     );
     if s.decode_errors > 0 {
-        log::warn!("{} ring-buffer records could not be decoded", s.decode_errors);
+        log::warn!(
+            "{} ring-buffer records could not be decoded",
+            s.decode_errors
+        );
     }
+    s.write_totals(stop, lost);
     if let Some(w) = s.jsonl.as_mut() {
         w.flush().context("writing the JSONL file")?;
     }
+    // Detaching waits for an RCU grace period per uprobe in the kernel
+    // (about 0.1 s each here, serialised), so it comes after the summary.
+    drop(s);
     Ok(stop)
 }
 
@@ -166,7 +194,10 @@ impl Session {
                     searched.extend(scan.searched);
                 }
             }
-            let list: Vec<String> = searched.iter().map(|p| format!("  {}", p.display())).collect();
+            let list: Vec<String> = searched
+                .iter()
+                .map(|p| format!("  {}", p.display()))
+                .collect();
             bail!(
                 "pid {} ({} process(es) with descendants) maps no library that defines the CUDA \
                  runtime or driver entry points (cudaLaunchKernel, cudaGraphLaunch, \
@@ -190,7 +221,10 @@ impl Session {
                 return Ok(());
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
-                bail!("no CUDA library appeared in pid {} within the --wait-timeout", cfg.pid);
+                bail!(
+                    "no CUDA library appeared in pid {} within the --wait-timeout",
+                    cfg.pid
+                );
             }
         }
     }
@@ -214,7 +248,9 @@ impl Session {
     fn attach_new_libraries(&mut self) -> Result<Vec<u32>> {
         let live = self.live_processes()?;
         for pid in &live {
-            let Ok(scan) = self.scanner.scan(*pid) else { continue };
+            let Ok(scan) = self.scanner.scan(*pid) else {
+                continue;
+            };
             for lib in scan.libraries {
                 if let Some(a) = self.probes.attach_library(&lib)? {
                     self.report_attach(&a);
@@ -250,6 +286,25 @@ impl Session {
         }
     }
 
+    /// The last JSONL line: what the kernel counted over the whole run.
+    fn write_totals(&mut self, stop: Stop, lost: u64) {
+        let t = *self.counters.total();
+        let Some(w) = self.jsonl.as_mut() else { return };
+        let mut bytes = serde_json::Map::new();
+        let mut calls = serde_json::Map::new();
+        for dir in Direction::ALL {
+            bytes.insert(dir.name().into(), t.memcpy_bytes[dir as usize].into());
+            calls.insert(dir.name().into(), t.memcpy_calls[dir as usize].into());
+        }
+        let line = json!({
+            "type": "totals", "t_ns": monotonic_ns(), "stop": format!("{stop:?}"),
+            "episodes_ok": self.latency.total().count, "episodes_failed": self.failed_total,
+            "kernel_launches": t.kernel_launches, "graph_launches": t.graph_launches,
+            "memcpy_bytes": bytes, "memcpy_calls": calls, "events_lost": lost,
+        });
+        let _ = writeln!(w, "{line}");
+    }
+
     fn handle(&mut self, bytes: &[u8]) {
         match decode(bytes) {
             Ok(Event::Episode(ev)) => {
@@ -261,11 +316,11 @@ impl Session {
                     self.failed_total += 1;
                     self.failed_window += 1;
                 }
-                if let Some(w) = self.jsonl.as_mut() {
-                    if let Err(e) = serde_json::to_writer(&mut *w, &rec).map_err(std::io::Error::from).and_then(|()| w.write_all(b"\n")) {
-                        log::warn!("writing JSONL failed, no more lines will be written: {e}");
-                        self.jsonl = None;
-                    }
+                if let Some(w) = self.jsonl.as_mut()
+                    && let Err(e) = write_line(w, &rec)
+                {
+                    log::warn!("writing JSONL failed, no more lines will be written: {e}");
+                    self.jsonl = None;
                 }
             }
             Err(e) => {
@@ -310,6 +365,7 @@ impl Session {
         let mut ring = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
             .map_err(|e| anyhow::anyhow!("polling the ring buffer: {}", e.into_parts().1))?;
         let mut rescan = tokio::time::interval(RESCAN);
+        let mut drain = tokio::time::interval(DRAIN);
         let mut report = tokio::time::interval(cfg.interval);
         report.tick().await;
         let mut sigterm = tokio::signal::unix::signal(SignalKind::terminate())?;
@@ -322,6 +378,7 @@ impl Session {
                     self.drain(guard.get_inner_mut());
                     guard.clear_ready();
                 }
+                _ = drain.tick() => self.drain(ring.get_mut()),
                 _ = rescan.tick() => {
                     let live = self.attach_new_libraries()?;
                     self.read_counters(&live)?;
@@ -351,6 +408,11 @@ impl Session {
         }
         Ok(stop)
     }
+}
+
+fn write_line(w: &mut impl Write, value: &impl serde::Serialize) -> std::io::Result<()> {
+    serde_json::to_writer(&mut *w, value)?;
+    w.write_all(b"\n")
 }
 
 static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();

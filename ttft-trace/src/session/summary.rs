@@ -33,7 +33,13 @@ pub fn percentiles(p: &Percentiles) -> String {
 }
 
 /// One line per summary interval.
-pub fn interval_line(elapsed_s: f64, window: &Percentiles, errors: u64, totals: &GpuCounters, lost: u64) -> String {
+pub fn interval_line(
+    elapsed_s: f64,
+    window: &Percentiles,
+    errors: u64,
+    totals: &GpuCounters,
+    lost: u64,
+) -> String {
     format!(
         "[{elapsed_s:7.1}s] episodes +{} (failed +{errors}) | launch->first D2H {} | launches {} graphs {} | lost {lost}",
         window.count,
@@ -51,7 +57,11 @@ fn bytes(n: u64) -> String {
         v /= 1024.0;
         unit += 1;
     }
-    if unit == 0 { format!("{n} B") } else { format!("{v:.1} {}", UNITS[unit]) }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[unit])
+    }
 }
 
 /// The block printed when tracing ends.
@@ -65,7 +75,11 @@ pub fn final_block(
 ) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "== ttft-trace: {title}, {elapsed_s:.1} s ==");
-    let _ = writeln!(s, "GPU episodes:        {} ok, {failed} failed (completing call returned an error)", total.count);
+    let _ = writeln!(
+        s,
+        "GPU episodes:        {} ok, {failed} failed (completing call returned an error)",
+        total.count
+    );
     let _ = writeln!(s, "launch->first D2H:   {}", percentiles(total));
     let _ = writeln!(
         s,
@@ -84,7 +98,11 @@ pub fn final_block(
             ));
         }
     }
-    let copies = if copies.is_empty() { "none".to_string() } else { copies.join(", ") };
+    let copies = if copies.is_empty() {
+        "none".to_string()
+    } else {
+        copies.join(", ")
+    };
     let _ = writeln!(s, "memory copies:       {copies}");
     let _ = write!(s, "events lost:         {lost}");
     s
@@ -102,11 +120,20 @@ mod tests {
         assert_eq!(bytes(512), "512 B");
         assert_eq!(bytes(4096), "4.0 KiB");
         assert_eq!(percentiles(&Percentiles::default()), "-");
-        let mut t = GpuCounters::default();
-        t.kernel_launches = 8;
+        let mut t = GpuCounters {
+            kernel_launches: 8,
+            ..GpuCounters::default()
+        };
         t.memcpy_calls[2] = 2;
         t.memcpy_bytes[2] = 8192;
-        let p = Percentiles { count: 2, p50: 1_000_000, p95: 2_000_000, p99: 2_000_000, p999: 2_000_000, max: 2_000_000 };
+        let p = Percentiles {
+            count: 2,
+            p50: 1_000_000,
+            p95: 2_000_000,
+            p99: 2_000_000,
+            p999: 2_000_000,
+            max: 2_000_000,
+        };
         let block = final_block("pid 1 (x)", 1.0, &p, 0, &t, 0);
         assert!(block.contains("2 ok, 0 failed"), "{block}");
         assert!(block.contains("d2h 8.0 KiB in 2 calls"), "{block}");

@@ -1,0 +1,251 @@
+//! Running the real `ttft-trace` binary against fixtures, for the root-only
+//! tests: locating (or building) it, skipping when not root, and reading its
+//! JSONL output.
+
+use std::{
+    io::{BufRead, BufReader},
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    sync::{Mutex, MutexGuard, mpsc},
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+use serde::Deserialize;
+
+/// Tracer tests run one at a time: they measure timing on a 2-core machine.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Holds the lock for one tracer test; None (with the reason printed) when
+/// the test cannot run here because we are not root.
+pub fn root_test(name: &str) -> Option<MutexGuard<'static, ()>> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        assert!(
+            std::env::var_os("TTFT_TRACE_REQUIRE_FIXTURES").is_none(),
+            "{name}: needs root to load eBPF, and TTFT_TRACE_REQUIRE_FIXTURES is set"
+        );
+        eprintln!("SKIP {name}: needs root (loads eBPF programs and attaches uprobes)");
+        return None;
+    }
+    Some(SERIAL.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
+/// The `ttft-trace` binary of this build profile, built if missing.
+pub fn tracer_bin() -> Result<PathBuf> {
+    let target = crate::fixtures::fixture_dir()
+        .parent()
+        .map(PathBuf::from)
+        .context("fixture dir has no parent")?;
+    let profile = if cfg!(debug_assertions) {
+        "debug"
+    } else {
+        "release"
+    };
+    let bin = target.join(profile).join("ttft-trace");
+    if !bin.is_file() {
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut c = Command::new(cargo);
+        c.args(["build", "-p", "ttft-trace"]);
+        if profile == "release" {
+            c.arg("--release");
+        }
+        let status = c.status().context("running cargo build -p ttft-trace")?;
+        if !status.success() {
+            bail!("cargo build -p ttft-trace failed");
+        }
+    }
+    Ok(bin)
+}
+
+/// A running tracer; killed on drop if still running.
+pub struct Tracer {
+    child: Option<Child>,
+    stderr: mpsc::Receiver<String>,
+    pub stderr_lines: Vec<String>,
+    pub jsonl: PathBuf,
+}
+
+/// What a finished tracer left.
+#[derive(Debug)]
+pub struct TraceOutput {
+    pub success: bool,
+    pub stdout: String,
+    pub stderr: String,
+    pub lines: Vec<serde_json::Value>,
+}
+
+/// One episode line of the tracer's JSONL.
+#[derive(Debug, Clone, Deserialize)]
+pub struct TracedEpisode {
+    pub pid: u32,
+    pub tid: u32,
+    pub api: String,
+    pub stream: String,
+    pub kernel_launches: u32,
+    pub graph_launches: u32,
+    pub t_first_launch_ns: u64,
+    pub t_copy_enqueue_ns: u64,
+    pub t_copy_done_ns: u64,
+    pub launch_to_first_d2h_ns: u64,
+    pub copy_bytes: u64,
+    pub completion: String,
+    pub status: i32,
+}
+
+impl TraceOutput {
+    pub fn episodes(&self) -> Vec<TracedEpisode> {
+        self.lines
+            .iter()
+            .filter(|l| l["type"] == "episode")
+            .filter_map(|l| serde_json::from_value(l.clone()).ok())
+            .collect()
+    }
+
+    pub fn totals(&self) -> Option<&serde_json::Value> {
+        self.lines.iter().find(|l| l["type"] == "totals")
+    }
+
+    pub fn attach_lines(&self) -> Vec<&serde_json::Value> {
+        self.lines
+            .iter()
+            .filter(|l| l["type"] == "attach")
+            .collect()
+    }
+}
+
+impl Tracer {
+    /// Starts `ttft-trace attach` with `args` (plus --jsonl and --no-listen
+    /// unless a --listen is given) and waits until it reports `ready_after`
+    /// "attached" lines (0: do not wait).
+    pub fn start(args: &[String], ready_after: usize) -> Result<Self> {
+        let jsonl = crate::fixtures::temp_path("trace", "jsonl");
+        let mut c = Command::new(tracer_bin()?);
+        c.arg("attach").args(args).arg("--jsonl").arg(&jsonl);
+        if !args.iter().any(|a| a == "--listen") {
+            c.arg("--no-listen");
+        }
+        let mut child = c
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("starting ttft-trace")?;
+        let err = child.stderr.take().context("stderr")?;
+        let (tx, rx) = mpsc::channel();
+        thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut t = Self {
+            child: Some(child),
+            stderr: rx,
+            stderr_lines: Vec::new(),
+            jsonl,
+        };
+        if ready_after > 0 {
+            t.wait_for_stderr("attached", ready_after, Duration::from_secs(30))?;
+            // Attach lines are logged as each library is done; give the last
+            // one's uprobes a moment to be installed in the target.
+            thread::sleep(Duration::from_millis(50));
+        }
+        Ok(t)
+    }
+
+    /// Waits until `n` stderr lines contain `needle`.
+    pub fn wait_for_stderr(&mut self, needle: &str, n: usize, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self
+                .stderr_lines
+                .iter()
+                .filter(|l| l.contains(needle))
+                .count()
+                >= n
+            {
+                return Ok(());
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.stderr.recv_timeout(left) {
+                Ok(line) => self.stderr_lines.push(line),
+                Err(_) => bail!(
+                    "tracer did not print {n} x {needle:?} in {timeout:?}; stderr so far:\n{}",
+                    self.stderr_lines.join("\n")
+                ),
+            }
+        }
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Waits for the tracer to exit (it does when its target exits).
+    pub fn finish(mut self, timeout: Duration) -> Result<TraceOutput> {
+        let mut child = self.child.take().context("already finished")?;
+        let deadline = Instant::now() + timeout;
+        while child.try_wait()?.is_none() {
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                while let Ok(line) = self.stderr.recv_timeout(Duration::from_millis(200)) {
+                    self.stderr_lines.push(line);
+                }
+                bail!(
+                    "tracer did not exit within {timeout:?}; stderr:\n{}",
+                    self.stderr_lines.join("\n")
+                );
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+        let out = child.wait_with_output()?;
+        while let Ok(line) = self.stderr.recv_timeout(Duration::from_millis(200)) {
+            self.stderr_lines.push(line);
+        }
+        let text = std::fs::read_to_string(&self.jsonl).unwrap_or_default();
+        let lines = text
+            .lines()
+            .map(|l| serde_json::from_str(l).with_context(|| format!("bad JSONL line {l:?}")))
+            .collect::<Result<Vec<_>>>()?;
+        let _ = std::fs::remove_file(&self.jsonl);
+        Ok(TraceOutput {
+            success: out.status.success(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: self.stderr_lines.join("\n"),
+            lines,
+        })
+    }
+
+    /// Sends SIGINT (as Ctrl-C would) and waits for the exit.
+    pub fn interrupt(self, timeout: Duration) -> Result<TraceOutput> {
+        if let Some(pid) = self.pid() {
+            // SAFETY: plain kill(2) on our own child.
+            unsafe { libc::kill(pid as i32, libc::SIGINT) };
+        }
+        self.finish(timeout)
+    }
+}
+
+impl Drop for Tracer {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Runs `ttft-trace` to completion with `args` and returns (success, stderr):
+/// for the error cases.
+pub fn run_tracer(args: &[&str]) -> Result<(bool, String)> {
+    let out = Command::new(tracer_bin()?)
+        .args(args)
+        .output()
+        .context("running ttft-trace")?;
+    Ok((
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    ))
+}

@@ -1,0 +1,520 @@
+//! Root-only: the real eBPF programs loaded into this kernel, attached to
+//! the stub and real CUDA runtimes, compared with the workload's own
+//! ground-truth timestamps.
+
+use std::time::Duration;
+
+use anyhow::Result;
+use ttft_trace_tests::{
+    fixtures::{self, Style, TruthEpisode, Variant, Workload},
+    tracer::{TraceOutput, TracedEpisode, Tracer, root_test, run_tracer},
+};
+
+/// Per-episode agreement with ground truth. The workload reads the clock
+/// just before its first launch call and just after the completing call
+/// returns; the probes stamp inside those calls, so the traced latency is a
+/// little shorter by the probe entry and return paths.
+const TOLERANCE_NS: u64 = 100_000;
+
+/// Starts `workload` stopped, attaches a tracer (`extra` args), lets the
+/// workload run to its end and returns the tracer's output and the truth.
+fn trace(
+    workload: Workload,
+    extra: &[&str],
+    libraries: usize,
+) -> Result<(TraceOutput, Vec<TruthEpisode>)> {
+    let truth_path = fixtures::temp_path("truth", "jsonl");
+    let mut child = workload
+        .stop_before_work(true)
+        .truth(&truth_path)
+        .spawn_guarded()?;
+    fixtures::wait_stopped(child.id())?;
+    let mut args = vec!["--pid".to_string(), child.id().to_string()];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let tracer = Tracer::start(&args, libraries)?;
+    fixtures::cont(child.id())?;
+    child.wait_timeout(Duration::from_secs(60))?;
+    let out = tracer.finish(Duration::from_secs(20))?;
+    let truth = fixtures::read_truth(&truth_path)?;
+    let _ = std::fs::remove_file(&truth_path);
+    assert!(out.success, "tracer failed:\n{}", out.stderr);
+    Ok((out, truth))
+}
+
+/// Errors of each episode's latency against ground truth, in ns (truth - traced).
+fn compare(traced: &[TracedEpisode], truth: &[TruthEpisode]) -> Vec<i64> {
+    assert_eq!(traced.len(), truth.len(), "episode count");
+    let mut errors = Vec::new();
+    for (i, (t, g)) in traced.iter().zip(truth).enumerate() {
+        assert_eq!((t.pid, t.tid), (g.pid, g.tid), "episode {i} thread");
+        assert_eq!(
+            u64::from(t.kernel_launches),
+            g.kernel_launches,
+            "episode {i} kernel launches"
+        );
+        assert_eq!(
+            u64::from(t.graph_launches),
+            g.graph_launches,
+            "episode {i} graph launches"
+        );
+        assert_eq!(t.copy_bytes, g.d2h_bytes, "episode {i} copy bytes");
+        assert!(
+            t.t_first_launch_ns >= g.t_launch_ns && t.t_copy_done_ns <= g.t_complete_ns,
+            "episode {i}: traced window [{}, {}] not inside truth [{}, {}]",
+            t.t_first_launch_ns,
+            t.t_copy_done_ns,
+            g.t_launch_ns,
+            g.t_complete_ns
+        );
+        let err = g.gpu_ns() as i64 - t.launch_to_first_d2h_ns as i64;
+        assert!(
+            err.unsigned_abs() <= TOLERANCE_NS,
+            "episode {i}: traced {} ns vs truth {} ns",
+            t.launch_to_first_d2h_ns,
+            g.gpu_ns()
+        );
+        errors.push(err);
+    }
+    errors
+}
+
+fn report(name: &str, mut errors: Vec<i64>) {
+    errors.sort_unstable();
+    let abs_max = errors.iter().map(|e| e.unsigned_abs()).max().unwrap_or(0);
+    eprintln!(
+        "{name}: {} episodes, error (truth - traced) median {} ns, max |error| {} ns",
+        errors.len(),
+        errors.get(errors.len() / 2).copied().unwrap_or(0),
+        abs_max
+    );
+}
+
+fn check_totals(out: &TraceOutput, truth: &[TruthEpisode]) {
+    let totals = out.totals().expect("a totals line");
+    let kernel: u64 = truth.iter().map(|t| t.kernel_launches).sum();
+    let graph: u64 = truth.iter().map(|t| t.graph_launches).sum();
+    let d2h: u64 = truth.iter().map(|t| t.d2h_bytes).sum();
+    let h2d: u64 = truth.iter().map(|t| t.h2d_bytes).sum();
+    assert_eq!(totals["kernel_launches"], kernel, "{totals}");
+    assert_eq!(totals["graph_launches"], graph, "{totals}");
+    assert_eq!(totals["memcpy_bytes"]["d2h"], d2h, "{totals}");
+    assert_eq!(totals["memcpy_bytes"]["h2d"], h2d, "{totals}");
+    assert_eq!(totals["events_lost"], 0, "{totals}");
+}
+
+#[test]
+fn every_completion_style_matches_ground_truth() -> Result<()> {
+    let Some(_g) = root_test("every_completion_style_matches_ground_truth") else {
+        return Ok(());
+    };
+    for style in Style::ALL {
+        let w = Workload::new(style)
+            .episodes(30)
+            .launches(5)
+            .kernel_us(300)
+            .copy_bytes(8192)
+            .h2d_bytes(1024)
+            .gap_us(2000);
+        let (out, truth) = trace(w, &[], 2)?;
+        let traced = out.episodes();
+        let errors = compare(&traced, &truth);
+        check_totals(&out, &truth);
+        let want = match style {
+            Style::Sync | Style::DriverSync => "sync_copy",
+            Style::Event => "event_sync",
+            Style::Device => "context_sync",
+            _ => "stream_sync",
+        };
+        for t in &traced {
+            assert_eq!(t.status, 0);
+            // cudaDeviceSynchronize ends in cuCtxSynchronize: the runtime call
+            // is what completes it, seen as device_sync.
+            let want = if style == Style::Device {
+                "device_sync"
+            } else {
+                want
+            };
+            assert_eq!(t.completion, want, "{style}");
+            let api = if style.is_driver() {
+                "driver"
+            } else {
+                "runtime"
+            };
+            assert_eq!(
+                t.api, api,
+                "{style}: runtime calls must not be counted again at the driver"
+            );
+        }
+        report(style.as_str(), errors);
+    }
+    Ok(())
+}
+
+#[test]
+fn launch_arguments_are_decoded() -> Result<()> {
+    let Some(_g) = root_test("launch_arguments_are_decoded") else {
+        return Ok(());
+    };
+    for style in [Style::Stream, Style::LaunchEx, Style::Graph, Style::Driver] {
+        let (out, truth) = trace(Workload::new(style).episodes(3), &[], 2)?;
+        for (t, g) in out.episodes().iter().zip(&truth) {
+            assert_eq!(
+                t.stream,
+                format!("{:#x}", g.stream),
+                "{style}: stream argument"
+            );
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn per_thread_default_stream_and_worker_threads() -> Result<()> {
+    let Some(_g) = root_test("per_thread_default_stream_and_worker_threads") else {
+        return Ok(());
+    };
+    let (out, truth) = trace(Workload::new(Style::Stream).episodes(10).ptsz(true), &[], 2)?;
+    report("ptsz", compare(&out.episodes(), &truth));
+    let (out, truth) = trace(Workload::new(Style::Sync).episodes(10).thread(true), &[], 2)?;
+    let traced = out.episodes();
+    assert!(
+        traced.iter().all(|t| t.tid != t.pid),
+        "work ran on a second thread"
+    );
+    report("thread", compare(&traced, &truth));
+    Ok(())
+}
+
+#[test]
+fn hashed_and_static_runtimes_are_found() -> Result<()> {
+    let Some(_g) = root_test("hashed_and_static_runtimes_are_found") else {
+        return Ok(());
+    };
+    let (out, truth) = trace(
+        Workload::new(Style::Stream)
+            .variant(Variant::Hashed)
+            .episodes(10),
+        &[],
+        2,
+    )?;
+    let libs: Vec<String> = out
+        .attach_lines()
+        .iter()
+        .map(|l| l["library"].to_string())
+        .collect();
+    assert!(
+        libs.iter()
+            .any(|l| l.contains(fixtures::STUB_CUDART_HASHED)),
+        "{libs:?}"
+    );
+    report("hashed", compare(&out.episodes(), &truth));
+
+    // The runtime linked statically into an extension: symbols only in .symtab.
+    let (out, truth) = trace(
+        Workload::new(Style::Event)
+            .variant(Variant::ExtHost)
+            .episodes(10),
+        &[],
+        2,
+    )?;
+    let libs: Vec<String> = out
+        .attach_lines()
+        .iter()
+        .map(|l| l["library"].to_string())
+        .collect();
+    assert!(
+        libs.iter().any(|l| l.contains(fixtures::EXT_MODULE)),
+        "{libs:?}"
+    );
+    report("static-in-extension", compare(&out.episodes(), &truth));
+    Ok(())
+}
+
+#[test]
+fn real_libcudart_probes_fire() -> Result<()> {
+    let Some(_g) = root_test("real_libcudart_probes_fire") else {
+        return Ok(());
+    };
+    let Some(real) = fixtures::real_cudart() else {
+        assert!(
+            std::env::var_os("TTFT_TRACE_REQUIRE_FIXTURES").is_none(),
+            "the real libcudart.so.12 is required (cargo xtask setup fetches it)"
+        );
+        return Ok(());
+    };
+    for style in [Style::Stream, Style::Sync, Style::Event, Style::Graph] {
+        let w = Workload::new(style)
+            .variant(Variant::Real)
+            .episodes(10)
+            .launches(3);
+        let (out, truth) = trace(w, &[], 1)?;
+        let libs: Vec<String> = out
+            .attach_lines()
+            .iter()
+            .map(|l| l["library"].to_string())
+            .collect();
+        assert!(
+            libs.iter().any(|l| l.contains(&real.display().to_string())),
+            "{libs:?}"
+        );
+        let traced = out.episodes();
+        assert_eq!(traced.len(), truth.len(), "{style}");
+        for (t, g) in traced.iter().zip(&truth) {
+            // No GPU: every call fails with cudaErrorInsufficientDriver, and
+            // the episode is still seen, with that status.
+            assert_eq!(
+                t.status,
+                fixtures::CUDA_ERROR_INSUFFICIENT_DRIVER,
+                "{style}"
+            );
+            assert_eq!(
+                u64::from(t.kernel_launches + t.graph_launches),
+                g.launches()
+            );
+        }
+        check_totals(&out, &truth);
+    }
+    Ok(())
+}
+
+#[test]
+fn child_process_doing_the_gpu_work_is_followed() -> Result<()> {
+    let Some(_g) = root_test("child_process_doing_the_gpu_work_is_followed") else {
+        return Ok(());
+    };
+    // The parent is stopped before it forks: the child is born after attach.
+    let (out, truth) = trace(
+        Workload::new(Style::Stream).episodes(15).fork_child(true),
+        &[],
+        2,
+    )?;
+    let traced = out.episodes();
+    assert!(!truth.is_empty());
+    let parent = truth[0].pid;
+    assert!(
+        traced.iter().all(|t| t.pid == parent),
+        "child pid as in truth"
+    );
+    report("fork-child", compare(&traced, &truth));
+    Ok(())
+}
+
+#[test]
+fn library_loaded_after_attach_wait() -> Result<()> {
+    let Some(_g) = root_test("library_loaded_after_attach_wait") else {
+        return Ok(());
+    };
+    let truth_path = fixtures::temp_path("truth", "jsonl");
+    let mut child = Workload::new(Style::Stream)
+        .variant(Variant::Dl)
+        .dlopen_delay_ms(700)
+        .episodes(40)
+        .gap_us(5000)
+        .truth(&truth_path)
+        .spawn_guarded()?;
+    let args = vec!["--pid".to_string(), child.id().to_string(), "--wait".into()];
+    let mut tracer = Tracer::start(&args, 0)?;
+    tracer.wait_for_stderr("waiting for pid", 1, Duration::from_secs(10))?;
+    child.wait_timeout(Duration::from_secs(30))?;
+    let out = tracer.finish(Duration::from_secs(20))?;
+    assert!(out.success, "{}", out.stderr);
+    let truth = fixtures::read_truth(&truth_path)?;
+    let attached_at = out
+        .attach_lines()
+        .iter()
+        .filter_map(|l| l["t_ns"].as_u64())
+        .max()
+        .expect("attach line");
+    // Episodes that began after the probes were in place are all seen; the
+    // ones in the few ms between dlopen and the next scan can be missed.
+    let after: Vec<&TruthEpisode> = truth
+        .iter()
+        .filter(|t| t.t_launch_ns > attached_at)
+        .collect();
+    let traced = out.episodes();
+    assert!(
+        after.len() >= 35,
+        "only {} of 40 episodes began after attach",
+        after.len()
+    );
+    let traced_after: Vec<TracedEpisode> = traced
+        .iter()
+        .filter(|t| t.t_first_launch_ns > attached_at)
+        .cloned()
+        .collect();
+    let truth_after: Vec<TruthEpisode> = after.into_iter().cloned().collect();
+    report("dlopen --wait", compare(&traced_after, &truth_after));
+    Ok(())
+}
+
+#[test]
+fn target_exiting_mid_trace_ends_cleanly() -> Result<()> {
+    let Some(_g) = root_test("target_exiting_mid_trace_ends_cleanly") else {
+        return Ok(());
+    };
+    let mut child = Workload::new(Style::Stream)
+        .episodes(100_000)
+        .gap_us(1000)
+        .stop_before_work(true)
+        .spawn_guarded()?;
+    fixtures::wait_stopped(child.id())?;
+    let tracer = Tracer::start(&["--pid".into(), child.id().to_string()], 2)?;
+    fixtures::cont(child.id())?;
+    std::thread::sleep(Duration::from_millis(500));
+    if let Some(c) = child.child_mut() {
+        c.kill()?;
+    }
+    child.wait_timeout(Duration::from_secs(5))?;
+    let out = tracer.finish(Duration::from_secs(20))?;
+    assert!(
+        out.success,
+        "tracer must exit 0 when its target exits:\n{}",
+        out.stderr
+    );
+    assert!(
+        out.stdout.contains("== ttft-trace: pid"),
+        "final summary:\n{}",
+        out.stdout
+    );
+    assert!(
+        out.episodes().len() > 10,
+        "episodes before the kill were recorded"
+    );
+    assert_eq!(
+        out.totals().map(|t| t["stop"].clone()),
+        Some("TargetExited".into())
+    );
+    Ok(())
+}
+
+#[test]
+fn interrupt_prints_final_summary_and_serves_metrics() -> Result<()> {
+    let Some(_g) = root_test("interrupt_prints_final_summary_and_serves_metrics") else {
+        return Ok(());
+    };
+    let child = Workload::new(Style::Sync)
+        .episodes(100_000)
+        .gap_us(2000)
+        .stop_before_work(true)
+        .spawn_guarded()?;
+    fixtures::wait_stopped(child.id())?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let tracer = Tracer::start(
+        &[
+            "--pid".into(),
+            child.id().to_string(),
+            "--listen".into(),
+            port.to_string(),
+        ],
+        2,
+    )?;
+    fixtures::cont(child.id())?;
+    std::thread::sleep(Duration::from_millis(800));
+    let body = http_get(port, "/metrics")?;
+    for needle in [
+        "ttft_trace_launch_to_first_d2h_seconds_bucket",
+        "ttft_trace_cuda_kernel_launches_total",
+        "ttft_trace_cuda_graph_launches_total 0",
+        "ttft_trace_cuda_memcpy_bytes_total{direction=\"d2h\"}",
+        "ttft_trace_events_lost_total 0",
+        "ttft_trace_build_info",
+    ] {
+        assert!(body.contains(needle), "missing {needle}:\n{body}");
+    }
+    let count = metric(&body, "ttft_trace_launch_to_first_d2h_seconds_count");
+    assert!(count > 0.0, "episodes in the histogram:\n{body}");
+    let out = tracer.interrupt(Duration::from_secs(20))?;
+    assert!(out.success, "{}", out.stderr);
+    assert!(
+        out.stdout.contains("launch->first D2H:   p50"),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(
+        out.totals().map(|t| t["stop"].clone()),
+        Some("Signal".into())
+    );
+    drop(child);
+    Ok(())
+}
+
+#[test]
+fn bad_input_gets_clear_errors() -> Result<()> {
+    let Some(_g) = root_test("bad_input_gets_clear_errors") else {
+        return Ok(());
+    };
+    let (ok, err) = run_tracer(&["attach", "--pid", "999999999", "--no-listen"])?;
+    assert!(
+        !ok && err.contains("no process with pid 999999999"),
+        "{err}"
+    );
+
+    let mut sleeper = std::process::Command::new("sleep").arg("30").spawn()?;
+    let pid = sleeper.id().to_string();
+    let (ok, err) = run_tracer(&["attach", "--pid", &pid, "--no-listen"])?;
+    assert!(!ok, "{err}");
+    assert!(
+        err.contains("maps no library that defines the CUDA"),
+        "{err}"
+    );
+    assert!(
+        err.contains("searched") && err.contains("libc"),
+        "names what was searched: {err}"
+    );
+    assert!(err.contains("--wait"), "{err}");
+
+    let held = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let addr = held.local_addr()?.to_string();
+    let (ok, err) = run_tracer(&["attach", "--pid", &pid, "--listen", &addr])?;
+    assert!(
+        !ok && err.contains("another process holds this port"),
+        "{err}"
+    );
+
+    let (ok, err) = run_tracer(&[
+        "attach",
+        "--pid",
+        &pid,
+        "--no-listen",
+        "--wait",
+        "--wait-timeout",
+        "0.3",
+    ])?;
+    assert!(!ok && err.contains("within the --wait-timeout"), "{err}");
+    sleeper.kill()?;
+    sleeper.wait()?;
+    let not_cuda = fixtures::fixture("workload");
+    let (ok, err) = run_tracer(&[
+        "attach",
+        "--pid",
+        &std::process::id().to_string(),
+        "--no-listen",
+        "--cuda-lib",
+        &not_cuda.display().to_string(),
+    ])?;
+    assert!(
+        !ok && err.contains("defines none of the CUDA entry points"),
+        "{err}"
+    );
+    Ok(())
+}
+
+fn http_get(addr: std::net::SocketAddr, path: &str) -> Result<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr)?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut text = String::new();
+    s.read_to_string(&mut text)?;
+    Ok(text)
+}
+
+fn metric(body: &str, name: &str) -> f64 {
+    body.lines()
+        .find(|l| l.starts_with(name))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}

@@ -1,0 +1,163 @@
+//! `cargo xtask bench`: costs that matter to a user, measured end to end.
+//! - the added cost per cudaLaunchKernel call, untraced vs traced (the
+//!   workload's tight launch loop, median of several runs);
+//! - the episode rate the daemon keeps up with before the kernel drops
+//!   events (ttft_trace_events_lost_total stays 0).
+
+use std::{process::Command, time::Duration};
+
+use anyhow::{Context as _, Result, bail};
+use serde_json::{Value, json};
+
+use crate::{
+    demo::{build_all, free_addr, scrape, signal, start_tracer, wait_stopped},
+    run::repo_root,
+};
+
+const LAUNCHES: u32 = 200_000;
+const RUNS: usize = 5;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// ns per launch of one run of the workload's tight loop, optionally traced.
+fn launch_cost(root: &std::path::Path, traced: bool) -> Result<f64> {
+    let bin = root.join("target/fixtures/workload");
+    let mut c = Command::new(&bin);
+    c.args(["--bench-launches", &LAUNCHES.to_string()]);
+    if !traced {
+        let out = c.output()?;
+        return parse_ns(&out.stdout);
+    }
+    c.arg("--stop-before-work")
+        .stdout(std::process::Stdio::piped());
+    let child = c.spawn()?;
+    let pid = child.id();
+    wait_stopped(pid)?;
+    let mut tracer = start_tracer(
+        root,
+        &["--pid".into(), pid.to_string(), "--no-listen".into()],
+    )?;
+    signal(pid, "CONT")?;
+    let out = child.wait_with_output()?;
+    tracer.wait()?;
+    parse_ns(&out.stdout)
+}
+
+fn parse_ns(stdout: &[u8]) -> Result<f64> {
+    let text = String::from_utf8_lossy(stdout);
+    let line = text.lines().last().context("workload printed nothing")?;
+    let v: Value = serde_json::from_str(line)?;
+    v["ns_per_launch"].as_f64().context("no ns_per_launch")
+}
+
+/// Runs `episodes` one-launch episodes with no device time and no gap, as
+/// fast as the stub allows, and returns (episodes/s offered, events seen, lost).
+fn event_rate(root: &std::path::Path, episodes: u32, ringbuf: u32) -> Result<(f64, u64, u64)> {
+    let bin = root.join("target/fixtures/workload");
+    let child = Command::new(&bin)
+        .args([
+            "--style",
+            "sync",
+            "--episodes",
+            &episodes.to_string(),
+            "--launches",
+            "1",
+        ])
+        .args([
+            "--kernel-us",
+            "0",
+            "--copy-bytes",
+            "8",
+            "--gap-us",
+            "0",
+            "--stop-before-work",
+        ])
+        .spawn()?;
+    let pid = child.id();
+    wait_stopped(pid)?;
+    let addr = free_addr()?;
+    let mut tracer = start_tracer(
+        root,
+        &[
+            "--pid".into(),
+            pid.to_string(),
+            "--listen".into(),
+            addr.to_string(),
+            "--ringbuf-bytes".into(),
+            ringbuf.to_string(),
+            "--interval".into(),
+            "60".into(),
+        ],
+    )?;
+    let start = std::time::Instant::now();
+    signal(pid, "CONT")?;
+    let mut child = child;
+    let mut last = String::new();
+    while child.try_wait()?.is_none() {
+        if let Ok(body) = scrape(addr) {
+            last = body;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let secs = start.elapsed().as_secs_f64();
+    if let Ok(body) = scrape(addr) {
+        last = body;
+    }
+    tracer.wait()?;
+    let metric = |name: &str| {
+        last.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0) as u64
+    };
+    let seen = metric("ttft_trace_gpu_episodes_total{result=\"ok\"}");
+    Ok((
+        f64::from(episodes) / secs,
+        seen,
+        metric("ttft_trace_events_lost_total"),
+    ))
+}
+
+pub fn bench() -> Result<()> {
+    let root = repo_root()?;
+    build_all(&root)?;
+    let mut untraced = Vec::new();
+    let mut traced = Vec::new();
+    for _ in 0..RUNS {
+        untraced.push(launch_cost(&root, false)?);
+        traced.push(launch_cost(&root, true)?);
+    }
+    let (u, t) = (median(untraced.clone()), median(traced.clone()));
+    println!(
+        "cudaLaunchKernel: {u:.0} ns untraced, {t:.0} ns traced, +{:.0} ns per call (median of {RUNS})",
+        t - u
+    );
+    let mut rates = Vec::new();
+    for (episodes, ringbuf) in [(200_000u32, 1u32 << 22), (200_000, 1 << 16)] {
+        let (rate, seen, lost) = event_rate(&root, episodes, ringbuf)?;
+        println!(
+            "episodes offered at {rate:.0}/s with a {} KiB ring buffer: {seen} seen, {lost} lost",
+            ringbuf / 1024
+        );
+        rates.push(json!({"episodes": episodes, "ringbuf_bytes": ringbuf, "offered_per_s": rate, "seen": seen, "lost": lost}));
+    }
+    let results = json!({
+        "launch_ns_untraced": u, "launch_ns_traced": t, "launch_ns_added": t - u,
+        "runs_untraced": untraced, "runs_traced": traced, "event_rate": rates,
+    });
+    let dir = root.join("target/bench");
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(
+        dir.join("results.json"),
+        serde_json::to_string_pretty(&results)?,
+    )?;
+    if t <= 0.0 || u <= 0.0 {
+        bail!("implausible launch timings");
+    }
+    println!("written to target/bench/results.json");
+    Ok(())
+}

@@ -1,0 +1,184 @@
+//! Idempotent set-up: everything a fresh machine lacks, nothing twice.
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::run::{cmd, output, repo_root};
+
+pub const BPF_LINKER_VERSION: &str = "0.13.0";
+/// The CUDA runtime wheel whose real libcudart.so.12 the tests probe.
+pub const CUDART_WHEEL: &str = "nvidia-cuda-runtime-cu12==12.9.79";
+const CUDART_DIR: &str = "nvidia-cuda-runtime-cu12-12.9.79";
+
+/// The tool cache shared with build.rs and the tests.
+pub fn cache() -> PathBuf {
+    if let Some(dir) = std::env::var_os("TTFT_TRACE_CACHE") {
+        return PathBuf::from(dir);
+    }
+    let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
+    PathBuf::from(home).join(".cache/ttft-trace")
+}
+
+pub fn real_cudart() -> PathBuf {
+    cache()
+        .join(CUDART_DIR)
+        .join("nvidia/cuda_runtime/lib/libcudart.so.12")
+}
+
+pub fn setup() -> Result<()> {
+    rust_src()?;
+    bpf_linker()?;
+    cudart()?;
+    nvml()?;
+    Ok(())
+}
+
+fn rust_src() -> Result<()> {
+    let installed = output(Command::new("rustup").args([
+        "component",
+        "list",
+        "--toolchain",
+        "nightly",
+        "--installed",
+    ]))?;
+    if installed.lines().any(|l| l.starts_with("rust-src")) {
+        return Ok(());
+    }
+    eprintln!("setup: adding rust-src to the nightly toolchain");
+    cmd(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))
+}
+
+/// bpf-linker must use the nightly's own LLVM (same major version), so it
+/// is built against the libLLVM shipped inside the nightly toolchain,
+/// through a prefix made of symlinks.
+fn bpf_linker() -> Result<()> {
+    let root = cache().join("bpf-linker");
+    let bin = root.join("bin/bpf-linker");
+    if bin.is_file()
+        && output(Command::new(&bin).arg("--version")).is_ok_and(|v| v.contains(BPF_LINKER_VERSION))
+    {
+        return Ok(());
+    }
+    let sysroot = output(Command::new("rustc").args(["+nightly", "--print", "sysroot"]))?;
+    let lib_dir = Path::new(sysroot.trim()).join("lib");
+    let libllvm = fs::read_dir(&lib_dir)
+        .with_context(|| format!("reading {}", lib_dir.display()))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("libLLVM.so.") || n.starts_with("libLLVM-"))
+        })
+        .with_context(|| {
+            format!(
+                "no libLLVM in the nightly toolchain at {}",
+                lib_dir.display()
+            )
+        })?;
+    let version = output(Command::new("rustc").args(["+nightly", "-vV"]))?;
+    let major = version
+        .lines()
+        .find_map(|l| l.strip_prefix("LLVM version: "))
+        .and_then(|v| v.split('.').next())
+        .context("nightly rustc reports no LLVM version")?
+        .to_string();
+    let prefix = cache().join("llvm-prefix");
+    let lib64 = prefix.join("lib64");
+    fs::create_dir_all(&lib64)?;
+    for name in ["libLLVM.so".to_string(), file_name(&libllvm)?] {
+        let link = lib64.join(name);
+        let _ = fs::remove_file(&link);
+        std::os::unix::fs::symlink(&libllvm, &link)
+            .with_context(|| format!("linking {}", link.display()))?;
+    }
+    eprintln!("setup: building bpf-linker {BPF_LINKER_VERSION} against the nightly's LLVM {major}");
+    cmd(Command::new("cargo")
+        .args([
+            "install",
+            &format!("bpf-linker@{BPF_LINKER_VERSION}"),
+            "--locked",
+            "--no-default-features",
+            "--features",
+            &format!("llvm-{major}"),
+            "--root",
+        ])
+        .arg(&root)
+        .env("LLVM_PREFIX", &prefix))?;
+    let v = output(Command::new(&bin).arg("--version"))?;
+    if !v.contains(BPF_LINKER_VERSION) {
+        bail!("built bpf-linker reports {v:?}");
+    }
+    Ok(())
+}
+
+fn file_name(p: &Path) -> Result<String> {
+    p.file_name()
+        .and_then(|n| n.to_str())
+        .map(str::to_string)
+        .with_context(|| format!("odd path {}", p.display()))
+}
+
+/// The real libcudart.so.12 from PyPI's wheel, unpacked outside git.
+fn cudart() -> Result<()> {
+    if real_cudart().is_file() {
+        return Ok(());
+    }
+    let dl = cache().join("downloads");
+    fs::create_dir_all(&dl)?;
+    eprintln!("setup: downloading {CUDART_WHEEL} (the real CUDA runtime, probed by the tests)");
+    cmd(Command::new("python3")
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "-q",
+            CUDART_WHEEL,
+            "-d",
+        ])
+        .arg(&dl))?;
+    let wheel = fs::read_dir(&dl)?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                n.starts_with("nvidia_cuda_runtime_cu12-12.9.79") && n.ends_with(".whl")
+            })
+        })
+        .context("pip download left no nvidia_cuda_runtime_cu12 wheel")?;
+    let dest = cache().join(CUDART_DIR);
+    cmd(Command::new("python3")
+        .args(["-m", "zipfile", "-e"])
+        .arg(&wheel)
+        .arg(&dest))?;
+    if !real_cudart().is_file() {
+        bail!(
+            "{} not found after unpacking {}",
+            real_cudart().display(),
+            wheel.display()
+        );
+    }
+    Ok(())
+}
+
+/// The real libnvidia-ml.so.1 from Debian's non-free archive, for the NVML
+/// no-driver test; the script keeps its own apt state and leaves /etc/apt alone.
+fn nvml() -> Result<()> {
+    let script = repo_root()?.join("tests/fixtures/nvml/fetch-real-nvml.sh");
+    let out = output(Command::new("bash").arg(&script))?;
+    log_last_line("setup: real NVML library", &out);
+    Ok(())
+}
+
+fn log_last_line(what: &str, out: &str) {
+    if let Some(line) = out.lines().last() {
+        eprintln!("{what}: {line}");
+    }
+}
