@@ -167,6 +167,18 @@ fn run() -> Result<(), String> {
             ])),
             inputs: vec![s("workload_ext_host.c")],
         },
+        // The scripted test NVML library (its script: `<path>.script`),
+        // for tracer-level tests of GPU readings; it exports with default
+        // visibility, as the real libnvidia-ml does.
+        Step {
+            output: "libnvidia-ml-stub.so",
+            args: with(cat(vec![
+                vec!["-fPIC".into(), "-shared".into()],
+                vec![src.join("nvml/nvml_stub.c").display().to_string()],
+                vec!["-pthread".into()],
+            ])),
+            inputs: vec![src.join("nvml/nvml_stub.c")],
+        },
         Step {
             output: "abi_check",
             args: with(srcs(&["abi_check.c"])),

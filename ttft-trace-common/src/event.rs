@@ -4,6 +4,11 @@
 /// Tag of [`EpisodeEvent`].
 pub const EVENT_EPISODE: u32 = 1;
 
+/// Tag of [`ConnEvent`].
+pub const EVENT_CONN: u32 = 2;
+/// Tag of [`SockEvent`].
+pub const EVENT_SOCK: u32 = 3;
+
 /// An episode used the CUDA runtime API (libcudart).
 pub const API_RUNTIME: u32 = 1;
 /// An episode used the CUDA driver API (libcuda) directly.
@@ -49,6 +54,121 @@ impl EpisodeEvent {
         self.t_copy_done_ns.saturating_sub(self.t_first_launch_ns)
     }
 }
+
+/// [`ConnEvent::op`]: a client connected to a listening port of the traced
+/// tree (a passive open, `SYN_RECV -> ESTABLISHED`).
+pub const CONN_OPEN: u32 = 1;
+/// [`ConnEvent::op`]: the connection left `ESTABLISHED` (FIN or RST either
+/// way); sent once per connection.
+pub const CONN_CLOSE: u32 = 2;
+
+/// A server-side TCP connection of the traced tree opening or closing, from
+/// `sock:inet_sock_set_state`. Fires in softirq context, so no pid.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ConnEvent {
+    /// [`EVENT_CONN`].
+    pub kind: u32,
+    /// [`CONN_OPEN`] or [`CONN_CLOSE`].
+    pub op: u32,
+    /// TCP states (`TCP_ESTABLISHED` = 1 ... as in the kernel).
+    pub oldstate: u32,
+    pub newstate: u32,
+    /// The socket's kernel address: the connection's key, as in [`SockEvent`].
+    pub sk: u64,
+    pub t_ns: u64,
+    /// `AF_INET` (2) or `AF_INET6` (10).
+    pub family: u16,
+    /// Local (server) and remote (client) ports, host byte order.
+    pub sport: u16,
+    pub dport: u16,
+    pub _pad: u16,
+    /// Local and remote addresses; IPv4 in the first four bytes.
+    pub saddr: [u8; 16],
+    pub daddr: [u8; 16],
+}
+
+/// [`SockEvent::dir`]: bytes received from the client.
+pub const SOCK_RECV: u32 = 1;
+/// [`SockEvent::dir`]: bytes sent to the client.
+pub const SOCK_SEND: u32 = 2;
+/// Bytes of a send captured in [`SockEvent::head`].
+pub const HEAD_BYTES: usize = 256;
+/// Bytes of a send captured in [`SockEvent::tail`].
+pub const TAIL_BYTES: usize = 8;
+/// How many sends after each receive carry a `head`: the response's first
+/// send (HTTP status line and headers) and the one after it (the first body
+/// chunk when headers are flushed alone).
+pub const HEAD_SENDS: u32 = 2;
+
+/// Data in or out on a server connection, from `sock:sock_recv_length` /
+/// `sock:sock_send_length` (process context: the thread is known).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SockEvent {
+    /// [`EVENT_SOCK`].
+    pub kind: u32,
+    /// [`SOCK_RECV`] or [`SOCK_SEND`].
+    pub dir: u32,
+    pub tgid: u32,
+    pub tid: u32,
+    pub sk: u64,
+    /// Return of the socket call (`bpf_ktime_get_ns`).
+    pub t_ns: u64,
+    /// Bytes moved, or a negative errno. A receive of 0 is the client's EOF.
+    pub bytes: i64,
+    /// Valid bytes in `head` (0: not captured).
+    pub head_len: u32,
+    /// Valid bytes in `tail` (0: not captured).
+    pub tail_len: u32,
+    /// The last bytes of the send's buffer, in order from `tail[0]` (end of
+    /// response markers such as the chunked terminator `0\r\n\r\n`).
+    pub tail: [u8; TAIL_BYTES],
+    /// The first bytes of the send's buffer, for the first [`HEAD_SENDS`]
+    /// sends after a receive.
+    pub head: [u8; HEAD_BYTES],
+}
+
+impl Default for SockEvent {
+    fn default() -> Self {
+        Self {
+            kind: EVENT_SOCK,
+            dir: 0,
+            tgid: 0,
+            tid: 0,
+            sk: 0,
+            t_ns: 0,
+            bytes: 0,
+            head_len: 0,
+            tail_len: 0,
+            tail: [0; TAIL_BYTES],
+            head: [0; HEAD_BYTES],
+        }
+    }
+}
+
+impl SockEvent {
+    /// The captured head bytes.
+    pub fn head(&self) -> &[u8] {
+        &self.head[..(self.head_len as usize).min(HEAD_BYTES)]
+    }
+
+    /// The captured tail bytes (the last `tail_len` bytes sent, in order).
+    pub fn tail(&self) -> &[u8] {
+        &self.tail[..(self.tail_len as usize).min(TAIL_BYTES)]
+    }
+}
+
+const _: () = {
+    assert!(core::mem::size_of::<ConnEvent>() == 72);
+    assert!(core::mem::offset_of!(ConnEvent, sk) == 16);
+    assert!(core::mem::offset_of!(ConnEvent, family) == 32);
+    assert!(core::mem::offset_of!(ConnEvent, saddr) == 40);
+    assert!(core::mem::size_of::<SockEvent>() == 48 + TAIL_BYTES + HEAD_BYTES);
+    assert!(core::mem::offset_of!(SockEvent, bytes) == 32);
+    assert!(core::mem::offset_of!(SockEvent, tail) == 48);
+    assert!(core::mem::offset_of!(SockEvent, head) == 56);
+};
 
 const _: () = {
     assert!(core::mem::size_of::<EpisodeEvent>() == 80);

@@ -6,14 +6,19 @@
 //! the unit tests run the very same code on the host.
 #![no_std]
 
+pub mod conn;
 pub mod counters;
 pub mod episode;
 pub mod event;
 pub mod offsets;
 
+pub use conn::{ConnState, SendArgs};
 pub use counters::{Direction, GpuCounters, Stat};
 pub use episode::{Completion, ThreadState};
-pub use event::{API_DRIVER, API_RUNTIME, EVENT_EPISODE, EpisodeEvent};
+pub use event::{
+    API_DRIVER, API_RUNTIME, CONN_CLOSE, CONN_OPEN, ConnEvent, EVENT_CONN, EVENT_EPISODE,
+    EVENT_SOCK, EpisodeEvent, SOCK_RECV, SOCK_SEND, SockEvent,
+};
 pub use offsets::TracepointOffsets;
 
 /// Implements `aya::Pod` for the types userspace reads from maps and the ring
@@ -23,6 +28,8 @@ mod pod {
     // SAFETY: every type below is `#[repr(C)]`, `Copy`, made only of integers
     // with explicit padding fields, so any bit pattern is a valid value.
     unsafe impl aya::Pod for crate::EpisodeEvent {}
+    unsafe impl aya::Pod for crate::ConnEvent {}
+    unsafe impl aya::Pod for crate::SockEvent {}
     unsafe impl aya::Pod for crate::GpuCounters {}
     unsafe impl aya::Pod for crate::TracepointOffsets {}
     unsafe impl aya::Pod for crate::ThreadState {}

@@ -13,7 +13,30 @@ pub struct TracepointOffsets {
     /// [`ABSENT`] on kernels whose tracepoint lacks it (then a process is
     /// taken as gone when its leader thread exits).
     pub exit_group_dead: u32,
-    pub _pad: u32,
+    /// `sock:inet_sock_set_state` fields.
+    pub state_skaddr: u32,
+    pub state_oldstate: u32,
+    pub state_newstate: u32,
+    pub state_sport: u32,
+    pub state_dport: u32,
+    pub state_family: u32,
+    pub state_saddr: u32,
+    pub state_daddr: u32,
+    pub state_saddr_v6: u32,
+    pub state_daddr_v6: u32,
+    /// `sock:sock_recv_length` and `sock:sock_send_length` (same layout).
+    pub len_sk: u32,
+    pub len_ret: u32,
+    pub len_flags: u32,
+    /// `syscalls:sys_enter_write`: `buf`.
+    pub write_buf: u32,
+    /// `syscalls:sys_enter_sendto`: `buff`.
+    pub sendto_buf: u32,
+    /// `syscalls:sys_enter_writev`: `vec` and `vlen`.
+    pub writev_vec: u32,
+    pub writev_vlen: u32,
+    /// `syscalls:sys_enter_sendmsg`: `msg`.
+    pub sendmsg_msg: u32,
 }
 
 /// Offset value meaning "this field does not exist on this kernel".

@@ -8,7 +8,7 @@
 
 use aya_ebpf::{
     Argument,
-    bindings::{BPF_NOEXIST, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
+    bindings::BPF_NOEXIST,
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user},
     macros::{uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext},
@@ -17,7 +17,7 @@ use ttft_trace_common::{
     API_DRIVER, API_RUNTIME, Completion, Direction, EpisodeEvent, GpuCounters, Stat, ThreadState,
 };
 
-use crate::maps::{COUNTERS, EVENTS, THREADS, bump_stat, is_tracked, wakeup_bytes};
+use crate::maps::{COUNTERS, EVENTS, THREADS, bump_stat, is_tracked, wakeup_flag};
 
 /// Offset of the stream handle in both `cudaLaunchConfig_t` and
 /// `CUlaunchConfig` (after two dim3s / six u32s and the shared-memory size).
@@ -147,19 +147,6 @@ fn emit(ep: &EpisodeEvent) {
     if let Some(c) = counters(ep.tgid) {
         // SAFETY: c points into a live map value.
         unsafe { add(&raw mut (*c).episodes, 1) };
-    }
-}
-
-/// Waking the reader on every event would let it preempt the traced thread
-/// right at its CUDA call's return (a 2-core host showed 250 µs stalls), so
-/// events are batched: userspace drains on a timer, and is woken only once
-/// the buffer holds more than the load-time threshold.
-#[inline(always)]
-fn wakeup_flag() -> u64 {
-    if EVENTS.query(u64::from(BPF_RB_AVAIL_DATA)) > wakeup_bytes() {
-        u64::from(BPF_RB_FORCE_WAKEUP)
-    } else {
-        u64::from(BPF_RB_NO_WAKEUP)
     }
 }
 

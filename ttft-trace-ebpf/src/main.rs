@@ -12,6 +12,8 @@ mod cuda;
 mod maps;
 #[cfg(target_arch = "bpf")]
 mod process;
+#[cfg(target_arch = "bpf")]
+mod sock;
 
 #[cfg(target_arch = "bpf")]
 #[panic_handler]

@@ -1,10 +1,13 @@
 //! Maps and load-time globals, all in one place (as in libbpf-tools).
 
 use aya_ebpf::{
+    bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     macros::map,
     maps::{HashMap, LruHashMap, LruPerCpuHashMap, PerCpuArray, RingBuf},
 };
-use ttft_trace_common::{GpuCounters, ThreadState, TracepointOffsets, counters::STATS};
+use ttft_trace_common::{
+    ConnState, GpuCounters, SendArgs, ThreadState, TracepointOffsets, counters::STATS,
+};
 
 /// Episode events to userspace. Size set by userspace at load time.
 #[map]
@@ -28,6 +31,21 @@ pub static THREADS: LruHashMap<u32, ThreadState> = LruHashMap::with_max_entries(
 pub static COUNTERS: LruPerCpuHashMap<u32, GpuCounters> =
     LruPerCpuHashMap::with_max_entries(1024, 0);
 
+/// Listening ports of the traced tree (host byte order): a connection
+/// accepted on one of them is a server connection. Filled by userspace (ports
+/// listening at start, `--port`) and by `inet_sock_set_state` on `listen()`.
+#[map]
+pub static LISTEN_PORTS: HashMap<u16, u32> = HashMap::with_max_entries(1024, 0);
+
+/// Server connections being followed, keyed by socket address.
+#[map]
+pub static CONNS: LruHashMap<u64, ConnState> = LruHashMap::with_max_entries(65536, 0);
+
+/// Buffer arguments of the send syscall in progress on a thread, kept from
+/// its `sys_enter` tracepoint for `sock_send_length` to read the bytes.
+#[map]
+pub static SEND_ARGS: LruHashMap<u32, SendArgs> = LruHashMap::with_max_entries(16384, 0);
+
 /// Global statistics ([`ttft_trace_common::Stat`] indexes).
 #[map]
 pub static STATS_MAP: PerCpuArray<u64> = PerCpuArray::with_max_entries(STATS, 0);
@@ -38,17 +56,43 @@ pub static OFFSETS: TracepointOffsets = TracepointOffsets {
     fork_parent_pid: 0,
     fork_child_pid: 0,
     exit_group_dead: 0,
-    _pad: 0,
+    state_skaddr: 0,
+    state_oldstate: 0,
+    state_newstate: 0,
+    state_sport: 0,
+    state_dport: 0,
+    state_family: 0,
+    state_saddr: 0,
+    state_daddr: 0,
+    state_saddr_v6: 0,
+    state_daddr_v6: 0,
+    len_sk: 0,
+    len_ret: 0,
+    len_flags: 0,
+    write_buf: 0,
+    sendto_buf: 0,
+    writev_vec: 0,
+    writev_vlen: 0,
+    sendmsg_msg: 0,
 };
 
 /// Unread ring-buffer bytes above which a new event wakes the reader.
 #[unsafe(no_mangle)]
 pub static WAKEUP_BYTES: u64 = 0;
 
+/// Waking the reader on every event would let it preempt the traced thread
+/// right at its CUDA call's return (a 2-core host showed 250 µs stalls), so
+/// events are batched: userspace drains on a timer, and is woken only once
+/// the buffer holds more than the load-time threshold.
 #[inline(always)]
-pub fn wakeup_bytes() -> u64 {
+pub fn wakeup_flag() -> u64 {
     // SAFETY: as for offsets().
-    unsafe { core::ptr::read_volatile(&WAKEUP_BYTES) }
+    let threshold = unsafe { core::ptr::read_volatile(&WAKEUP_BYTES) };
+    if EVENTS.query(u64::from(BPF_RB_AVAIL_DATA)) > threshold {
+        u64::from(BPF_RB_FORCE_WAKEUP)
+    } else {
+        u64::from(BPF_RB_NO_WAKEUP)
+    }
 }
 
 /// Reads a load-time global; the volatile read stops the compiler from

@@ -2,7 +2,9 @@
 //! records, but a short or unknown record is an error, never a panic.
 
 use thiserror::Error;
-use ttft_trace_common::{EVENT_EPISODE, EpisodeEvent};
+use ttft_trace_common::{
+    ConnEvent, EVENT_CONN, EVENT_EPISODE, EVENT_SOCK, EpisodeEvent, SockEvent,
+};
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum DecodeError {
@@ -13,9 +15,12 @@ pub enum DecodeError {
 }
 
 /// A decoded ring-buffer record.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
     Episode(EpisodeEvent),
+    Conn(ConnEvent),
+    /// Boxed: a send's captured bytes make it several times larger.
+    Sock(Box<SockEvent>),
 }
 
 pub fn decode(bytes: &[u8]) -> Result<Event, DecodeError> {
@@ -25,6 +30,8 @@ pub fn decode(bytes: &[u8]) -> Result<Event, DecodeError> {
         .ok_or(DecodeError::Short(bytes.len()))?;
     match kind {
         EVENT_EPISODE => read_pod::<EpisodeEvent>(bytes).map(Event::Episode),
+        EVENT_CONN => read_pod::<ConnEvent>(bytes).map(Event::Conn),
+        EVENT_SOCK => read_pod::<SockEvent>(bytes).map(|e| Event::Sock(Box::new(e))),
         other => Err(DecodeError::UnknownKind(other)),
     }
 }
@@ -87,6 +94,39 @@ mod tests {
         assert!(decode(&bytes).is_ok());
         assert_eq!(decode(&bytes[..40]), Err(DecodeError::Short(40)));
         assert_eq!(decode(&[1, 0]), Err(DecodeError::Short(2)));
+    }
+
+    #[test]
+    fn socket_events_round_trip() {
+        let conn = ConnEvent {
+            kind: EVENT_CONN,
+            op: ttft_trace_common::CONN_OPEN,
+            sk: 0xffff_8880_1234_5678,
+            sport: 8000,
+            dport: 51234,
+            saddr: [127, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            ..ConnEvent::default()
+        };
+        assert_eq!(decode(&encode(&conn)), Ok(Event::Conn(conn)));
+        let mut sock = SockEvent {
+            dir: ttft_trace_common::SOCK_SEND,
+            tgid: 9,
+            bytes: 149,
+            head_len: 8,
+            tail_len: 5,
+            ..SockEvent::default()
+        };
+        sock.head[..8].copy_from_slice(b"HTTP/1.1");
+        sock.tail[..5].copy_from_slice(b"0\r\n\r\n");
+        let bytes = encode(&sock);
+        assert_eq!(bytes.len(), 312);
+        let Ok(Event::Sock(back)) = decode(&bytes) else {
+            panic!("not a sock event");
+        };
+        assert_eq!(*back, sock);
+        assert_eq!(back.head(), b"HTTP/1.1");
+        assert_eq!(back.tail(), b"0\r\n\r\n");
+        assert_eq!(decode(&bytes[..100]), Err(DecodeError::Short(100)));
     }
 
     #[test]

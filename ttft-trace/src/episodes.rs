@@ -2,11 +2,13 @@
 //! the JSONL log and the summary.
 
 use serde::Serialize;
+
+use crate::nvml::WindowReadings;
 use ttft_trace_common::{API_DRIVER, API_RUNTIME, Completion, EpisodeEvent};
 
 /// One JSONL line per episode. Times are CLOCK_MONOTONIC nanoseconds, the
 /// clock of `bpf_ktime_get_ns`.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct EpisodeRecord {
     #[serde(rename = "type")]
     pub kind: &'static str,
@@ -29,6 +31,10 @@ pub struct EpisodeRecord {
     pub completion: &'static str,
     /// Return value of the completing call (0 = success).
     pub status: i32,
+    /// NVML readings of the episode's GPU over [first launch, D2H done]
+    /// (absent without NVML).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<WindowReadings>,
 }
 
 impl EpisodeRecord {
@@ -49,6 +55,7 @@ impl EpisodeRecord {
             copy_bytes: ev.copy_bytes,
             completion: Completion::from_u32(ev.completion).map_or("unknown", Completion::name),
             status: ev.status,
+            gpu: None,
         }
     }
 

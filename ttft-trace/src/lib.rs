@@ -10,6 +10,7 @@ pub mod decode;
 pub mod episodes;
 pub mod metrics;
 pub mod nvml;
+pub mod ports;
 pub mod probes;
 pub mod record;
 pub mod session;

@@ -48,6 +48,15 @@ enum Command {
         /// Ring buffer size in bytes (a power of two, multiple of the page size).
         #[arg(long, default_value_t = 1 << 22)]
         ringbuf_bytes: u32,
+        /// Do not sample GPU readings through NVML.
+        #[arg(long)]
+        no_nvml: bool,
+        /// NVML library to load (default: libnvidia-ml.so.1 from the loader's path).
+        #[arg(long, value_name = "PATH")]
+        nvml_lib: Option<PathBuf>,
+        /// NVML sampling period in milliseconds.
+        #[arg(long, value_name = "MS", default_value_t = 100)]
+        nvml_period_ms: u64,
     },
 }
 
@@ -85,6 +94,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             interval,
             jsonl,
             ringbuf_bytes,
+            no_nvml,
+            nvml_lib,
+            nvml_period_ms,
         } => {
             let cfg = ttft_trace::session::AttachConfig {
                 pid,
@@ -96,6 +108,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 interval: seconds(interval)?,
                 jsonl,
                 ringbuf_bytes,
+                nvml: (!no_nvml).then(|| ttft_trace::nvml::NvmlConfig {
+                    period: Duration::from_millis(nvml_period_ms),
+                    library_path: nvml_lib,
+                    ..Default::default()
+                }),
             };
             rt.block_on(ttft_trace::session::attach(cfg))?;
             Ok(())

@@ -90,23 +90,6 @@ impl Started {
     }
 }
 
-/// `clock_gettime(CLOCK_MONOTONIC)` in ns: the clock of `bpf_ktime_get_ns` and of
-/// [`GpuSample::t_ns`].
-pub fn monotonic_now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists on Linux.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    if rc != 0 {
-        return 0;
-    }
-    (ts.tv_sec as u64)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(ts.tv_nsec as u64)
-}
-
 /// The NVML return-code name behind a wrapper error, where there is one.
 fn nvml_code(e: &WrapperError) -> Option<&'static str> {
     Some(match e {
@@ -286,12 +269,5 @@ mod tests {
         send_sync::<Sampler>();
         send_sync::<WindowReadings>();
         send_sync::<GpuSample>();
-    }
-
-    #[test]
-    fn monotonic_clock_moves_forward() {
-        let a = monotonic_now_ns();
-        let b = monotonic_now_ns();
-        assert!(a > 0 && b >= a);
     }
 }

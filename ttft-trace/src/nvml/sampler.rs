@@ -13,9 +13,9 @@ use nvml_wrapper::error::NvmlError as WrapperError;
 use nvml_wrapper::{Device, Nvml};
 
 use super::metrics::GpuMetrics;
-use super::monotonic_now_ns;
 use super::throttle::ThrottleReasons;
 use super::timeline::{GpuSample, SampleRing, WindowReadings};
+use crate::clock::monotonic_ns;
 
 /// Identity of one GPU.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -382,7 +382,7 @@ fn run(
 }
 
 fn read_sample(gpu: &GpuInfo, dev: &Device<'_>, log: &mut FailureLog, m: &GpuMetrics) -> GpuSample {
-    let t_start = monotonic_now_ns();
+    let t_start = monotonic_ns();
     let sm = log.check(gpu, Reading::SmClock, dev.clock_info(Clock::SM), m);
     let mem_clk = log.check(gpu, Reading::MemClock, dev.clock_info(Clock::Memory), m);
     let mem = log.check(gpu, Reading::Memory, dev.memory_info(), m);
@@ -395,7 +395,7 @@ fn read_sample(gpu: &GpuInfo, dev: &Device<'_>, log: &mut FailureLog, m: &GpuMet
         m,
     );
     let throttle = log.check(gpu, Reading::Throttle, dev.current_throttle_reasons(), m);
-    let t_end = monotonic_now_ns();
+    let t_end = monotonic_ns();
     GpuSample {
         t_ns: t_start + t_end.saturating_sub(t_start) / 2,
         gpu: gpu.index,

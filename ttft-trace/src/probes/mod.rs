@@ -66,17 +66,68 @@ pub struct Probes {
     attached: HashMap<(u64, u64), Attached>,
 }
 
+/// Tracepoints and the programs attached to them.
+const TRACEPOINTS: &[(&str, &str, &str)] = &[
+    ("sched_process_fork", "sched", "sched_process_fork"),
+    ("sched_process_exit", "sched", "sched_process_exit"),
+    ("inet_sock_set_state", "sock", "inet_sock_set_state"),
+    ("sock_recv_length", "sock", "sock_recv_length"),
+    ("sock_send_length", "sock", "sock_send_length"),
+    ("sys_enter_write", "syscalls", "sys_enter_write"),
+    ("sys_enter_sendto", "syscalls", "sys_enter_sendto"),
+    ("sys_enter_writev", "syscalls", "sys_enter_writev"),
+    ("sys_enter_sendmsg", "syscalls", "sys_enter_sendmsg"),
+    ("sys_exit_send", "syscalls", "sys_exit_write"),
+    ("sys_exit_send", "syscalls", "sys_exit_sendto"),
+    ("sys_exit_send", "syscalls", "sys_exit_writev"),
+    ("sys_exit_send", "syscalls", "sys_exit_sendmsg"),
+];
+
 /// Reads the tracepoint offsets the probes need from tracefs.
 fn tracepoint_offsets() -> Result<TracepointOffsets, TracefsError> {
     let root = tracefs::root()?;
     let fork = Format::read(&root, "sched", "sched_process_fork")?;
     let exit = Format::read(&root, "sched", "sched_process_exit")?;
-    Ok(TracepointOffsets {
+    let state = Format::read(&root, "sock", "inet_sock_set_state")?;
+    let len = Format::read(&root, "sock", "sock_send_length")?;
+    let recv = Format::read(&root, "sock", "sock_recv_length")?;
+    let write = Format::read(&root, "syscalls", "sys_enter_write")?;
+    let sendto = Format::read(&root, "syscalls", "sys_enter_sendto")?;
+    let writev = Format::read(&root, "syscalls", "sys_enter_writev")?;
+    let sendmsg = Format::read(&root, "syscalls", "sys_enter_sendmsg")?;
+    let offsets = TracepointOffsets {
         fork_parent_pid: fork.offset("parent_pid")?,
         fork_child_pid: fork.offset("child_pid")?,
         exit_group_dead: exit.optional_offset("group_dead").unwrap_or(ABSENT),
-        _pad: 0,
-    })
+        state_skaddr: state.offset("skaddr")?,
+        state_oldstate: state.offset("oldstate")?,
+        state_newstate: state.offset("newstate")?,
+        state_sport: state.offset("sport")?,
+        state_dport: state.offset("dport")?,
+        state_family: state.offset("family")?,
+        state_saddr: state.offset("saddr")?,
+        state_daddr: state.offset("daddr")?,
+        state_saddr_v6: state.offset("saddr_v6")?,
+        state_daddr_v6: state.offset("daddr_v6")?,
+        len_sk: len.offset("sk")?,
+        len_ret: len.offset("ret")?,
+        len_flags: len.offset("flags")?,
+        write_buf: write.offset("buf")?,
+        sendto_buf: sendto.offset("buff")?,
+        writev_vec: writev.offset("vec")?,
+        writev_vlen: writev.offset("vlen")?,
+        sendmsg_msg: sendmsg.offset("msg")?,
+    };
+    // One set of offsets serves both length tracepoints: check they agree.
+    for field in ["sk", "ret", "flags"] {
+        if recv.offset(field)? != len.offset(field)? {
+            return Err(TracefsError::Parse(
+                "sock:sock_recv_length".into(),
+                format!("field {field} is not where sock_send_length has it"),
+            ));
+        }
+    }
+    Ok(offsets)
 }
 
 impl Probes {
@@ -108,14 +159,16 @@ impl Probes {
                 .map_err(|e| ProbeError::Program(name, e))?;
             prog.load().map_err(|e| ProbeError::Program(name, e))?;
         }
-        for name in ["sched_process_fork", "sched_process_exit"] {
+        for &(name, category, tracepoint) in TRACEPOINTS {
             let prog: &mut TracePoint = ebpf
                 .program_mut(name)
                 .ok_or(ProbeError::Missing(name))?
                 .try_into()
                 .map_err(|e| ProbeError::Program(name, e))?;
-            prog.load().map_err(|e| ProbeError::Program(name, e))?;
-            prog.attach("sched", name)
+            if prog.fd().is_err() {
+                prog.load().map_err(|e| ProbeError::Program(name, e))?;
+            }
+            prog.attach(category, tracepoint)
                 .map_err(|e| ProbeError::Program(name, e))?;
         }
         Ok(Self {
@@ -188,6 +241,19 @@ impl Probes {
         .map_err(|e| ProbeError::Map("TRACKED", e))?;
         map.insert(pid, 1, 0)
             .map_err(|e| ProbeError::Map("TRACKED", e))
+    }
+
+    /// Marks a TCP port as a listening port of the traced tree: connections
+    /// accepted on it are followed as server connections.
+    pub fn add_listen_port(&mut self, port: u16) -> Result<(), ProbeError> {
+        let mut map: BpfHashMap<_, u16, u32> = BpfHashMap::try_from(
+            self.ebpf
+                .map_mut("LISTEN_PORTS")
+                .ok_or(ProbeError::Missing("LISTEN_PORTS"))?,
+        )
+        .map_err(|e| ProbeError::Map("LISTEN_PORTS", e))?;
+        map.insert(port, 1, 0)
+            .map_err(|e| ProbeError::Map("LISTEN_PORTS", e))
     }
 
     /// Stops tracing an id (a process that exited, or a thread's id).

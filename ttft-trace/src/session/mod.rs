@@ -28,6 +28,7 @@ use crate::{
     decode::{Event, decode},
     episodes::EpisodeRecord,
     metrics::{self, Metrics},
+    nvml::{self, NvmlConfig, Sampler},
     probes::{
         Attached, Probes,
         libraries::{self, Scanner},
@@ -57,6 +58,8 @@ pub struct AttachConfig {
     pub interval: Duration,
     pub jsonl: Option<PathBuf>,
     pub ringbuf_bytes: u32,
+    /// NVML sampling; None: off.
+    pub nvml: Option<NvmlConfig>,
 }
 
 /// Why tracing stopped.
@@ -77,6 +80,8 @@ struct Session {
     failed_total: u64,
     failed_window: u64,
     decode_errors: u64,
+    /// GPU readings; None without NVML.
+    gpu: Option<Sampler>,
 }
 
 pub async fn attach(cfg: AttachConfig) -> Result<Stop> {
@@ -110,7 +115,28 @@ pub async fn attach(cfg: AttachConfig) -> Result<Stop> {
         failed_total: 0,
         failed_window: 0,
         decode_errors: 0,
+        gpu: None,
     };
+    if let Some(nvml_cfg) = &cfg.nvml {
+        match nvml::start(nvml_cfg, &s.metrics.registry)? {
+            nvml::Started::Sampler(sampler) => {
+                let gpus: Vec<String> = sampler
+                    .gpus()
+                    .iter()
+                    .map(|g| format!("{} {} ({})", g.index, g.name, g.uuid))
+                    .collect();
+                log::info!(
+                    "NVML: sampling every {:?}: {}",
+                    sampler.period(),
+                    gpus.join(", ")
+                );
+                s.gpu = Some(sampler);
+            }
+            nvml::Started::Unavailable(reason) => {
+                log::info!("{reason}; GPU readings are off, everything else works");
+            }
+        }
+    }
     // Track first, then scan: a child forked in between is then tracked by
     // the kernel and found by the scan.
     s.probes.track(cfg.pid)?;
@@ -308,7 +334,14 @@ impl Session {
     fn handle(&mut self, bytes: &[u8]) {
         match decode(bytes) {
             Ok(Event::Episode(ev)) => {
-                let rec = EpisodeRecord::new(&ev);
+                let mut rec = EpisodeRecord::new(&ev);
+                if let Some(gpu) = &self.gpu {
+                    rec.gpu = gpu.window(
+                        gpu.gpu_of_pid(ev.tgid),
+                        ev.t_first_launch_ns,
+                        ev.t_copy_done_ns,
+                    );
+                }
                 self.metrics.observe_episode(&rec);
                 if rec.ok() {
                     self.latency.record(rec.launch_to_first_d2h_ns);
@@ -323,6 +356,7 @@ impl Session {
                     self.jsonl = None;
                 }
             }
+            Ok(Event::Conn(_) | Event::Sock(_)) => {}
             Err(e) => {
                 self.decode_errors += 1;
                 log::debug!("undecodable record: {e}");

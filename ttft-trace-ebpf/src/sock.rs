@@ -1,0 +1,372 @@
+//! Socket tracepoints: server connections of the traced tree and the bytes
+//! moving on them, for per-request timing.
+//!
+//! `inet_sock_set_state` tells which sockets are server connections (accepted
+//! on a listening port of the tree) and when they close; `sock_recv_length`
+//! and `sock_send_length` time each receive and send on them. The send
+//! syscalls' enter tracepoints keep the user buffer so that the first sends
+//! of each response can be peeked at (HTTP headers or body?) and every send's
+//! last bytes (end of a chunked response).
+
+use aya_ebpf::{
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, generated},
+    macros::tracepoint,
+    programs::TracePointContext,
+};
+use ttft_trace_common::{
+    CONN_CLOSE, CONN_OPEN, ConnEvent, ConnState, EVENT_CONN, EVENT_SOCK, SOCK_RECV, SOCK_SEND,
+    SendArgs, SockEvent, Stat,
+    event::{HEAD_BYTES, HEAD_SENDS, TAIL_BYTES},
+};
+
+use crate::maps::{
+    CONNS, EVENTS, LISTEN_PORTS, SEND_ARGS, bump_stat, is_tracked, offsets, wakeup_flag,
+};
+
+const TCP_ESTABLISHED: i32 = 1;
+const TCP_SYN_RECV: i32 = 3;
+const TCP_CLOSE: i32 = 7;
+const TCP_LISTEN: i32 = 10;
+const AF_INET: u16 = 2;
+const MSG_PEEK: i32 = 2;
+/// iovec entries walked to find the one holding a send's last byte.
+const MAX_IOV: u64 = 8;
+
+#[inline(always)]
+fn now_ns() -> u64 {
+    // SAFETY: plain helper call.
+    unsafe { bpf_ktime_get_ns() }
+}
+
+#[inline(always)]
+fn read<T>(ctx: &TracePointContext, offset: u32) -> Option<T> {
+    // SAFETY: offsets come from this kernel's tracefs format files.
+    unsafe { ctx.read_at::<T>(offset as usize) }.ok()
+}
+
+/// `sock:inet_sock_set_state`.
+#[tracepoint]
+pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
+    let off = offsets();
+    let (Some(sk), Some(old), Some(new), Some(sport)) = (
+        read::<u64>(&ctx, off.state_skaddr),
+        read::<i32>(&ctx, off.state_oldstate),
+        read::<i32>(&ctx, off.state_newstate),
+        read::<u16>(&ctx, off.state_sport),
+    ) else {
+        return 0;
+    };
+    if new == TCP_LISTEN {
+        // listen() runs in the process's context: a traced server's port.
+        if is_tracked((bpf_get_current_pid_tgid() >> 32) as u32) {
+            let _ = LISTEN_PORTS.insert(sport, 1, 0);
+        }
+        return 0;
+    }
+    if old == TCP_SYN_RECV && new == TCP_ESTABLISHED {
+        // SAFETY: value not kept past the lookup.
+        if unsafe { LISTEN_PORTS.get(&sport) }.is_some() {
+            let _ = CONNS.insert(sk, ConnState::default(), 0);
+            emit_conn(&ctx, CONN_OPEN, sk, old, new, sport);
+        }
+        return 0;
+    }
+    let Some(state) = CONNS.get_ptr_mut(sk) else {
+        return 0;
+    };
+    if old == TCP_ESTABLISHED || new == TCP_CLOSE {
+        // SAFETY: live map value.
+        let first = unsafe { (*state).closed == 0 };
+        if first {
+            // SAFETY: as above.
+            unsafe { (*state).closed = 1 };
+            emit_conn(&ctx, CONN_CLOSE, sk, old, new, sport);
+        }
+    }
+    if new == TCP_CLOSE {
+        let _ = CONNS.remove(sk);
+    }
+    0
+}
+
+#[inline(always)]
+fn emit_conn(ctx: &TracePointContext, op: u32, sk: u64, old: i32, new: i32, sport: u16) {
+    let off = offsets();
+    let family = read::<u16>(ctx, off.state_family).unwrap_or(0);
+    let mut ev = ConnEvent {
+        kind: EVENT_CONN,
+        op,
+        oldstate: old as u32,
+        newstate: new as u32,
+        sk,
+        t_ns: now_ns(),
+        family,
+        sport,
+        dport: read::<u16>(ctx, off.state_dport).unwrap_or(0),
+        ..ConnEvent::default()
+    };
+    if family == AF_INET {
+        if let Some(a) = read::<[u8; 4]>(ctx, off.state_saddr) {
+            ev.saddr[..4].copy_from_slice(&a);
+        }
+        if let Some(a) = read::<[u8; 4]>(ctx, off.state_daddr) {
+            ev.daddr[..4].copy_from_slice(&a);
+        }
+    } else {
+        ev.saddr = read::<[u8; 16]>(ctx, off.state_saddr_v6).unwrap_or([0; 16]);
+        ev.daddr = read::<[u8; 16]>(ctx, off.state_daddr_v6).unwrap_or([0; 16]);
+    }
+    match EVENTS.reserve::<ConnEvent>(0) {
+        Some(mut entry) => {
+            entry.write(ev);
+            entry.submit(wakeup_flag());
+        }
+        None => bump_stat(Stat::RingbufLost),
+    }
+}
+
+/// `sock:sock_recv_length`: fires at the end of every receive.
+#[tracepoint]
+pub fn sock_recv_length(ctx: TracePointContext) -> u32 {
+    let off = offsets();
+    let (Some(sk), Some(ret), Some(flags)) = (
+        read::<u64>(&ctx, off.len_sk),
+        read::<i32>(&ctx, off.len_ret),
+        read::<i32>(&ctx, off.len_flags),
+    ) else {
+        return 0;
+    };
+    // Errors (EAGAIN from non-blocking servers above all) and peeks move no data.
+    if ret < 0 || flags & MSG_PEEK != 0 {
+        return 0;
+    }
+    let Some(state) = CONNS.get_ptr_mut(sk) else {
+        return 0;
+    };
+    // SAFETY: live map value.
+    unsafe { (*state).sends_since_recv = 0 };
+    emit_sock(SOCK_RECV, sk, ret, None, false);
+    0
+}
+
+/// `sock:sock_send_length`: fires at the end of every send, still inside
+/// the syscall, so the user buffer noted at its entry is readable.
+#[tracepoint]
+pub fn sock_send_length(ctx: TracePointContext) -> u32 {
+    let off = offsets();
+    let (Some(sk), Some(ret)) = (
+        read::<u64>(&ctx, off.len_sk),
+        read::<i32>(&ctx, off.len_ret),
+    ) else {
+        return 0;
+    };
+    if ret <= 0 {
+        return 0;
+    }
+    let Some(state) = CONNS.get_ptr_mut(sk) else {
+        return 0;
+    };
+    // SAFETY: live map value.
+    let sends = unsafe { (*state).sends_since_recv };
+    // SAFETY: as above.
+    unsafe { (*state).sends_since_recv = sends.saturating_add(1) };
+    let tid = bpf_get_current_pid_tgid() as u32;
+    // SAFETY: copied out at once.
+    let args = unsafe { SEND_ARGS.get(&tid) }.copied();
+    emit_sock(SOCK_SEND, sk, ret, args, sends < HEAD_SENDS);
+    0
+}
+
+#[inline(always)]
+fn emit_sock(dir: u32, sk: u64, ret: i32, args: Option<SendArgs>, want_head: bool) {
+    let id = bpf_get_current_pid_tgid();
+    let Some(mut entry) = EVENTS.reserve::<SockEvent>(0) else {
+        bump_stat(Stat::RingbufLost);
+        return;
+    };
+    let ev = entry.as_mut_ptr();
+    // SAFETY: ev points at a reserved, writable ring-buffer record of the
+    // right size; every field is written before submit.
+    unsafe {
+        (*ev).kind = EVENT_SOCK;
+        (*ev).dir = dir;
+        (*ev).tgid = (id >> 32) as u32;
+        (*ev).tid = id as u32;
+        (*ev).sk = sk;
+        (*ev).t_ns = now_ns();
+        (*ev).bytes = i64::from(ret);
+        (*ev).head_len = 0;
+        (*ev).tail_len = 0;
+        if let Some(args) = args {
+            let len = ret as u64;
+            if let Some((base, seg_len)) = first_segment(&args) {
+                if want_head {
+                    (*ev).head_len = read_user(&mut (*ev).head, base, len.min(seg_len));
+                }
+                if let Some((tail_base, tail_len)) = tail_segment(&args, base, seg_len, len) {
+                    (*ev).tail_len = read_user_tail(&mut (*ev).tail, tail_base, tail_len);
+                }
+            }
+        }
+    }
+    entry.submit(wakeup_flag());
+}
+
+/// Reads `min(len, HEAD_BYTES)` bytes from user memory into `dst`; returns
+/// the count read (0 on a fault, e.g. a page not resident).
+#[inline(always)]
+fn read_user(dst: &mut [u8; HEAD_BYTES], src: u64, len: u64) -> u32 {
+    let n = if len > HEAD_BYTES as u64 {
+        HEAD_BYTES as u64
+    } else {
+        len
+    };
+    if n == 0 {
+        return 0;
+    }
+    // SAFETY: dst has HEAD_BYTES bytes and n <= HEAD_BYTES; the helper
+    // checks the user address.
+    let rc = unsafe {
+        generated::bpf_probe_read_user(dst.as_mut_ptr().cast(), n as u32, src as *const _)
+    };
+    if rc == 0 { n as u32 } else { 0 }
+}
+
+/// Reads the last `min(len, TAIL_BYTES)` bytes ending at `src + len` into
+/// the start of `dst`. Two fixed shapes keep the verifier's bounds simple.
+#[inline(always)]
+fn read_user_tail(dst: &mut [u8; TAIL_BYTES], src: u64, len: u64) -> u32 {
+    let (from, n) = if len >= TAIL_BYTES as u64 {
+        (src + len - TAIL_BYTES as u64, TAIL_BYTES as u64)
+    } else {
+        (src, len)
+    };
+    if n == 0 || n > TAIL_BYTES as u64 {
+        return 0;
+    }
+    // SAFETY: n <= TAIL_BYTES = dst.len(); the helper checks the user address.
+    let rc = unsafe {
+        generated::bpf_probe_read_user(dst.as_mut_ptr().cast(), n as u32, from as *const _)
+    };
+    if rc == 0 { n as u32 } else { 0 }
+}
+
+/// (base, length) of the buffer's first segment: the plain buffer, or the
+/// first iovec.
+#[inline(always)]
+fn first_segment(args: &SendArgs) -> Option<(u64, u64)> {
+    if args.buf != 0 {
+        return Some((args.buf, u64::MAX));
+    }
+    if args.iov == 0 || args.iovlen == 0 {
+        return None;
+    }
+    iovec(args.iov, 0)
+}
+
+/// (base, bytes) of the segment that holds the send's last byte, with
+/// `bytes` the part of that segment that was sent.
+#[inline(always)]
+fn tail_segment(args: &SendArgs, base: u64, seg_len: u64, sent: u64) -> Option<(u64, u64)> {
+    if args.buf != 0 {
+        return Some((base, sent));
+    }
+    let mut done = 0u64;
+    let mut seg = (base, seg_len);
+    for i in 0..MAX_IOV {
+        if i > 0 {
+            if i >= args.iovlen {
+                return None;
+            }
+            seg = iovec(args.iov, i)?;
+        }
+        if done + seg.1 >= sent {
+            return Some((seg.0, sent - done));
+        }
+        done += seg.1;
+    }
+    None
+}
+
+/// The `i`th `struct iovec { void *base; size_t len; }` of a user array.
+#[inline(always)]
+fn iovec(iov: u64, i: u64) -> Option<(u64, u64)> {
+    let at = iov + i * 16;
+    // SAFETY: bpf_probe_read_user checks the addresses.
+    let base = unsafe { aya_ebpf::helpers::bpf_probe_read_user(at as *const u64) }.ok()?;
+    // SAFETY: as above.
+    let len = unsafe { aya_ebpf::helpers::bpf_probe_read_user((at + 8) as *const u64) }.ok()?;
+    Some((base, len))
+}
+
+#[inline(always)]
+fn stash(args: SendArgs) -> u32 {
+    let id = bpf_get_current_pid_tgid();
+    if is_tracked((id >> 32) as u32) {
+        let _ = SEND_ARGS.insert(id as u32, args, 0);
+    }
+    0
+}
+
+/// `syscalls:sys_enter_write`.
+#[tracepoint]
+pub fn sys_enter_write(ctx: TracePointContext) -> u32 {
+    let buf = read::<u64>(&ctx, offsets().write_buf).unwrap_or(0);
+    stash(SendArgs {
+        buf,
+        iov: 0,
+        iovlen: 0,
+    })
+}
+
+/// `syscalls:sys_enter_sendto`.
+#[tracepoint]
+pub fn sys_enter_sendto(ctx: TracePointContext) -> u32 {
+    let buf = read::<u64>(&ctx, offsets().sendto_buf).unwrap_or(0);
+    stash(SendArgs {
+        buf,
+        iov: 0,
+        iovlen: 0,
+    })
+}
+
+/// `syscalls:sys_enter_writev`.
+#[tracepoint]
+pub fn sys_enter_writev(ctx: TracePointContext) -> u32 {
+    let off = offsets();
+    let iov = read::<u64>(&ctx, off.writev_vec).unwrap_or(0);
+    let iovlen = read::<u64>(&ctx, off.writev_vlen).unwrap_or(0);
+    stash(SendArgs {
+        buf: 0,
+        iov,
+        iovlen,
+    })
+}
+
+/// `syscalls:sys_enter_sendmsg`: the iovec array is in the user msghdr
+/// (`msg_iov` at offset 16, `msg_iovlen` at 24: the stable 64-bit ABI).
+#[tracepoint]
+pub fn sys_enter_sendmsg(ctx: TracePointContext) -> u32 {
+    let msg = read::<u64>(&ctx, offsets().sendmsg_msg).unwrap_or(0);
+    // SAFETY: bpf_probe_read_user checks the addresses.
+    let iov =
+        unsafe { aya_ebpf::helpers::bpf_probe_read_user((msg + 16) as *const u64) }.unwrap_or(0);
+    // SAFETY: as above.
+    let iovlen =
+        unsafe { aya_ebpf::helpers::bpf_probe_read_user((msg + 24) as *const u64) }.unwrap_or(0);
+    stash(SendArgs {
+        buf: 0,
+        iov,
+        iovlen,
+    })
+}
+
+/// `syscalls:sys_exit_{write,sendto,writev,sendmsg}`: the buffer is gone.
+#[tracepoint]
+pub fn sys_exit_send(_ctx: TracePointContext) -> u32 {
+    let id = bpf_get_current_pid_tgid();
+    if is_tracked((id >> 32) as u32) {
+        let _ = SEND_ARGS.remove(id as u32);
+    }
+    0
+}
