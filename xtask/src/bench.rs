@@ -4,13 +4,13 @@
 //! - the episode rate the daemon keeps up with before the kernel drops
 //!   events (ttft_trace_events_lost_total stays 0).
 
-use std::{process::Command, time::Duration};
+use std::process::Command;
 
 use anyhow::{Context as _, Result, bail};
 use serde_json::{Value, json};
 
 use crate::{
-    demo::{build_all, free_addr, scrape, signal, start_tracer, wait_stopped},
+    demo::{build_all, signal, start_tracer, wait_stopped},
     run::repo_root,
 };
 
@@ -54,72 +54,45 @@ fn parse_ns(stdout: &[u8]) -> Result<f64> {
 }
 
 /// Runs `episodes` one-launch episodes with no device time and no gap, as
-/// fast as the stub allows, and returns (episodes/s offered, events seen, lost).
+/// fast as the stub allows, and returns (episodes/s offered, episodes seen,
+/// events lost) from the tracer's closing JSONL totals.
 fn event_rate(root: &std::path::Path, episodes: u32, ringbuf: u32) -> Result<(f64, u64, u64)> {
     let bin = root.join("target/fixtures/workload");
-    let child = Command::new(&bin)
-        .args([
-            "--style",
-            "sync",
-            "--episodes",
-            &episodes.to_string(),
-            "--launches",
-            "1",
-        ])
-        .args([
-            "--kernel-us",
-            "0",
-            "--copy-bytes",
-            "8",
-            "--gap-us",
-            "0",
-            "--stop-before-work",
-        ])
+    let mut child = Command::new(&bin)
+        .args(["--style", "sync", "--episodes", &episodes.to_string(), "--launches", "1"])
+        .args(["--kernel-us", "0", "--copy-bytes", "8", "--gap-us", "0", "--stop-before-work"])
         .spawn()?;
     let pid = child.id();
     wait_stopped(pid)?;
-    let addr = free_addr()?;
+    let jsonl = root.join("target/bench/rate.jsonl");
     let mut tracer = start_tracer(
         root,
         &[
             "--pid".into(),
             pid.to_string(),
-            "--listen".into(),
-            addr.to_string(),
+            "--no-listen".into(),
             "--ringbuf-bytes".into(),
             ringbuf.to_string(),
             "--interval".into(),
             "60".into(),
+            "--jsonl".into(),
+            jsonl.display().to_string(),
         ],
     )?;
     let start = std::time::Instant::now();
     signal(pid, "CONT")?;
-    let mut child = child;
-    let mut last = String::new();
-    while child.try_wait()?.is_none() {
-        if let Ok(body) = scrape(addr) {
-            last = body;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    child.wait()?;
     let secs = start.elapsed().as_secs_f64();
-    if let Ok(body) = scrape(addr) {
-        last = body;
-    }
     tracer.wait()?;
-    let metric = |name: &str| {
-        last.lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0) as u64
-    };
-    let seen = metric("ttft_trace_gpu_episodes_total{result=\"ok\"}");
-    Ok((
-        f64::from(episodes) / secs,
-        seen,
-        metric("ttft_trace_events_lost_total"),
-    ))
+    let text = std::fs::read_to_string(&jsonl)?;
+    let totals: Value = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["type"] == "totals")
+        .context("no totals line in the tracer's JSONL")?;
+    let seen = totals["episodes_ok"].as_u64().unwrap_or(0);
+    let lost = totals["events_lost"].as_u64().unwrap_or(0);
+    Ok((f64::from(episodes) / secs, seen, lost))
 }
 
 pub fn bench() -> Result<()> {
@@ -145,7 +118,18 @@ pub fn bench() -> Result<()> {
         );
         rates.push(json!({"episodes": episodes, "ringbuf_bytes": ringbuf, "offered_per_s": rate, "seen": seen, "lost": lost}));
     }
+    let pipeline = crate::run::output(
+        Command::new("cargo")
+            .current_dir(&root)
+            .args(["bench", "-q", "-p", "ttft-trace", "--bench", "pipeline"]),
+    )?;
+    let pipeline: Value = serde_json::from_str(pipeline.lines().last().unwrap_or("{}"))?;
+    println!(
+        "userspace pipeline: {} episode events/s on one core ({} ns each: decode, record, JSONL, histograms)",
+        pipeline["events_per_s"], pipeline["ns_per_event"]
+    );
     let results = json!({
+        "userspace_pipeline": pipeline,
         "launch_ns_untraced": u, "launch_ns_traced": t, "launch_ns_added": t - u,
         "runs_untraced": untraced, "runs_traced": traced, "event_rate": rates,
     });
