@@ -1,2 +1,3 @@
+pub mod demo;
 pub mod fixtures;
 pub mod tracer;

@@ -5,8 +5,6 @@
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TracepointOffsets {
-    /// `sched:sched_process_fork`: `parent_pid`.
-    pub fork_parent_pid: u32,
     /// `sched:sched_process_fork`: `child_pid`.
     pub fork_child_pid: u32,
     /// `sched:sched_process_exit`: `group_dead` (a one-byte flag), or

@@ -53,7 +53,6 @@ pub static STATS_MAP: PerCpuArray<u64> = PerCpuArray::with_max_entries(STATS, 0)
 /// Tracepoint field offsets, set by userspace from tracefs at load time.
 #[unsafe(no_mangle)]
 pub static OFFSETS: TracepointOffsets = TracepointOffsets {
-    fork_parent_pid: 0,
     fork_child_pid: 0,
     exit_group_dead: 0,
     state_skaddr: 0,

@@ -9,20 +9,17 @@ use ttft_trace_common::offsets::ABSENT;
 
 use crate::maps::{THREADS, TRACKED, is_tracked, offsets};
 
-/// `sched:sched_process_fork`: fires for new processes and new threads alike;
-/// a thread's id lands in TRACKED too and is removed at its exit.
+/// `sched:sched_process_fork`: runs in the parent's context, so the parent
+/// process is the current tgid (the tracepoint's `parent_pid` is the forking
+/// *thread*, which is not in TRACKED when it predates tracing). Fires for new
+/// threads too; a thread's id lands in TRACKED and is removed at its exit.
 #[tracepoint]
 pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
-    let off = offsets();
-    // SAFETY: offsets come from this kernel's tracefs format file.
-    let Ok(parent) = (unsafe { ctx.read_at::<i32>(off.fork_parent_pid as usize) }) else {
-        return 0;
-    };
-    if !is_tracked(parent as u32) {
+    if !is_tracked((bpf_get_current_pid_tgid() >> 32) as u32) {
         return 0;
     }
-    // SAFETY: as above.
-    if let Ok(child) = unsafe { ctx.read_at::<i32>(off.fork_child_pid as usize) } {
+    // SAFETY: offset from this kernel's tracefs format file.
+    if let Ok(child) = unsafe { ctx.read_at::<i32>(offsets().fork_child_pid as usize) } {
         let _ = TRACKED.insert(child as u32, 1, 0);
     }
     0

@@ -65,7 +65,7 @@ pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
     }
     if old == TCP_SYN_RECV && new == TCP_ESTABLISHED {
         // SAFETY: value not kept past the lookup.
-        if unsafe { LISTEN_PORTS.get(&sport) }.is_some() {
+        if unsafe { LISTEN_PORTS.get(sport) }.is_some() {
             let _ = CONNS.insert(sk, ConnState::default(), 0);
             emit_conn(&ctx, CONN_OPEN, sk, old, new, sport);
         }
@@ -172,7 +172,7 @@ pub fn sock_send_length(ctx: TracePointContext) -> u32 {
     unsafe { (*state).sends_since_recv = sends.saturating_add(1) };
     let tid = bpf_get_current_pid_tgid() as u32;
     // SAFETY: copied out at once.
-    let args = unsafe { SEND_ARGS.get(&tid) }.copied();
+    let args = unsafe { SEND_ARGS.get(tid) }.copied();
     emit_sock(SOCK_SEND, sk, ret, args, sends < HEAD_SENDS);
     0
 }

@@ -13,6 +13,7 @@ pub mod nvml;
 pub mod ports;
 pub mod probes;
 pub mod record;
+pub mod requests;
 pub mod session;
 pub mod targets;
 pub mod tracefs;

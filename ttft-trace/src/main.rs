@@ -48,6 +48,10 @@ enum Command {
         /// Ring buffer size in bytes (a power of two, multiple of the page size).
         #[arg(long, default_value_t = 1 << 22)]
         ringbuf_bytes: u32,
+        /// Follow requests on this server port too (repeatable); ports the
+        /// traced processes listen on are followed anyway.
+        #[arg(long = "port", value_name = "PORT")]
+        ports: Vec<u16>,
         /// Do not sample GPU readings through NVML.
         #[arg(long)]
         no_nvml: bool,
@@ -94,6 +98,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             interval,
             jsonl,
             ringbuf_bytes,
+            ports,
             no_nvml,
             nvml_lib,
             nvml_period_ms,
@@ -108,6 +113,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 interval: seconds(interval)?,
                 jsonl,
                 ringbuf_bytes,
+                ports,
                 nvml: (!no_nvml).then(|| ttft_trace::nvml::NvmlConfig {
                     period: Duration::from_millis(nvml_period_ms),
                     library_path: nvml_lib,

@@ -59,8 +59,23 @@ fn parse_ns(stdout: &[u8]) -> Result<f64> {
 fn event_rate(root: &std::path::Path, episodes: u32, ringbuf: u32) -> Result<(f64, u64, u64)> {
     let bin = root.join("target/fixtures/workload");
     let mut child = Command::new(&bin)
-        .args(["--style", "sync", "--episodes", &episodes.to_string(), "--launches", "1"])
-        .args(["--kernel-us", "0", "--copy-bytes", "8", "--gap-us", "0", "--stop-before-work"])
+        .args([
+            "--style",
+            "sync",
+            "--episodes",
+            &episodes.to_string(),
+            "--launches",
+            "1",
+        ])
+        .args([
+            "--kernel-us",
+            "0",
+            "--copy-bytes",
+            "8",
+            "--gap-us",
+            "0",
+            "--stop-before-work",
+        ])
         .spawn()?;
     let pid = child.id();
     wait_stopped(pid)?;
@@ -118,11 +133,14 @@ pub fn bench() -> Result<()> {
         );
         rates.push(json!({"episodes": episodes, "ringbuf_bytes": ringbuf, "offered_per_s": rate, "seen": seen, "lost": lost}));
     }
-    let pipeline = crate::run::output(
-        Command::new("cargo")
-            .current_dir(&root)
-            .args(["bench", "-q", "-p", "ttft-trace", "--bench", "pipeline"]),
-    )?;
+    let pipeline = crate::run::output(Command::new("cargo").current_dir(&root).args([
+        "bench",
+        "-q",
+        "-p",
+        "ttft-trace",
+        "--bench",
+        "pipeline",
+    ]))?;
     let pipeline: Value = serde_json::from_str(pipeline.lines().last().unwrap_or("{}"))?;
     println!(
         "userspace pipeline: {} episode events/s on one core ({} ns each: decode, record, JSONL, histograms)",

@@ -96,7 +96,6 @@ fn tracepoint_offsets() -> Result<TracepointOffsets, TracefsError> {
     let writev = Format::read(&root, "syscalls", "sys_enter_writev")?;
     let sendmsg = Format::read(&root, "syscalls", "sys_enter_sendmsg")?;
     let offsets = TracepointOffsets {
-        fork_parent_pid: fork.offset("parent_pid")?,
         fork_child_pid: fork.offset("child_pid")?,
         exit_group_dead: exit.optional_offset("group_dead").unwrap_or(ABSENT),
         state_skaddr: state.offset("skaddr")?,

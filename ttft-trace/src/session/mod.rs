@@ -28,13 +28,15 @@ use crate::{
     decode::{Event, decode},
     episodes::EpisodeRecord,
     metrics::{self, Metrics},
-    nvml::{self, NvmlConfig, Sampler},
+    nvml::{self, NvmlConfig, Sampler, WindowReadings},
+    ports,
     probes::{
         Attached, Probes,
         libraries::{self, Scanner},
         symbols::Api,
     },
     record::LatencyRecorder,
+    requests::{Correlator, CorrelatorConfig, RequestMetrics, RequestRecord, RequestRecorders},
     targets,
 };
 use counters::CounterTracker;
@@ -58,6 +60,8 @@ pub struct AttachConfig {
     pub interval: Duration,
     pub jsonl: Option<PathBuf>,
     pub ringbuf_bytes: u32,
+    /// Server ports to follow besides those the traced tree listens on.
+    pub ports: Vec<u16>,
     /// NVML sampling; None: off.
     pub nvml: Option<NvmlConfig>,
 }
@@ -82,6 +86,21 @@ struct Session {
     decode_errors: u64,
     /// GPU readings; None without NVML.
     gpu: Option<Sampler>,
+    requests: Correlator,
+    request_metrics: RequestMetrics,
+    request_figures: RequestRecorders,
+    requests_total: u64,
+    listen_ports: BTreeSet<u16>,
+}
+
+/// A request's JSONL line: the record, plus the GPU readings over
+/// [arrival, first token] of the GPU that served it.
+#[derive(serde::Serialize)]
+struct RequestLine<'a> {
+    #[serde(flatten)]
+    record: &'a RequestRecord,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gpu: Option<WindowReadings>,
 }
 
 pub async fn attach(cfg: AttachConfig) -> Result<Stop> {
@@ -105,6 +124,7 @@ pub async fn attach(cfg: AttachConfig) -> Result<Stop> {
         )),
         None => None,
     };
+    let request_metrics = RequestMetrics::new(&metrics.registry)?;
     let mut s = Session {
         probes,
         scanner: Scanner::default(),
@@ -116,6 +136,11 @@ pub async fn attach(cfg: AttachConfig) -> Result<Stop> {
         failed_window: 0,
         decode_errors: 0,
         gpu: None,
+        requests: Correlator::new(CorrelatorConfig::default()),
+        request_metrics,
+        request_figures: RequestRecorders::new(),
+        requests_total: 0,
+        listen_ports: BTreeSet::new(),
     };
     if let Some(nvml_cfg) = &cfg.nvml {
         match nvml::start(nvml_cfg, &s.metrics.registry)? {
@@ -156,6 +181,9 @@ pub async fn attach(cfg: AttachConfig) -> Result<Stop> {
         }
     }
     s.attach_new_libraries()?;
+    // Ports first: with --wait, the first request may be what makes the
+    // server load its CUDA library (a lazily started engine process).
+    s.follow_ports(&cfg.ports)?;
     if s.probes.attached().next().is_none() {
         s.wait_for_library(&cfg).await?;
     }
@@ -175,6 +203,8 @@ pub async fn attach(cfg: AttachConfig) -> Result<Stop> {
     }
     let elapsed = s.elapsed_since_start();
     let lost = s.metrics.events_lost();
+    let flushed = s.requests.flush();
+    s.finish_requests(flushed);
     println!(
         "{}",
         summary::final_block(
@@ -186,6 +216,12 @@ pub async fn attach(cfg: AttachConfig) -> Result<Stop> {
             lost
         )
     );
+    if s.requests_total > 0 {
+        println!("requests:            {}", s.requests_total);
+        for line in s.request_figures.total_lines(summary::percentiles) {
+            println!("  {line}");
+        }
+    }
     if s.decode_errors > 0 {
         log::warn!(
             "{} ring-buffer records could not be decoded",
@@ -205,6 +241,54 @@ pub async fn attach(cfg: AttachConfig) -> Result<Stop> {
 impl Session {
     fn elapsed_since_start(&self) -> f64 {
         START.get_or_init(Instant::now).elapsed().as_secs_f64()
+    }
+
+    /// Follows connections accepted on the ports the traced processes
+    /// listen on now (later `listen()` calls are seen in the kernel) and on
+    /// `extra` ports.
+    fn follow_ports(&mut self, extra: &[u16]) -> Result<()> {
+        let mut found = ports::listening_ports(&self.live_processes()?);
+        found.extend(extra);
+        for port in found {
+            if self.listen_ports.insert(port) {
+                self.probes.add_listen_port(port)?;
+            }
+        }
+        if !self.listen_ports.is_empty() {
+            let list: Vec<String> = self.listen_ports.iter().map(u16::to_string).collect();
+            log::info!("following requests on port(s) {}", list.join(", "));
+        }
+        Ok(())
+    }
+
+    /// Logs, records and exports finished requests.
+    fn finish_requests(&mut self, finished: Vec<RequestRecord>) {
+        for record in finished {
+            self.requests_total += 1;
+            self.request_metrics.observe(&record);
+            self.request_figures.record(&record);
+            let Some(w) = self.jsonl.as_mut() else {
+                continue;
+            };
+            let gpu = self.gpu.as_ref().and_then(|g| {
+                let end = record.t_first_token_ns.or(record.t_done_ns)?;
+                g.window(
+                    record.gpu_pid.and_then(|p| g.gpu_of_pid(p)),
+                    record.t_arrive_ns,
+                    end,
+                )
+            });
+            if let Err(e) = write_line(
+                w,
+                &RequestLine {
+                    record: &record,
+                    gpu,
+                },
+            ) {
+                log::warn!("writing JSONL failed, no more lines will be written: {e}");
+                self.jsonl = None;
+            }
+        }
     }
 
     /// Blocks (asynchronously) until a CUDA library appears in the tree, the
@@ -327,13 +411,17 @@ impl Session {
             "episodes_ok": self.latency.total().count, "episodes_failed": self.failed_total,
             "kernel_launches": t.kernel_launches, "graph_launches": t.graph_launches,
             "memcpy_bytes": bytes, "memcpy_calls": calls, "events_lost": lost,
+            "requests": self.requests_total, "request_stats": self.requests.stats(),
         });
         let _ = writeln!(w, "{line}");
     }
 
     fn handle(&mut self, bytes: &[u8]) {
         match decode(bytes) {
+            Ok(Event::Conn(ev)) => self.requests.on_conn(&ev),
+            Ok(Event::Sock(ev)) => self.requests.on_sock(&ev),
             Ok(Event::Episode(ev)) => {
+                self.requests.on_episode(&ev);
                 let mut rec = EpisodeRecord::new(&ev);
                 if let Some(gpu) = &self.gpu {
                     rec.gpu = gpu.window(
@@ -356,7 +444,6 @@ impl Session {
                     self.jsonl = None;
                 }
             }
-            Ok(Event::Conn(_) | Event::Sock(_)) => {}
             Err(e) => {
                 self.decode_errors += 1;
                 log::debug!("undecodable record: {e}");
@@ -372,6 +459,8 @@ impl Session {
             drop(item);
             self.handle(&owned);
         }
+        let finished = self.requests.drain_finished(monotonic_ns());
+        self.finish_requests(finished);
     }
 
     /// Reads the kernel's counters and statistics into the metrics; forgets
@@ -426,6 +515,11 @@ impl Session {
                         self.elapsed_since_start(), &window, self.failed_window,
                         self.counters.total(), self.metrics.events_lost()));
                     self.failed_window = 0;
+                    for line in self.request_figures.window_lines(summary::percentiles) {
+                        if !line.contains(" n=0 ") {
+                            println!("           {line}");
+                        }
+                    }
                     if let Some(w) = self.jsonl.as_mut() { let _ = w.flush(); }
                 }
                 _ = sigterm.recv() => break Stop::Signal,

@@ -1,0 +1,121 @@
+//! The demo inference server (`tests/demo/server.py`) and its load generator
+//! (`tests/demo/loadgen.py`), driven from Rust tests.
+
+use std::{
+    io::{BufRead, BufReader},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use anyhow::{Context as _, Result, bail};
+use serde::Deserialize;
+
+use crate::fixtures::{self, ChildGuard};
+
+fn demo_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("demo")
+}
+
+/// A running demo server; killed on drop.
+pub struct DemoServer {
+    pub child: ChildGuard,
+    pub port: u16,
+    pub pid: u32,
+    pub truth: PathBuf,
+}
+
+impl DemoServer {
+    /// Starts the server on a free port with the stub runtime and `extra`
+    /// arguments, and returns once it listens.
+    pub fn start(extra: &[&str]) -> Result<Self> {
+        let truth = fixtures::temp_path("server-truth", "jsonl");
+        let mut child = Command::new("python3")
+            .arg(demo_dir().join("server.py"))
+            .args(["--port", "0", "--cudart"])
+            .arg(fixtures::existing_fixture(fixtures::STUB_CUDART)?)
+            .arg("--truth")
+            .arg(&truth)
+            .args(extra)
+            .env("PYTHONUNBUFFERED", "1")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .context("starting tests/demo/server.py")?;
+        let pid = child.id();
+        let stdout = child.stdout.take().context("server stdout")?;
+        let guard = ChildGuard::new(child);
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line)?;
+        let port = line
+            .split("http://127.0.0.1:")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|p| p.parse().ok())
+            .with_context(|| format!("server did not say where it listens: {line:?}"))?;
+        Ok(Self {
+            child: guard,
+            port,
+            pid,
+            truth,
+        })
+    }
+
+    /// Stops the server (SIGTERM: it flushes its truth log).
+    pub fn stop(mut self) -> Result<PathBuf> {
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(self.pid as i32, libc::SIGTERM) };
+        self.child.wait_timeout(Duration::from_secs(20))?;
+        Ok(self.truth.clone())
+    }
+}
+
+/// One request as the load generator measured it.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ClientRequest {
+    pub id: String,
+    #[serde(default)]
+    pub client_port: u16,
+    #[serde(default)]
+    pub req_on_conn: u32,
+    #[serde(default)]
+    pub concurrency: u32,
+    #[serde(default)]
+    pub ttft_s: Option<f64>,
+    #[serde(default)]
+    pub t_send: Option<u64>,
+    #[serde(default)]
+    pub t_first_token: Option<u64>,
+    #[serde(default)]
+    pub chunks: u64,
+    pub outcome: String,
+}
+
+/// Runs the load generator against `port` with `args`; returns its records.
+pub fn loadgen(port: u16, args: &[&str]) -> Result<Vec<ClientRequest>> {
+    let out = fixtures::temp_path("loadgen", "jsonl");
+    let status = Command::new("python3")
+        .arg(demo_dir().join("loadgen.py"))
+        .args(["--port", &port.to_string()])
+        .args(args)
+        .arg("--out")
+        .arg(&out)
+        .stdout(Stdio::null())
+        .status()
+        .context("running tests/demo/loadgen.py")?;
+    if !status.success() {
+        bail!("loadgen failed: {status}");
+    }
+    let records = read_jsonl(&out)?;
+    let _ = std::fs::remove_file(&out);
+    Ok(records)
+}
+
+pub fn read_jsonl<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Vec<T>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).with_context(|| format!("bad line {l:?}")))
+        .collect()
+}

@@ -1,0 +1,323 @@
+//! The per-connection HTTP/1.1 state machine: which receive starts a
+//! request, which sends make its response, what ends the response, and
+//! what ends a request early (close, pipelining, idleness, exit).
+
+use std::{
+    collections::VecDeque,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+};
+
+use ttft_trace_common::{ConnEvent, SockEvent};
+
+use super::{
+    http::{self, Head},
+    join::Join,
+    record::Outcome,
+    response::{self, End, Outgoing, Response},
+};
+
+const AF_INET6: u16 = 10;
+
+/// A server-side connection's identity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ConnInfo {
+    pub sk: u64,
+    pub server: SocketAddr,
+    pub client: SocketAddr,
+}
+
+impl ConnInfo {
+    pub fn new(ev: &ConnEvent) -> Self {
+        let ip = |a: [u8; 16]| -> IpAddr {
+            if ev.family == AF_INET6 {
+                Ipv6Addr::from(a).into()
+            } else {
+                Ipv4Addr::new(a[0], a[1], a[2], a[3]).into()
+            }
+        };
+        Self {
+            sk: ev.sk,
+            server: SocketAddr::new(ip(ev.saddr), ev.sport),
+            client: SocketAddr::new(ip(ev.daddr), ev.dport),
+        }
+    }
+}
+
+/// One request, from its first received bytes to the end of its response.
+#[derive(Debug)]
+pub(crate) struct Request {
+    pub conn: ConnInfo,
+    pub index: u32,
+    pub tgid: u32,
+    pub tid: u32,
+    pub t_arrive: u64,
+    pub bytes_in: u64,
+    /// Every byte sent while this request was current (interim responses
+    /// included).
+    pub bytes_out: u64,
+    /// `None` until the first send that is not an interim response.
+    pub response: Option<Response>,
+    /// Arrived while the previous response was known to be incomplete: its
+    /// sends cannot be told from the previous response's, so they are only
+    /// counted, never read as a response.
+    pub pipelined: bool,
+    /// For a pipelined request: whether the last send ended a response, so
+    /// that the next receive starts a request that can be followed again.
+    response_ended: bool,
+    t_last_send: Option<u64>,
+    pub notes: Vec<&'static str>,
+    /// Set when the join is made while the request is still in flight.
+    pub join: Option<Join>,
+}
+
+impl Request {
+    pub fn t_first_token(&self) -> Option<u64> {
+        self.response.as_ref().and_then(|r| r.t_first_token)
+    }
+}
+
+/// A request that has ended, waiting for its join and its record.
+#[derive(Debug)]
+pub(crate) struct Finished {
+    pub request: Request,
+    pub outcome: Outcome,
+}
+
+/// Why a request in flight is being finished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Cause {
+    /// The framing says the response is complete.
+    Ended,
+    /// The next request arrived after a response whose end the framing
+    /// could not tell.
+    NextRequest,
+    /// A request arrived while this response was still going.
+    Pipelined,
+    /// The connection closed or the client sent EOF.
+    Closed,
+    /// A response whose end the framing cannot tell fell silent.
+    Idle,
+    Exit,
+    Evicted,
+}
+
+fn outcome(req: &Request, cause: Cause) -> Outcome {
+    if req.pipelined || cause == Cause::Pipelined {
+        return Outcome::PipelinedUnsupported;
+    }
+    let Some(resp) = &req.response else {
+        return match cause {
+            Cause::Exit => Outcome::InFlightAtExit,
+            Cause::Evicted => Outcome::Evicted,
+            _ => Outcome::ClosedBeforeResponse,
+        };
+    };
+    match cause {
+        Cause::Exit => Outcome::InFlightAtExit,
+        Cause::Evicted => Outcome::Evicted,
+        Cause::Closed if resp.end() == End::Incomplete => Outcome::ClosedMidResponse,
+        _ if resp.status.is_some_and(|s| s >= 400) => Outcome::ErrorStatus,
+        _ => Outcome::Ok,
+    }
+}
+
+/// What the state machines hand to the correlator, and what they count.
+#[derive(Debug, Default)]
+pub(crate) struct Outbox {
+    pub finished: VecDeque<Finished>,
+    /// `(t_first_token, sk, request index)` of requests whose first token
+    /// was sent, in that order: joined in flight once the grace has passed.
+    pub first_tokens: VecDeque<(u64, u64, u32)>,
+    pub max_finished: usize,
+    pub finished_dropped: u64,
+    pub pipelined: u64,
+    pub sends_without_request: u64,
+    pub socket_errors: u64,
+}
+
+impl Outbox {
+    fn first_token(&mut self, t_ns: u64, sk: u64, index: u32) {
+        // Without drains the queue would grow; a request whose entry is
+        // dropped is joined when it is emitted instead.
+        if self.first_tokens.len() >= self.max_finished.max(1) {
+            self.first_tokens.pop_front();
+        }
+        self.first_tokens.push_back((t_ns, sk, index));
+    }
+
+    fn finish(&mut self, mut request: Request, cause: Cause) {
+        if cause == Cause::Idle {
+            request.notes.push("end_by_idle");
+        }
+        if self.finished.len() >= self.max_finished.max(1) {
+            self.finished.pop_front();
+            self.finished_dropped += 1;
+        }
+        let outcome = outcome(&request, cause);
+        self.finished.push_back(Finished { request, outcome });
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct Connection {
+    info: ConnInfo,
+    next_index: u32,
+    current: Option<Request>,
+    pub last_event_ns: u64,
+    itl_cap: usize,
+}
+
+impl Connection {
+    pub fn new(info: ConnInfo, t_ns: u64, itl_cap: usize) -> Self {
+        Self {
+            info,
+            next_index: 0,
+            current: None,
+            last_event_ns: t_ns,
+            itl_cap,
+        }
+    }
+
+    pub fn on_recv(&mut self, ev: &SockEvent, out: &mut Outbox) {
+        self.last_event_ns = self.last_event_ns.max(ev.t_ns);
+        let n = match u64::try_from(ev.bytes) {
+            Ok(0) => return self.finish_current(Cause::Closed, out),
+            Ok(n) => n,
+            Err(_) => {
+                out.socket_errors += 1;
+                return;
+            }
+        };
+        let Some(mut req) = self.current.take() else {
+            return self.start(ev, n, false);
+        };
+        let answered = if req.pipelined {
+            req.t_last_send.is_some()
+        } else {
+            req.response.is_some()
+        };
+        if !answered {
+            // More of the same request (a body in several reads, or the
+            // body after `100 Continue`).
+            req.bytes_in += n;
+            self.current = Some(req);
+            return;
+        }
+        let end = req.response.as_ref().map(Response::end);
+        let (cause, pipelined) = if req.pipelined {
+            (Cause::Pipelined, !req.response_ended)
+        } else if end == Some(End::Incomplete) {
+            (Cause::Pipelined, true)
+        } else {
+            (Cause::NextRequest, false)
+        };
+        out.finish(req, cause);
+        if pipelined {
+            out.pipelined += 1;
+        }
+        self.start(ev, n, pipelined);
+    }
+
+    pub fn on_send(&mut self, ev: &SockEvent, out: &mut Outbox) {
+        self.last_event_ns = self.last_event_ns.max(ev.t_ns);
+        let n = match u64::try_from(ev.bytes) {
+            Ok(0) => return,
+            Ok(n) => n,
+            Err(_) => {
+                out.socket_errors += 1;
+                return;
+            }
+        };
+        let Some(req) = self.current.as_mut() else {
+            out.sends_without_request += 1;
+            return;
+        };
+        req.bytes_out += n;
+        req.t_last_send = Some(ev.t_ns);
+        let send = Outgoing {
+            t_ns: ev.t_ns,
+            bytes: n,
+            head: ev.head(),
+            tail: ev.tail(),
+        };
+        if req.pipelined {
+            req.response_ended = response::ends_a_response(&send);
+            return;
+        }
+        let had_token = req.t_first_token().is_some();
+        match req.response.as_mut() {
+            Some(r) => r.on_send(&send),
+            None => match http::parse_head(send.head, n) {
+                Head::Interim => return,
+                head => req.response = Some(Response::start(head, &send, self.itl_cap)),
+            },
+        }
+        if let (false, Some(t)) = (had_token, req.t_first_token()) {
+            out.first_token(t, self.info.sk, req.index);
+        }
+        if req.response.as_ref().map(Response::end) == Some(End::Complete) {
+            self.finish_current(Cause::Ended, out);
+        }
+    }
+
+    /// The connection closed (or the client sent EOF).
+    pub fn close(&mut self, out: &mut Outbox) {
+        self.finish_current(Cause::Closed, out);
+    }
+
+    pub fn exit(&mut self, out: &mut Outbox) {
+        self.finish_current(Cause::Exit, out);
+    }
+
+    pub fn evict(&mut self, out: &mut Outbox) {
+        self.finish_current(Cause::Evicted, out);
+    }
+
+    /// Ends a response whose end the framing cannot tell (or a pipelined
+    /// request) once nothing has been sent for `quiet_ns` before `now_ns`,
+    /// so that a keep-alive connection left open does not hold it back.
+    pub fn end_if_quiet(&mut self, now_ns: u64, quiet_ns: u64, out: &mut Outbox) {
+        let Some(req) = &self.current else { return };
+        let open_ended = req.pipelined
+            || req
+                .response
+                .as_ref()
+                .is_some_and(|r| r.end() == End::Unknown);
+        let quiet = req
+            .t_last_send
+            .is_some_and(|t| t.saturating_add(quiet_ns) <= now_ns);
+        if open_ended && quiet {
+            self.finish_current(Cause::Idle, out);
+        }
+    }
+
+    /// The current request, when it has the given index (for the join).
+    pub fn current_mut(&mut self, index: u32) -> Option<&mut Request> {
+        self.current.as_mut().filter(|r| r.index == index)
+    }
+
+    fn finish_current(&mut self, cause: Cause, out: &mut Outbox) {
+        if let Some(req) = self.current.take() {
+            out.finish(req, cause);
+        }
+    }
+
+    fn start(&mut self, ev: &SockEvent, bytes: u64, pipelined: bool) {
+        self.current = Some(Request {
+            conn: self.info,
+            index: self.next_index,
+            tgid: ev.tgid,
+            tid: ev.tid,
+            t_arrive: ev.t_ns,
+            bytes_in: bytes,
+            bytes_out: 0,
+            response: None,
+            pipelined,
+            response_ended: false,
+            t_last_send: None,
+            notes: Vec::new(),
+            join: None,
+        });
+        self.next_index = self.next_index.wrapping_add(1);
+    }
+}

@@ -1,0 +1,348 @@
+//! The correlator: connection and socket events in time order through the
+//! per-connection state machines, GPU episodes into a bounded history, and
+//! finished requests out, joined to the episodes once late ones had time
+//! to arrive.
+
+use std::{
+    cmp::{Ordering, Reverse},
+    collections::{BinaryHeap, HashMap, VecDeque},
+};
+
+use serde::Serialize;
+use ttft_trace_common::{
+    CONN_CLOSE, CONN_OPEN, ConnEvent, EpisodeEvent, SOCK_RECV, SOCK_SEND, SockEvent,
+};
+
+use super::{
+    connection::{ConnInfo, Connection, Outbox},
+    join::EpisodeHistory,
+    record::RequestRecord,
+};
+
+const MS: u64 = 1_000_000;
+const S: u64 = 1_000 * MS;
+
+/// How often connections are checked for idleness.
+const SWEEP_EVERY_NS: u64 = S;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CorrelatorConfig {
+    /// Most inter-token gaps kept per request (JSONL and histograms).
+    pub itl_cap: usize,
+    /// Connection and socket events are applied in timestamp order once
+    /// they are this much older than `now`: events from different CPUs can
+    /// arrive out of order by a few milliseconds.
+    pub reorder_window_ns: u64,
+    /// A request is joined to the episodes this long after its first token,
+    /// so that an episode event arriving a little after the send counts.
+    pub join_grace_ns: u64,
+    /// Episodes older than this are forgotten: a TTFT longer than it loses
+    /// the start of its join window.
+    pub episode_history_ns: u64,
+    pub episode_cap: usize,
+    /// A connection with no event for this long is dropped (its close was
+    /// probably lost).
+    pub conn_idle_ns: u64,
+    /// A response whose end the framing cannot tell (opaque, body until
+    /// close) is ended after this long without a send.
+    pub response_quiet_ns: u64,
+    pub max_connections: usize,
+    /// Events held for reordering; beyond it the oldest is applied at once.
+    pub max_pending_events: usize,
+    /// Finished requests waiting for their join; beyond it the oldest is dropped.
+    pub max_finished: usize,
+}
+
+impl Default for CorrelatorConfig {
+    fn default() -> Self {
+        Self {
+            itl_cap: 4096,
+            reorder_window_ns: 10 * MS,
+            join_grace_ns: 50 * MS,
+            episode_history_ns: 60 * S,
+            episode_cap: 100_000,
+            conn_idle_ns: 600 * S,
+            response_quiet_ns: 5 * S,
+            max_connections: 65_536,
+            max_pending_events: 65_536,
+            max_finished: 65_536,
+        }
+    }
+}
+
+/// What the correlator counted, ignored or dropped.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct CorrelatorStats {
+    pub connections: usize,
+    pub episodes_held: usize,
+    pub pending_events: usize,
+    /// Socket events for a connection never opened (or already closed).
+    pub unknown_conn_events: u64,
+    /// Events of an unknown `op` or `dir`.
+    pub malformed_events: u64,
+    /// Events that arrived after later ones had been applied (beyond the
+    /// reorder window).
+    pub late_events: u64,
+    /// Events applied before the reorder window passed (too many held).
+    pub reorder_overflow: u64,
+    /// Requests that arrived while the previous response was incomplete.
+    pub pipelined: u64,
+    /// Sends on a connection with no request in flight.
+    pub sends_without_request: u64,
+    /// Socket calls that returned an error (`EAGAIN` included).
+    pub socket_errors: u64,
+    /// Opens refused because `max_connections` were held.
+    pub connections_refused: u64,
+    /// Connections dropped after `conn_idle_ns` without an event.
+    pub connections_evicted: u64,
+    /// Opens of a socket still held open (its close was lost).
+    pub connections_reopened: u64,
+    pub episodes_dropped: u64,
+    /// Finished requests dropped before being drained (`max_finished`).
+    pub requests_dropped: u64,
+}
+
+#[derive(Debug)]
+enum Pending {
+    Conn(ConnEvent),
+    Sock(Box<SockEvent>),
+}
+
+/// A held event, ordered by time, then by arrival.
+#[derive(Debug)]
+struct Held {
+    t_ns: u64,
+    seq: u64,
+    event: Pending,
+}
+
+impl PartialEq for Held {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+impl Eq for Held {}
+impl PartialOrd for Held {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Held {
+    fn cmp(&self, other: &Self) -> Ordering {
+        (self.t_ns, self.seq).cmp(&(other.t_ns, other.seq))
+    }
+}
+
+/// Turns a traced tree's connection, socket and episode events into one
+/// [`RequestRecord`] per request. Pure: no clock, no I/O; the caller
+/// passes the time.
+pub struct Correlator {
+    cfg: CorrelatorConfig,
+    conns: HashMap<u64, Connection>,
+    held: BinaryHeap<Reverse<Held>>,
+    seq: u64,
+    applied_until: u64,
+    episodes: EpisodeHistory,
+    out: Outbox,
+    next_sweep_ns: u64,
+    stats: CorrelatorStats,
+}
+
+impl Correlator {
+    pub fn new(cfg: CorrelatorConfig) -> Self {
+        let episodes = EpisodeHistory::new(cfg.episode_history_ns, cfg.episode_cap);
+        let out = Outbox {
+            max_finished: cfg.max_finished,
+            ..Outbox::default()
+        };
+        Self {
+            cfg,
+            conns: HashMap::new(),
+            held: BinaryHeap::new(),
+            seq: 0,
+            applied_until: 0,
+            episodes,
+            out,
+            next_sweep_ns: 0,
+            stats: CorrelatorStats::default(),
+        }
+    }
+
+    pub fn on_conn(&mut self, ev: &ConnEvent) {
+        self.hold(ev.t_ns, Pending::Conn(*ev));
+    }
+
+    pub fn on_sock(&mut self, ev: &SockEvent) {
+        self.hold(ev.t_ns, Pending::Sock(Box::new(*ev)));
+    }
+
+    pub fn on_episode(&mut self, ev: &EpisodeEvent) {
+        self.episodes.insert(ev);
+    }
+
+    /// Requests finished since the last call, ready to log and record.
+    /// `now_ns` (CLOCK_MONOTONIC) moves the reorder window, the join grace
+    /// and the idle timeouts; a request is returned once `join_grace_ns`
+    /// has passed since its first token.
+    pub fn drain_finished(&mut self, now_ns: u64) -> Vec<RequestRecord> {
+        let watermark = now_ns.saturating_sub(self.cfg.reorder_window_ns);
+        while self.held.peek().is_some_and(|h| h.0.t_ns <= watermark) {
+            self.apply_oldest();
+        }
+        self.join_in_flight(now_ns);
+        if now_ns >= self.next_sweep_ns {
+            self.sweep(watermark);
+            self.next_sweep_ns = now_ns.saturating_add(SWEEP_EVERY_NS);
+        }
+        let grace = self.cfg.join_grace_ns;
+        let ready = self.emit(|t_first_token| t_first_token.saturating_add(grace) <= now_ns);
+        self.episodes.prune(now_ns);
+        ready
+    }
+
+    /// At shutdown: every held event applied, every request in flight
+    /// finished as `in_flight_at_exit`, all returned, joined with the
+    /// episodes received so far.
+    pub fn flush(&mut self) -> Vec<RequestRecord> {
+        while !self.held.is_empty() {
+            self.apply_oldest();
+        }
+        for (_, mut conn) in self.conns.drain() {
+            conn.exit(&mut self.out);
+        }
+        self.out.first_tokens.clear();
+        self.emit(|_| true)
+    }
+
+    pub fn stats(&self) -> CorrelatorStats {
+        CorrelatorStats {
+            connections: self.conns.len(),
+            episodes_held: self.episodes.len(),
+            pending_events: self.held.len(),
+            pipelined: self.out.pipelined,
+            sends_without_request: self.out.sends_without_request,
+            socket_errors: self.out.socket_errors,
+            episodes_dropped: self.episodes.dropped,
+            requests_dropped: self.out.finished_dropped,
+            ..self.stats.clone()
+        }
+    }
+
+    fn hold(&mut self, t_ns: u64, event: Pending) {
+        self.seq += 1;
+        self.held.push(Reverse(Held {
+            t_ns,
+            seq: self.seq,
+            event,
+        }));
+        if self.held.len() > self.cfg.max_pending_events {
+            self.stats.reorder_overflow += 1;
+            self.apply_oldest();
+        }
+    }
+
+    fn apply_oldest(&mut self) {
+        let Some(Reverse(held)) = self.held.pop() else {
+            return;
+        };
+        if held.t_ns < self.applied_until {
+            self.stats.late_events += 1;
+        }
+        self.applied_until = self.applied_until.max(held.t_ns);
+        match held.event {
+            Pending::Conn(ev) => self.apply_conn(&ev),
+            Pending::Sock(ev) => self.apply_sock(&ev),
+        }
+    }
+
+    fn apply_conn(&mut self, ev: &ConnEvent) {
+        match ev.op {
+            CONN_OPEN => {
+                if let Some(mut old) = self.conns.remove(&ev.sk) {
+                    self.stats.connections_reopened += 1;
+                    old.close(&mut self.out);
+                }
+                if self.conns.len() >= self.cfg.max_connections {
+                    self.stats.connections_refused += 1;
+                    return;
+                }
+                let conn = Connection::new(ConnInfo::new(ev), ev.t_ns, self.cfg.itl_cap);
+                self.conns.insert(ev.sk, conn);
+            }
+            CONN_CLOSE => match self.conns.remove(&ev.sk) {
+                Some(mut conn) => conn.close(&mut self.out),
+                None => self.stats.unknown_conn_events += 1,
+            },
+            _ => self.stats.malformed_events += 1,
+        }
+    }
+
+    fn apply_sock(&mut self, ev: &SockEvent) {
+        let Some(conn) = self.conns.get_mut(&ev.sk) else {
+            self.stats.unknown_conn_events += 1;
+            return;
+        };
+        match ev.dir {
+            SOCK_RECV => conn.on_recv(ev, &mut self.out),
+            SOCK_SEND => conn.on_send(ev, &mut self.out),
+            _ => self.stats.malformed_events += 1,
+        }
+    }
+
+    /// Joins requests still in flight whose first token is older than the
+    /// grace, while the episodes around it are surely held (a long stream
+    /// would otherwise outlive them).
+    fn join_in_flight(&mut self, now_ns: u64) {
+        while let Some(&(t, sk, index)) = self.out.first_tokens.front() {
+            if t.saturating_add(self.cfg.join_grace_ns) > now_ns {
+                break;
+            }
+            self.out.first_tokens.pop_front();
+            // Finished meanwhile: joined when it is emitted.
+            if let Some(req) = self.conns.get_mut(&sk).and_then(|c| c.current_mut(index)) {
+                req.join = Some(self.episodes.join(req.t_arrive, t));
+            }
+        }
+    }
+
+    fn sweep(&mut self, watermark: u64) {
+        let Self {
+            conns,
+            out,
+            cfg,
+            stats,
+            ..
+        } = self;
+        conns.retain(|_, conn| {
+            conn.end_if_quiet(watermark, cfg.response_quiet_ns, out);
+            if conn.last_event_ns.saturating_add(cfg.conn_idle_ns) > watermark {
+                return true;
+            }
+            stats.connections_evicted += 1;
+            conn.evict(out);
+            false
+        });
+    }
+
+    /// Records for the finished requests that `due` (given the first-token
+    /// time) says are ready; requests without a first token are always ready.
+    fn emit(&mut self, due: impl Fn(u64) -> bool) -> Vec<RequestRecord> {
+        let mut ready = Vec::new();
+        let mut waiting = VecDeque::new();
+        for mut f in self.out.finished.drain(..) {
+            let t_first_token = f.request.t_first_token();
+            if !t_first_token.is_none_or(&due) {
+                waiting.push_back(f);
+                continue;
+            }
+            let join = f
+                .request
+                .join
+                .take()
+                .or_else(|| t_first_token.map(|t| self.episodes.join(f.request.t_arrive, t)));
+            ready.push(RequestRecord::new(&f, join.as_ref()));
+        }
+        self.out.finished = waiting;
+        ready
+    }
+}

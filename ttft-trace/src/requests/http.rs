@@ -1,0 +1,295 @@
+//! Reading the captured first bytes of a response send: is it HTTP/1.x,
+//! where do its headers end, how is its body framed (RFC 9112 §6.3).
+//!
+//! Only what the kernel captured is seen: the first [`HEAD_BYTES`] bytes of
+//! the first sends after a receive, and the last bytes of every send. A
+//! header block longer than the capture leaves the header end unknown.
+//!
+//! [`HEAD_BYTES`]: ttft_trace_common::event::HEAD_BYTES
+
+/// Longest `Content-Type` value kept (it goes to the JSONL log only).
+const CONTENT_TYPE_MAX: usize = 128;
+
+/// What a send's captured head says about the response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Head {
+    /// Nothing was captured.
+    Missing,
+    /// Not HTTP/1.x: TLS records, HTTP/2 frames, a binary protocol.
+    Opaque,
+    /// Only informational responses (`100 Continue`, `103 Early Hints`):
+    /// the final response is still to come.
+    Interim,
+    Http1(Http1Head),
+}
+
+/// The final response's status line and the headers that frame its body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Http1Head {
+    pub status: Option<u16>,
+    /// Bytes from the start of the send through the blank line that ends
+    /// the final response's headers (interim responses before it included);
+    /// `None` when the blank line is beyond the captured bytes.
+    pub header_len: Option<u64>,
+    pub body: Body,
+    pub content_type: Option<String>,
+}
+
+/// How the end of the body is known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Body {
+    /// 1xx (101), 204 and 304 carry no body.
+    Empty,
+    /// `Content-Length` bytes after the headers.
+    Length(u64),
+    /// `Transfer-Encoding: chunked`: ends with the zero-size chunk.
+    Chunked,
+    /// Neither: the body runs until the connection closes (or, for a
+    /// protocol switch, is not HTTP any more).
+    UntilClose,
+}
+
+/// Parses a send's captured head. `send_bytes` is what the send moved:
+/// it tells a head that holds the whole send from a truncated one.
+pub(crate) fn parse_head(head: &[u8], send_bytes: u64) -> Head {
+    if head.is_empty() {
+        return Head::Missing;
+    }
+    let mut offset = 0;
+    loop {
+        let rest = &head[offset..];
+        if rest.is_empty() {
+            // Interim responses filled the whole capture. If they were the
+            // whole send, the final response is still to come.
+            return if offset as u64 >= send_bytes {
+                Head::Interim
+            } else {
+                Head::Http1(Http1Head {
+                    status: None,
+                    header_len: None,
+                    body: Body::UntilClose,
+                    content_type: None,
+                })
+            };
+        }
+        if !rest.starts_with(b"HTTP/1.") {
+            return Head::Opaque;
+        }
+        let end = find(rest, b"\r\n\r\n");
+        let status = parse_status(rest);
+        match (status, end) {
+            (Some(s), Some(end)) if is_interim(s) => offset += end + 4,
+            // An interim response longer than the capture: nothing final seen.
+            (Some(s), None) if is_interim(s) => return Head::Interim,
+            _ => {
+                let fields = header_fields(rest, end);
+                return Head::Http1(Http1Head {
+                    status,
+                    header_len: end.map(|e| (offset + e + 4) as u64),
+                    body: body_framing(status, &fields),
+                    content_type: fields.content_type,
+                });
+            }
+        }
+    }
+}
+
+/// Whether a send's tail ends a chunked body: the zero-size chunk after the
+/// previous chunk's CRLF, or a send that is only the zero-size chunk.
+/// Trailer fields after the zero-size chunk are not recognised.
+pub(crate) fn ends_chunked_body(tail: &[u8], send_bytes: u64) -> bool {
+    tail.ends_with(b"\r\n0\r\n\r\n") || (send_bytes == 5 && tail == b"0\r\n\r\n")
+}
+
+/// Informational responses other than `101 Switching Protocols` (after
+/// which the connection speaks another protocol: that is the response).
+fn is_interim(status: u16) -> bool {
+    (100..200).contains(&status) && status != 101
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// `HTTP/1.1 200 OK`: the three digits after the first space.
+fn parse_status(msg: &[u8]) -> Option<u16> {
+    let digits = msg.get(9..12)?;
+    if msg.get(8) != Some(&b' ') || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(digits).ok()?.parse().ok()
+}
+
+#[derive(Default)]
+struct Fields {
+    content_length: Option<u64>,
+    chunked: bool,
+    content_type: Option<String>,
+}
+
+/// The framing fields among the complete header lines of a message.
+fn header_fields(msg: &[u8], end: Option<usize>) -> Fields {
+    // Without the blank line, the last line may be cut: drop it.
+    let block = match end {
+        Some(e) => &msg[..e],
+        None => msg
+            .windows(2)
+            .rposition(|w| w == b"\r\n")
+            .map_or(&[][..], |i| &msg[..i]),
+    };
+    let mut fields = Fields::default();
+    let lines = block
+        .split(|&b| b == b'\n')
+        .map(|l| l.strip_suffix(b"\r").unwrap_or(l));
+    for line in lines.skip(1) {
+        let Some(colon) = line.iter().position(|&b| b == b':') else {
+            continue;
+        };
+        let name = &line[..colon];
+        let value = String::from_utf8_lossy(&line[colon + 1..]);
+        let value = value.trim();
+        if name.eq_ignore_ascii_case(b"content-length") {
+            fields.content_length = value.parse().ok();
+        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
+            // Chunked counts only as the final coding (RFC 9112 §6.3).
+            fields.chunked = value
+                .rsplit(',')
+                .next()
+                .is_some_and(|c| c.trim().eq_ignore_ascii_case("chunked"));
+        } else if name.eq_ignore_ascii_case(b"content-type") {
+            fields.content_type = Some(value.chars().take(CONTENT_TYPE_MAX).collect());
+        }
+    }
+    fields
+}
+
+fn body_framing(status: Option<u16>, fields: &Fields) -> Body {
+    if matches!(status, Some(s) if (100..200).contains(&s) || s == 204 || s == 304) {
+        Body::Empty
+    } else if fields.chunked {
+        Body::Chunked
+    } else if let Some(n) = fields.content_length {
+        Body::Length(n)
+    } else {
+        Body::UntilClose
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn http1(head: &[u8]) -> Http1Head {
+        match parse_head(head, head.len() as u64) {
+            Head::Http1(h) => h,
+            other => panic!("not HTTP/1: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn streaming_headers_alone() {
+        let head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\
+                     Transfer-Encoding: chunked\r\n\r\n";
+        let h = http1(head);
+        assert_eq!(h.status, Some(200));
+        assert_eq!(h.header_len, Some(head.len() as u64));
+        assert_eq!(h.body, Body::Chunked);
+        assert_eq!(h.content_type.as_deref(), Some("text/event-stream"));
+    }
+
+    #[test]
+    fn content_length_and_case() {
+        let h = http1(b"HTTP/1.0 404 Not Found\r\ncontent-length:  12 \r\n\r\n{\"error\":1}\n");
+        assert_eq!(
+            (h.status, h.body, h.header_len),
+            (Some(404), Body::Length(12), Some(48))
+        );
+    }
+
+    #[test]
+    fn chunked_wins_over_length_and_must_be_last() {
+        let h = http1(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+        );
+        assert_eq!(h.body, Body::Chunked);
+        let h = http1(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, gzip\r\n\r\n");
+        assert_eq!(h.body, Body::UntilClose);
+    }
+
+    #[test]
+    fn bodyless_statuses() {
+        for s in [
+            "204 No Content",
+            "304 Not Modified",
+            "101 Switching Protocols",
+        ] {
+            let head = format!("HTTP/1.1 {s}\r\nContent-Length: 9\r\n\r\n");
+            assert_eq!(http1(head.as_bytes()).body, Body::Empty, "{s}");
+        }
+    }
+
+    #[test]
+    fn interim_responses() {
+        let cont = b"HTTP/1.1 100 Continue\r\n\r\n";
+        assert_eq!(parse_head(cont, cont.len() as u64), Head::Interim);
+        let mut both = cont.to_vec();
+        both.extend_from_slice(b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n");
+        let n = both.len();
+        both.extend_from_slice(b"HTTP/1.1 201 Created\r\nContent-Length: 0\r\n\r\n");
+        let h = http1(&both);
+        assert_eq!(h.status, Some(201));
+        assert_eq!(h.header_len, Some(both.len() as u64));
+        assert!(h.header_len > Some(n as u64));
+        // The capture ends right after the interim response but the send
+        // went on: a final response whose head was not captured.
+        assert_eq!(
+            parse_head(cont, 100),
+            Head::Http1(Http1Head {
+                status: None,
+                header_len: None,
+                body: Body::UntilClose,
+                content_type: None
+            })
+        );
+    }
+
+    #[test]
+    fn truncated_head_keeps_complete_lines() {
+        let head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nX-Long: aaaa";
+        let h = match parse_head(head, 4000) {
+            Head::Http1(h) => h,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!((h.header_len, h.body), (None, Body::Chunked));
+        let cut = b"HTTP/1.1 200 OK\r\nContent-Length: 12";
+        assert_eq!(
+            http1(cut).body,
+            Body::UntilClose,
+            "a cut line is not trusted"
+        );
+    }
+
+    #[test]
+    fn not_http() {
+        assert_eq!(
+            parse_head(&[0x17, 0x03, 0x03, 0x00, 0x20], 37),
+            Head::Opaque
+        );
+        assert_eq!(parse_head(b"\x00\x00\x12\x04\x00", 99), Head::Opaque);
+        assert_eq!(parse_head(b"HTTP/2 200\r\n", 12), Head::Opaque);
+        assert_eq!(parse_head(b"", 10), Head::Missing);
+        assert_eq!(http1(b"HTTP/1.1 2x0 Odd\r\n\r\n").status, None);
+    }
+
+    #[test]
+    fn chunked_terminator() {
+        assert!(ends_chunked_body(b"\n\r\n0\r\n\r\n", 40));
+        assert!(ends_chunked_body(b"0\r\n\r\n", 5));
+        assert!(
+            !ends_chunked_body(b"0\r\n\r\n", 9),
+            "needs the previous chunk's CRLF"
+        );
+        assert!(!ends_chunked_body(b"\n\n\r\n", 30));
+        assert!(!ends_chunked_body(b"", 30));
+    }
+}

@@ -1,0 +1,128 @@
+//! Prometheus histograms of the per-request figures and the request count
+//! by outcome. Base units, one low-cardinality label (`outcome`): never a
+//! request, connection, port or pid.
+
+use prometheus::{Histogram, HistogramOpts, IntCounterVec, Opts, Registry};
+
+use super::record::{Figure, Outcome, RequestRecord};
+
+/// TTFT and queue, seconds: 5 ms (a cached or tiny prompt) to 30 s (a long
+/// queue), dense from 50 to 500 ms where interactive service objectives
+/// sit (a P99 target near 350 ms is common), since `histogram_quantile`
+/// interpolates linearly inside a bucket.
+const TTFT_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.125, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.75, 1.0,
+    1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0,
+];
+
+/// Time between chunks, seconds: 1 ms to 2 s, dense from 10 to 100 ms
+/// where decode steps of a busy server fall (TPOT targets are usually
+/// 20-100 ms); a stall of seconds still lands in a bucket of its own.
+const ITL_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.06, 0.075, 0.1,
+    0.15, 0.2, 0.3, 0.5, 1.0, 2.0,
+];
+
+/// The prefill step that produced the first token, seconds: 1 ms to 10 s.
+const GPU_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5,
+    5.0, 10.0,
+];
+
+/// D2H done to the first token on the wire, seconds: 50 µs (a tight
+/// server) to 1 s (a stalled detokenizer or event loop).
+const EGRESS_BUCKETS: &[f64] = &[
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+];
+
+/// Whole requests, seconds: 50 ms (a short completion) to 10 min (a long
+/// generation at a slow decode rate).
+const E2E_BUCKETS: &[f64] = &[
+    0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0,
+    180.0, 300.0, 600.0,
+];
+
+fn spec(f: Figure) -> (&'static str, &'static str, &'static [f64]) {
+    match f {
+        Figure::Ttft => (
+            "ttft_trace_time_to_first_token_seconds",
+            "Time to first token: first bytes of the request received to the first \
+             response send that carries body",
+            TTFT_BUCKETS,
+        ),
+        Figure::Queue => (
+            "ttft_trace_request_queue_seconds",
+            "Request arrival to the first launch of the GPU episode that produced its \
+             first token (0 when it joined a running batch)",
+            TTFT_BUCKETS,
+        ),
+        Figure::Gpu => (
+            "ttft_trace_request_gpu_seconds",
+            "First launch to device-to-host copy done, of the GPU episode that produced \
+             the request's first token",
+            GPU_BUCKETS,
+        ),
+        Figure::Egress => (
+            "ttft_trace_request_egress_seconds",
+            "Device-to-host copy done to the first token sent",
+            EGRESS_BUCKETS,
+        ),
+        Figure::Itl => (
+            "ttft_trace_inter_token_latency_seconds",
+            "Every gap between consecutive body sends of a response",
+            ITL_BUCKETS,
+        ),
+        Figure::E2e => (
+            "ttft_trace_request_duration_seconds",
+            "First bytes of the request received to the last send of its response",
+            E2E_BUCKETS,
+        ),
+        Figure::Tpot => (
+            "ttft_trace_time_per_output_token_seconds",
+            "(duration - time to first token) / (chunks - 1), per request with more \
+             than one chunk",
+            ITL_BUCKETS,
+        ),
+    }
+}
+
+pub struct RequestMetrics {
+    /// Indexed by `Figure as usize`.
+    figures: Vec<Histogram>,
+    requests: IntCounterVec,
+}
+
+impl RequestMetrics {
+    pub fn new(registry: &Registry) -> Result<Self, prometheus::Error> {
+        let figures = Figure::ALL
+            .iter()
+            .map(|&f| {
+                let (name, help, buckets) = spec(f);
+                let h =
+                    Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets.to_vec()))?;
+                registry.register(Box::new(h.clone()))?;
+                Ok(h)
+            })
+            .collect::<Result<Vec<_>, prometheus::Error>>()?;
+        let requests = IntCounterVec::new(
+            Opts::new(
+                "ttft_trace_requests_total",
+                "Requests seen on the traced server's connections, by outcome",
+            ),
+            &["outcome"],
+        )?;
+        registry.register(Box::new(requests.clone()))?;
+        // Every series from the start, so that rate() works from the first scrape.
+        for o in Outcome::ALL {
+            requests.with_label_values(&[o.name()]);
+        }
+        Ok(Self { figures, requests })
+    }
+
+    pub fn observe(&self, r: &RequestRecord) {
+        self.requests.with_label_values(&[r.outcome.name()]).inc();
+        for (figure, ns) in r.observations() {
+            self.figures[figure as usize].observe(ns as f64 / 1e9);
+        }
+    }
+}

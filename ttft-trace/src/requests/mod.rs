@@ -1,0 +1,101 @@
+//! Per-request correlation: a traced server's own socket traffic turned
+//! into requests, each joined to the GPU episode that produced its first
+//! token. Pure code over decoded events: no kernel, no clock, no I/O.
+//!
+//! # The request timeline
+//!
+//! Per server connection (keyed by the socket's kernel address):
+//!
+//! - `t_arrive`: return of the first receive after the connection was
+//!   idle. More receives before any response byte (a request body in
+//!   several reads) belong to the same request.
+//! - `t_first_byte`: return of the first send of the response. An
+//!   informational response (`100 Continue`, `103 Early Hints`) is not the
+//!   response: it is skipped, and the request body that follows it still
+//!   belongs to the request.
+//! - `t_first_token`: return of the first send that carries body rather
+//!   than only HTTP headers. The captured head of the response's first
+//!   send gives the header length: if that send moved more bytes, it
+//!   carries body; otherwise the first later send that does is the first
+//!   token. Every body send is a *chunk*; a send that is only the chunked
+//!   terminator `0\r\n\r\n` is not.
+//! - `t_done`: return of the last send of the response. The response ends
+//!   when `Content-Length` bytes after the headers have been sent, or when
+//!   a send's tail ends the chunked body; when the framing cannot tell
+//!   (opaque, body until close, a tail not captured), at the next receive,
+//!   the close, or after `response_quiet_ns` without a send.
+//!
+//! # Figures (as `vllm bench serve` defines them)
+//!
+//! - **TTFT** = `t_first_token - t_arrive`.
+//! - **ITL**: every gap between consecutive chunks (JSONL list capped at
+//!   `itl_cap`, 4096 by default).
+//! - **E2E** = `t_done - t_arrive`, for responses that ended.
+//! - **TPOT** = `(E2E - TTFT) / (chunks - 1)` when chunks > 1.
+//! - **queue / GPU / egress**: the episode that produced the first token is
+//!   the last one whose device-to-host copy completed in
+//!   `[t_arrive, t_first_token]`, in any process of the tree. queue =
+//!   `t_arrive` to its first launch (0 if it launched before arrival: the
+//!   request joined a running batch, note `joined_running_batch`, and its
+//!   GPU part then counts from arrival); GPU = from there to D2H done;
+//!   egress = D2H done to `t_first_token`. The three add up to TTFT
+//!   exactly. No episode in the window (a cached response, GPU work not
+//!   traced): no breakdown, note `no_gpu_episode`.
+//! - `gpu_steps_waited`: episodes completed in `[t_arrive, t_first_token]`;
+//!   `gpu_idle_before_start_ns`: time in `[t_arrive, t_gpu_start]` covered
+//!   by no episode's `[launch, D2H done]`.
+//!
+//! # Where the figures can be fooled
+//!
+//! - Times are at the *return* of the server's socket calls, not on the
+//!   wire: a send that blocks on a full socket buffer is stamped late.
+//! - TLS hides the headers: every send is body (`framing: "opaque"`), so a
+//!   headers-only flush counts as the first token and TTFT reads short.
+//! - HTTP/2 (or any multiplexing) puts several requests on one connection
+//!   at once: one "request" per idle-to-busy period, opaque, meaningless.
+//! - A role-only SSE chunk (`{"delta":{"role":"assistant"}}`) or any
+//!   keep-alive comment sent before the first real token is body, so it
+//!   is taken as the first token: TTFT reads short.
+//! - Chunks are sends, not tokens: a server that sends several tokens per
+//!   send (or the `data: [DONE]` event alone) skews ITL and TPOT.
+//! - Several requests in one GPU step share its episode; with tensor
+//!   parallelism every rank's episode counts in `gpu_steps_waited`.
+//! - If the server runs further steps between the token's D2H copy and its
+//!   send, a later step is taken: GPU shifts later and egress reads short.
+//! - The method of a request is not seen: a `HEAD` response announcing a
+//!   body length looks incomplete, and the next request on the connection
+//!   is then counted as pipelined.
+//! - A response whose end the framing cannot tell is ended after
+//!   `response_quiet_ns` (5 s) without a send: an opaque stream that
+//!   pauses longer is cut there, its later sends counted as
+//!   `sends_without_request`.
+//! - A client that half-closes after its request (`shutdown(SHUT_WR)`)
+//!   looks like a close: `closed_before_response`.
+//! - A header block longer than the capture leaves the header end unknown:
+//!   the first send is taken as headers alone (note
+//!   `header_end_not_captured`); no head at all is read as opaque (note
+//!   `head_not_captured`).
+//!
+//! # Notes (JSONL `notes`)
+//!
+//! `joined_running_batch`, `no_gpu_episode`, `itl_truncated`,
+//! `header_end_not_captured`, `head_not_captured`, `end_by_idle` (the
+//! response's end was taken after `response_quiet_ns` without a send).
+
+mod connection;
+mod correlator;
+mod http;
+mod join;
+mod metrics;
+mod record;
+mod response;
+mod summary;
+
+pub use correlator::{Correlator, CorrelatorConfig, CorrelatorStats};
+pub use metrics::RequestMetrics;
+pub use record::{Figure, Outcome, RequestRecord};
+pub use response::Framing;
+pub use summary::RequestRecorders;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,266 @@
+//! What is reported per request: one JSONL line ([`RequestRecord`]), its
+//! outcome, and which of its figures enter the histograms.
+
+use serde::{Serialize, Serializer};
+
+use super::{connection::Finished, join::Join, response::Framing};
+
+/// How a request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// A whole response with a status below 400.
+    Ok,
+    /// A whole response with status 400 or above.
+    ErrorStatus,
+    /// The connection closed (FIN or RST either way, or the client's EOF)
+    /// while the framing said the response was still going.
+    ClosedMidResponse,
+    /// The connection closed before any response byte was sent.
+    ClosedBeforeResponse,
+    /// HTTP/1.1 pipelining: the client sent a request before the previous
+    /// response ended. Both requests get this outcome; their responses
+    /// cannot be told apart from send sizes alone.
+    PipelinedUnsupported,
+    /// Still in flight when tracing stopped.
+    InFlightAtExit,
+    /// Its connection was dropped to bound memory (idle too long without a
+    /// close, usually a lost close event).
+    Evicted,
+}
+
+impl Outcome {
+    pub const ALL: [Outcome; 7] = [
+        Self::Ok,
+        Self::ErrorStatus,
+        Self::ClosedMidResponse,
+        Self::ClosedBeforeResponse,
+        Self::PipelinedUnsupported,
+        Self::InFlightAtExit,
+        Self::Evicted,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::ErrorStatus => "error_status",
+            Self::ClosedMidResponse => "closed_mid_response",
+            Self::ClosedBeforeResponse => "closed_before_response",
+            Self::PipelinedUnsupported => "pipelined_unsupported",
+            Self::InFlightAtExit => "in_flight_at_exit",
+            Self::Evicted => "evicted",
+        }
+    }
+
+    /// Whether the time to the first token (and its breakdown and the gaps
+    /// between chunks) is a real serving figure: the response started
+    /// normally, whether or not it ended.
+    fn first_token_counts(self) -> bool {
+        matches!(
+            self,
+            Self::Ok | Self::ClosedMidResponse | Self::InFlightAtExit
+        )
+    }
+}
+
+impl Serialize for Outcome {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+/// The figures kept per request, for histograms and percentiles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Figure {
+    Ttft,
+    Queue,
+    Gpu,
+    Egress,
+    Itl,
+    E2e,
+    Tpot,
+}
+
+impl Figure {
+    pub const ALL: [Figure; 7] = [
+        Self::Ttft,
+        Self::Queue,
+        Self::Gpu,
+        Self::Egress,
+        Self::Itl,
+        Self::E2e,
+        Self::Tpot,
+    ];
+
+    /// Short name for the terminal.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Ttft => "TTFT",
+            Self::Queue => "queue",
+            Self::Gpu => "GPU",
+            Self::Egress => "egress",
+            Self::Itl => "ITL",
+            Self::E2e => "E2E",
+            Self::Tpot => "TPOT",
+        }
+    }
+}
+
+/// One JSONL line per request. Times are CLOCK_MONOTONIC nanoseconds (the
+/// clock of `bpf_ktime_get_ns`); figures are defined in [`super`]. Absent
+/// values are `null`, never 0: a missing breakdown is not a zero one.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct RequestRecord {
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// Process and thread that received the request's first bytes.
+    pub pid: u32,
+    pub tid: u32,
+    /// The socket's kernel address, the connection's key.
+    pub conn: String,
+    pub client_addr: String,
+    pub client_port: u16,
+    pub server_addr: String,
+    pub server_port: u16,
+    /// 0 for the first request on the connection (since tracing began).
+    pub request_index: u32,
+    pub t_arrive_ns: u64,
+    pub t_first_byte_ns: Option<u64>,
+    pub t_first_token_ns: Option<u64>,
+    pub t_done_ns: Option<u64>,
+    pub ttft_ns: Option<u64>,
+    pub queue_ns: Option<u64>,
+    pub gpu_ns: Option<u64>,
+    pub egress_ns: Option<u64>,
+    /// The episode that produced the first token.
+    pub gpu_pid: Option<u32>,
+    pub gpu_tid: Option<u32>,
+    pub gpu_t_first_launch_ns: Option<u64>,
+    pub gpu_t_copy_done_ns: Option<u64>,
+    /// Episodes (of any process of the tree) completed in
+    /// `[t_arrive, t_first_token]`.
+    pub gpu_steps_waited: Option<u32>,
+    /// GPU time covered by no episode in `[t_arrive, t_gpu_start]`.
+    pub gpu_idle_before_start_ns: Option<u64>,
+    /// Every gap between consecutive body sends, at most the configured cap
+    /// (note `itl_truncated` when cut; `chunks` still counts all).
+    pub itl_ns: Vec<u64>,
+    pub chunks: u32,
+    pub tpot_ns: Option<u64>,
+    pub e2e_ns: Option<u64>,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    pub http_status: Option<u16>,
+    pub content_type: Option<String>,
+    pub framing: Option<Framing>,
+    pub outcome: Outcome,
+    /// Why figures are absent or may be off (see the module docs).
+    pub notes: Vec<&'static str>,
+}
+
+impl RequestRecord {
+    pub(crate) fn new(f: &Finished, join: Option<&Join>) -> Self {
+        let req = &f.request;
+        let resp = req.response.as_ref();
+        let t_arrive = req.t_arrive;
+        let t_first_token = resp.and_then(|r| r.t_first_token);
+        let t_done = resp.map(|r| r.t_last_send);
+        let ttft = t_first_token.map(|t| t.saturating_sub(t_arrive));
+        let whole = matches!(f.outcome, Outcome::Ok | Outcome::ErrorStatus);
+        let e2e = t_done.filter(|_| whole).map(|t| t.saturating_sub(t_arrive));
+        let chunks = resp.map_or(0, |r| r.chunks);
+        let tpot = match (e2e, ttft) {
+            (Some(e2e), Some(ttft)) if chunks > 1 => {
+                Some(e2e.saturating_sub(ttft) / u64::from(chunks - 1))
+            }
+            _ => None,
+        };
+        let mut notes = req.notes.clone();
+        if let Some(r) = resp {
+            notes.extend_from_slice(&r.notes);
+            if r.itl_truncated {
+                notes.push("itl_truncated");
+            }
+        }
+        let episode = join.and_then(|j| j.episode);
+        let breakdown = episode.zip(t_first_token).map(|(e, ft)| {
+            // Joined a batch already running: the wait for the GPU is 0 and
+            // its GPU part counts from arrival, so that the three add up.
+            let gpu_start = e.t_first_launch_ns.max(t_arrive);
+            (
+                gpu_start - t_arrive,
+                e.t_copy_done_ns - gpu_start,
+                ft - e.t_copy_done_ns,
+            )
+        });
+        match (episode, t_first_token) {
+            (Some(e), _) if e.t_first_launch_ns < t_arrive => notes.push("joined_running_batch"),
+            (None, Some(_)) => notes.push("no_gpu_episode"),
+            _ => {}
+        }
+        Self {
+            kind: "request",
+            pid: req.tgid,
+            tid: req.tid,
+            conn: format!("{:#x}", req.conn.sk),
+            client_addr: req.conn.client.ip().to_string(),
+            client_port: req.conn.client.port(),
+            server_addr: req.conn.server.ip().to_string(),
+            server_port: req.conn.server.port(),
+            request_index: req.index,
+            t_arrive_ns: t_arrive,
+            t_first_byte_ns: resp.map(|r| r.t_first_byte),
+            t_first_token_ns: t_first_token,
+            t_done_ns: t_done,
+            ttft_ns: ttft,
+            queue_ns: breakdown.map(|b| b.0),
+            gpu_ns: breakdown.map(|b| b.1),
+            egress_ns: breakdown.map(|b| b.2),
+            gpu_pid: episode.map(|e| e.tgid),
+            gpu_tid: episode.map(|e| e.tid),
+            gpu_t_first_launch_ns: episode.map(|e| e.t_first_launch_ns),
+            gpu_t_copy_done_ns: episode.map(|e| e.t_copy_done_ns),
+            gpu_steps_waited: join.map(|j| j.steps_waited),
+            gpu_idle_before_start_ns: join.and_then(|j| j.idle_before_start_ns),
+            itl_ns: resp.map(|r| r.itl.clone()).unwrap_or_default(),
+            chunks,
+            tpot_ns: tpot,
+            e2e_ns: e2e,
+            bytes_in: req.bytes_in,
+            bytes_out: req.bytes_out,
+            http_status: resp.and_then(|r| r.status),
+            content_type: resp.and_then(|r| r.content_type.clone()),
+            framing: resp.map(|r| r.framing),
+            outcome: f.outcome,
+            notes,
+        }
+    }
+
+    /// The figures of this request that enter histograms and percentiles,
+    /// in nanoseconds. As `vllm bench serve` counts only successful
+    /// requests: E2E and TPOT only for `ok`; TTFT, its breakdown and ITL
+    /// also for responses that started normally but did not end
+    /// (`closed_mid_response`, `in_flight_at_exit`). Error responses,
+    /// pipelined and evicted requests give none.
+    pub fn observations(&self) -> impl Iterator<Item = (Figure, u64)> + '_ {
+        let started = self.outcome.first_token_counts();
+        let whole = self.outcome == Outcome::Ok;
+        let early = [
+            (Figure::Ttft, self.ttft_ns),
+            (Figure::Queue, self.queue_ns),
+            (Figure::Gpu, self.gpu_ns),
+            (Figure::Egress, self.egress_ns),
+        ];
+        let late = [(Figure::E2e, self.e2e_ns), (Figure::Tpot, self.tpot_ns)];
+        early
+            .into_iter()
+            .filter(move |_| started)
+            .chain(late.into_iter().filter(move |_| whole))
+            .filter_map(|(f, v)| v.map(|v| (f, v)))
+            .chain(
+                self.itl_ns
+                    .iter()
+                    .filter(move |_| started)
+                    .map(|&gap| (Figure::Itl, gap)),
+            )
+    }
+}

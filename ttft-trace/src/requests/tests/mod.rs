@@ -1,0 +1,165 @@
+//! Scenario tests: event sequences as the kernel would send them, and the
+//! requests the correlator must make of them. They are the specification.
+
+mod bounds;
+mod http1;
+mod join;
+mod output;
+
+use std::collections::HashMap;
+
+use ttft_trace_common::{
+    CONN_CLOSE, CONN_OPEN, ConnEvent, EVENT_CONN, EVENT_EPISODE, EpisodeEvent, SOCK_RECV,
+    SOCK_SEND, SockEvent,
+    event::{HEAD_BYTES, HEAD_SENDS, TAIL_BYTES},
+};
+
+use super::{Correlator, CorrelatorConfig, RequestRecord};
+
+/// Milliseconds in nanoseconds.
+pub(super) const fn ms(v: u64) -> u64 {
+    v * 1_000_000
+}
+
+pub(super) const SERVER_PID: u32 = 10;
+pub(super) const GPU_PID: u32 = 77;
+
+/// The kernel's side, simulated: builds events the way the probes fill
+/// them (a head only for the first sends after a receive, a tail always).
+pub(super) struct Wire {
+    pub c: Correlator,
+    sends_since_recv: HashMap<u64, u32>,
+}
+
+impl Wire {
+    pub fn new() -> Self {
+        Self::with(CorrelatorConfig::default())
+    }
+
+    pub fn with(cfg: CorrelatorConfig) -> Self {
+        Self {
+            c: Correlator::new(cfg),
+            sends_since_recv: HashMap::new(),
+        }
+    }
+
+    /// A client on port `40000 + sk` connects to 127.0.0.1:8000.
+    pub fn open(&mut self, sk: u64, t: u64) {
+        self.c.on_conn(&conn(CONN_OPEN, sk, t));
+    }
+
+    pub fn close(&mut self, sk: u64, t: u64) {
+        self.c.on_conn(&conn(CONN_CLOSE, sk, t));
+    }
+
+    pub fn recv(&mut self, sk: u64, t: u64, bytes: i64) {
+        self.sends_since_recv.insert(sk, 0);
+        self.c.on_sock(&self.recv_event(sk, t, bytes));
+    }
+
+    pub fn recv_event(&self, sk: u64, t: u64, bytes: i64) -> SockEvent {
+        SockEvent {
+            dir: SOCK_RECV,
+            tgid: SERVER_PID,
+            tid: SERVER_PID + 1,
+            sk,
+            t_ns: t,
+            bytes,
+            ..SockEvent::default()
+        }
+    }
+
+    /// A send of `data`, captured as the probes would.
+    pub fn send(&mut self, sk: u64, t: u64, data: &[u8]) {
+        let ev = self.send_event(sk, t, data);
+        self.c.on_sock(&ev);
+    }
+
+    pub fn send_event(&mut self, sk: u64, t: u64, data: &[u8]) -> SockEvent {
+        let n = self.sends_since_recv.entry(sk).or_insert(0);
+        *n += 1;
+        let mut ev = SockEvent {
+            dir: SOCK_SEND,
+            tgid: SERVER_PID,
+            tid: SERVER_PID + 2,
+            sk,
+            t_ns: t,
+            bytes: data.len() as i64,
+            ..SockEvent::default()
+        };
+        if *n <= HEAD_SENDS {
+            let h = data.len().min(HEAD_BYTES);
+            ev.head[..h].copy_from_slice(&data[..h]);
+            ev.head_len = h as u32;
+        }
+        let k = data.len().min(TAIL_BYTES);
+        ev.tail[..k].copy_from_slice(&data[data.len() - k..]);
+        ev.tail_len = k as u32;
+        ev
+    }
+
+    /// A GPU episode of the worker process.
+    pub fn episode(&mut self, launch: u64, done: u64) {
+        self.c.on_episode(&EpisodeEvent {
+            kind: EVENT_EPISODE,
+            tgid: GPU_PID,
+            tid: GPU_PID + 1,
+            t_first_launch_ns: launch,
+            t_copy_enqueue_ns: done.saturating_sub(1),
+            t_copy_done_ns: done,
+            ..EpisodeEvent::default()
+        });
+    }
+
+    pub fn drain(&mut self, now: u64) -> Vec<RequestRecord> {
+        self.c.drain_finished(now)
+    }
+
+    /// Drains at `now` and expects exactly one request.
+    pub fn one(&mut self, now: u64) -> RequestRecord {
+        let mut v = self.drain(now);
+        assert_eq!(v.len(), 1, "{v:#?}");
+        v.remove(0)
+    }
+}
+
+fn conn(op: u32, sk: u64, t: u64) -> ConnEvent {
+    let mut ev = ConnEvent {
+        kind: EVENT_CONN,
+        op,
+        sk,
+        t_ns: t,
+        family: 2,
+        sport: 8000,
+        dport: 40000u16.wrapping_add(sk as u16),
+        ..ConnEvent::default()
+    };
+    ev.saddr[..4].copy_from_slice(&[127, 0, 0, 1]);
+    ev.daddr[..4].copy_from_slice(&[127, 0, 0, 2]);
+    ev
+}
+
+/// Response headers of a streamed (SSE, chunked) response.
+pub(super) const SSE_HEADERS: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
+    transfer-encoding: chunked\r\nconnection: keep-alive\r\n\r\n";
+
+/// One SSE event as one chunk of a chunked body.
+pub(super) fn sse_chunk(text: &str) -> Vec<u8> {
+    let event = format!("data: {{\"choices\":[{{\"text\":\"{text}\"}}]}}\n\n");
+    format!("{:x}\r\n{event}\r\n", event.len()).into_bytes()
+}
+
+/// The last event and the terminator, in one send as many servers do.
+pub(super) fn sse_done() -> Vec<u8> {
+    let event = "data: [DONE]\n\n";
+    format!("{:x}\r\n{event}\r\n0\r\n\r\n", event.len()).into_bytes()
+}
+
+/// A whole `Content-Length` response.
+pub(super) fn json_response(status: &str, body: &str) -> Vec<u8> {
+    format!(
+        "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
