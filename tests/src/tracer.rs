@@ -249,3 +249,16 @@ pub fn run_tracer(args: &[&str]) -> Result<(bool, String)> {
         String::from_utf8_lossy(&out.stderr).into_owned(),
     ))
 }
+
+/// GET `path` over plain HTTP/1.1 (the tracer's /metrics).
+pub fn http_get(addr: std::net::SocketAddr, path: &str) -> Result<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr)?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut text = String::new();
+    s.read_to_string(&mut text)?;
+    Ok(text)
+}

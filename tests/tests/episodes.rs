@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Result;
 use ttft_trace_tests::{
     fixtures::{self, Style, TruthEpisode, Variant, Workload},
-    tracer::{TraceOutput, TracedEpisode, Tracer, root_test, run_tracer},
+    tracer::{TraceOutput, TracedEpisode, Tracer, http_get, root_test, run_tracer},
 };
 
 /// Per-episode agreement with ground truth. The workload reads the clock
@@ -497,18 +497,6 @@ fn bad_input_gets_clear_errors() -> Result<()> {
         "{err}"
     );
     Ok(())
-}
-
-fn http_get(addr: std::net::SocketAddr, path: &str) -> Result<String> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr)?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut text = String::new();
-    s.read_to_string(&mut text)?;
-    Ok(text)
 }
 
 fn metric(body: &str, name: &str) -> f64 {

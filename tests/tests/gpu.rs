@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Result;
 use ttft_trace_tests::{
     fixtures::{self, Style, Workload},
-    tracer::{Tracer, root_test},
+    tracer::{Tracer, http_get, root_test},
 };
 
 const GIB: u64 = 1 << 30;
@@ -108,17 +108,7 @@ fn without_nvml_everything_else_works() -> Result<()> {
     tracer.wait_for_stderr("GPU readings are off", 1, Duration::from_secs(5))?;
     fixtures::cont(child.id())?;
     std::thread::sleep(Duration::from_millis(500));
-    let body = {
-        use std::io::{Read, Write};
-        let mut s = std::net::TcpStream::connect(port)?;
-        write!(
-            s,
-            "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-        )?;
-        let mut text = String::new();
-        s.read_to_string(&mut text)?;
-        text
-    };
+    let body = http_get(port, "/metrics")?;
     assert!(
         !body.contains("ttft_trace_gpu_sm_clock_hertz"),
         "GPU series must be absent, not zero"
