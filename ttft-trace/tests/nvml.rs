@@ -548,8 +548,15 @@ fn real_library() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("TTFT_TRACE_REAL_NVML") {
         return Some(PathBuf::from(p));
     }
-    let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
-    let root = PathBuf::from(home).join(".cache/ttft-trace/libnvidia-ml1/root");
+    // The same cache as `cargo xtask setup`: $TTFT_TRACE_CACHE or ~/.cache/ttft-trace.
+    let cache = std::env::var_os("TTFT_TRACE_CACHE").map_or_else(
+        || {
+            let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
+            PathBuf::from(home).join(".cache/ttft-trace")
+        },
+        PathBuf::from,
+    );
+    let root = cache.join("libnvidia-ml1/root");
     let candidates = [
         "usr/lib/x86_64-linux-gnu/nvidia/current/libnvidia-ml.so.1",
         "usr/lib/aarch64-linux-gnu/nvidia/current/libnvidia-ml.so.1",

@@ -106,35 +106,30 @@ pub fn demo() -> Result<()> {
     let fixtures = root.join("target/fixtures");
     let out = root.join("target/demo");
     std::fs::create_dir_all(&out)?;
-    let mut workload = Command::new(fixtures.join("workload"))
-        .args([
-            "--style",
-            "stream",
-            "--episodes",
-            "300",
-            "--launches",
-            "8",
-            "--kernel-us",
-            "1000",
-        ])
-        .args([
-            "--copy-bytes",
-            "65536",
-            "--h2d-bytes",
-            "4096",
-            "--gap-us",
-            "4000",
-            "--stop-before-work",
-        ])
+    // The demo inference server: OpenAI-compatible SSE over HTTP/1.1, a CPU
+    // tokenizer, a batching GPU worker on the stub CUDA runtime.
+    let mut server = Command::new("python3")
+        .arg(root.join("tests/demo/server.py"))
+        .args(["--port", "0", "--output-tokens", "64", "--cudart"])
+        .arg(fixtures.join("libcudart.so.12"))
         .arg("--truth")
-        .arg(out.join("truth.jsonl"))
+        .arg(out.join("server-truth.jsonl"))
+        .env("PYTHONUNBUFFERED", "1")
+        .stdout(Stdio::piped())
         .spawn()
-        .context("starting the demo workload (target/fixtures/workload)")?;
-    let pid = workload.id();
-    wait_stopped(pid)?;
+        .context("starting tests/demo/server.py")?;
+    let pid = server.id();
+    let mut line = String::new();
+    BufReader::new(server.stdout.take().context("server stdout")?).read_line(&mut line)?;
+    let port = line
+        .split("http://127.0.0.1:")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .context("the demo server did not say where it listens")?
+        .to_string();
     let addr = free_addr()?;
-    println!("== tracing the demo workload (pid {pid}): 300 GPU episodes of 8 kernel launches ==");
-    let mut tracer = start_tracer(
+    println!("== tracing the demo inference server (pid {pid}, port {port}) ==");
+    let tracer = start_tracer(
         &root,
         &[
             "--pid".into(),
@@ -142,36 +137,38 @@ pub fn demo() -> Result<()> {
             "--listen".into(),
             addr.to_string(),
             "--interval".into(),
-            "1".into(),
+            "2".into(),
             "--jsonl".into(),
-            out.join("episodes.jsonl").display().to_string(),
+            out.join("trace.jsonl").display().to_string(),
         ],
-    )?;
-    signal(pid, "CONT")?;
-    // Scrape while the workload runs: the tracer stops when its target exits.
-    let mut last = None;
-    while workload.try_wait()?.is_none() {
-        if let Ok(body) = scrape(addr) {
-            last = Some(body);
+    );
+    let result = tracer.and_then(|mut tracer| {
+        println!("== load: 16 streamed completions at concurrency 1, then 16 at 4 (tests/demo/loadgen.py) ==");
+        let load = cmd(Command::new("python3")
+            .arg(root.join("tests/demo/loadgen.py"))
+            .args(["--port", &port, "--concurrency", "1,4", "--requests", "16", "--output-tokens", "64"])
+            .arg("--out")
+            .arg(out.join("client.jsonl")));
+        thread::sleep(Duration::from_millis(500));
+        let body = scrape(addr);
+        signal(tracer.id(), "INT")?;
+        tracer.wait()?;
+        load?;
+        let body = body.context("scraping /metrics")?;
+        println!("\n== what http://{addr}/metrics served (histogram buckets left out) ==");
+        for line in body.lines().filter(|l| l.starts_with("ttft_trace_") && !l.contains("_bucket{")) {
+            println!("{line}");
         }
-        thread::sleep(Duration::from_millis(200));
-    }
-    let status = tracer.wait()?;
-    if !status.success() {
-        bail!("the tracer exited with {status}");
-    }
-    println!("\n== what http://{addr}/metrics served (last scrape before the workload exited) ==");
-    let body = last.context("no successful scrape of /metrics")?;
-    for line in body
-        .lines()
-        .filter(|l| l.starts_with("ttft_trace_") && !l.contains("_bucket{"))
-    {
-        println!("{line}");
-    }
+        Ok(())
+    });
+    signal(pid, "TERM")?;
+    server.wait()?;
+    result?;
     println!(
-        "\nPer-episode JSON lines: {}\nWorkload ground truth:  {}",
-        out.join("episodes.jsonl").display(),
-        out.join("truth.jsonl").display()
+        "\nPer-request and per-episode JSON lines: {}\nThe client's own measurements:      {}\nThe server's ground truth:           {}",
+        out.join("trace.jsonl").display(),
+        out.join("client.jsonl").display(),
+        out.join("server-truth.jsonl").display()
     );
     Ok(())
 }
