@@ -11,6 +11,7 @@ pub mod counters;
 pub mod episode;
 pub mod event;
 pub mod offsets;
+pub mod signals;
 
 pub use conn::{ConnState, SendArgs};
 pub use counters::{Direction, GpuCounters, Stat};
@@ -30,6 +31,10 @@ mod pod {
     unsafe impl aya::Pod for crate::EpisodeEvent {}
     unsafe impl aya::Pod for crate::ConnEvent {}
     unsafe impl aya::Pod for crate::SockEvent {}
+    unsafe impl aya::Pod for crate::signals::SchedEvent {}
+    unsafe impl aya::Pod for crate::signals::TcpEvent {}
+    unsafe impl aya::Pod for crate::signals::CopyEvent {}
+    unsafe impl aya::Pod for crate::signals::SchedTotals {}
     unsafe impl aya::Pod for crate::GpuCounters {}
     unsafe impl aya::Pod for crate::TracepointOffsets {}
     unsafe impl aya::Pod for crate::ThreadState {}

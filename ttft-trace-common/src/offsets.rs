@@ -35,6 +35,15 @@ pub struct TracepointOffsets {
     pub writev_vlen: u32,
     /// `syscalls:sys_enter_sendmsg`: `msg`.
     pub sendmsg_msg: u32,
+    /// `sched:sched_switch`: `prev_state` and `next_pid`.
+    pub switch_prev_state: u32,
+    pub switch_next_pid: u32,
+    /// `sched:sched_wakeup` and `sched:sched_wakeup_new`: `pid`.
+    pub wakeup_pid: u32,
+    /// `tcp:tcp_retransmit_skb`, `tcp:tcp_receive_reset`, `tcp:tcp_send_reset`: `skaddr`.
+    pub retransmit_sk: u32,
+    pub reset_received_sk: u32,
+    pub reset_sent_sk: u32,
 }
 
 /// Offset value meaning "this field does not exist on this kernel".

@@ -15,9 +15,12 @@ use aya_ebpf::{
 };
 use ttft_trace_common::{
     API_DRIVER, API_RUNTIME, Completion, Direction, EpisodeEvent, GpuCounters, Stat, ThreadState,
+    signals::{CopyEvent, EVENT_COPY},
 };
 
-use crate::maps::{COUNTERS, EVENTS, THREADS, bump_stat, is_tracked, wakeup_flag};
+use crate::maps::{
+    COUNTERS, EVENTS, THREADS, bump_stat, is_tracked, large_copy_bytes, wakeup_flag,
+};
 
 /// Offset of the stream handle in both `cudaLaunchConfig_t` and
 /// `CUlaunchConfig` (after two dim3s / six u32s and the shared-memory size).
@@ -150,6 +153,25 @@ fn emit(ep: &EpisodeEvent) {
     }
 }
 
+/// A copy large enough to matter on its own (swap-like traffic, loading).
+#[inline(always)]
+fn emit_large_copy(tgid: u32, tid: u32, dir: Direction, bytes: u64, now: u64) {
+    match EVENTS.reserve::<CopyEvent>(0) {
+        Some(mut entry) => {
+            entry.write(CopyEvent {
+                kind: EVENT_COPY,
+                tgid,
+                tid,
+                direction: dir as u32,
+                bytes,
+                t_ns: now,
+            });
+            entry.submit(wakeup_flag());
+        }
+        None => bump_stat(Stat::RingbufLost),
+    }
+}
+
 /// What one API call does to the episode state.
 #[derive(Clone, Copy)]
 enum Call {
@@ -185,6 +207,9 @@ fn apply(st: &mut ThreadState, call: Call, now: u64, tgid: u32, tid: u32, api: u
         } => {
             st.begin_call(synchronous.then_some(Completion::SyncCopy), 0);
             count_copy(tgid, dir, bytes);
+            if bytes >= large_copy_bytes() {
+                emit_large_copy(tgid, tid, dir, bytes, now);
+            }
             if dir == Direction::DeviceToHost {
                 st.on_d2h_copy(now, bytes, stream, synchronous);
             }

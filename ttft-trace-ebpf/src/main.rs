@@ -13,6 +13,8 @@ mod maps;
 #[cfg(target_arch = "bpf")]
 mod process;
 #[cfg(target_arch = "bpf")]
+mod sched;
+#[cfg(target_arch = "bpf")]
 mod sock;
 
 #[cfg(target_arch = "bpf")]

@@ -6,7 +6,9 @@ use aya_ebpf::{
     maps::{HashMap, LruHashMap, LruPerCpuHashMap, PerCpuArray, RingBuf},
 };
 use ttft_trace_common::{
-    ConnState, GpuCounters, SendArgs, ThreadState, TracepointOffsets, counters::STATS,
+    ConnState, GpuCounters, SendArgs, ThreadState, TracepointOffsets,
+    counters::STATS,
+    signals::{RUNQ_BUCKETS, SchedState, SchedTotals},
 };
 
 /// Episode events to userspace. Size set by userspace at load time.
@@ -46,6 +48,21 @@ pub static CONNS: LruHashMap<u64, ConnState> = LruHashMap::with_max_entries(6553
 #[map]
 pub static SEND_ARGS: LruHashMap<u32, SendArgs> = LruHashMap::with_max_entries(16384, 0);
 
+/// Scheduler state of the traced threads, keyed by tid. Created when a
+/// traced thread first switches out; LRU bounds the threads we miss exiting.
+#[map]
+pub static SCHED_STATE: LruHashMap<u32, SchedState> = LruHashMap::with_max_entries(65536, 0);
+
+/// Per-process scheduler totals, keyed by tgid, one copy per CPU.
+#[map]
+pub static SCHED_TOTALS: LruPerCpuHashMap<u32, SchedTotals> =
+    LruPerCpuHashMap::with_max_entries(1024, 0);
+
+/// Run-queue delay histogram of the traced threads: log2 ns buckets, then
+/// the sum in ns (slot `RUNQ_SUM_SLOT`).
+#[map]
+pub static RUNQ_HIST: PerCpuArray<u64> = PerCpuArray::with_max_entries(RUNQ_BUCKETS + 1, 0);
+
 /// Global statistics ([`ttft_trace_common::Stat`] indexes).
 #[map]
 pub static STATS_MAP: PerCpuArray<u64> = PerCpuArray::with_max_entries(STATS, 0);
@@ -73,7 +90,33 @@ pub static OFFSETS: TracepointOffsets = TracepointOffsets {
     writev_vec: 0,
     writev_vlen: 0,
     sendmsg_msg: 0,
+    switch_prev_state: 0,
+    switch_next_pid: 0,
+    wakeup_pid: 0,
+    retransmit_sk: 0,
+    reset_received_sk: 0,
+    reset_sent_sk: 0,
 };
+
+/// Scheduler intervals shorter than this are only summed, not sent.
+#[unsafe(no_mangle)]
+pub static SCHED_MIN_NS: u64 = 1_000_000;
+
+/// Copy calls of at least this many bytes are sent as events.
+#[unsafe(no_mangle)]
+pub static LARGE_COPY_BYTES: u64 = 1 << 20;
+
+#[inline(always)]
+pub fn sched_min_ns() -> u64 {
+    // SAFETY: as for offsets().
+    unsafe { core::ptr::read_volatile(&SCHED_MIN_NS) }
+}
+
+#[inline(always)]
+pub fn large_copy_bytes() -> u64 {
+    // SAFETY: as for offsets().
+    unsafe { core::ptr::read_volatile(&LARGE_COPY_BYTES) }
+}
 
 /// Unread ring-buffer bytes above which a new event wakes the reader.
 #[unsafe(no_mangle)]

@@ -4,6 +4,7 @@
 use thiserror::Error;
 use ttft_trace_common::{
     ConnEvent, EVENT_CONN, EVENT_EPISODE, EVENT_SOCK, EpisodeEvent, SockEvent,
+    signals::{CopyEvent, EVENT_COPY, EVENT_SCHED, EVENT_TCP, SchedEvent, TcpEvent},
 };
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -21,6 +22,9 @@ pub enum Event {
     Conn(ConnEvent),
     /// Boxed: a send's captured bytes make it several times larger.
     Sock(Box<SockEvent>),
+    Sched(SchedEvent),
+    Tcp(TcpEvent),
+    Copy(CopyEvent),
 }
 
 pub fn decode(bytes: &[u8]) -> Result<Event, DecodeError> {
@@ -32,6 +36,9 @@ pub fn decode(bytes: &[u8]) -> Result<Event, DecodeError> {
         EVENT_EPISODE => read_pod::<EpisodeEvent>(bytes).map(Event::Episode),
         EVENT_CONN => read_pod::<ConnEvent>(bytes).map(Event::Conn),
         EVENT_SOCK => read_pod::<SockEvent>(bytes).map(|e| Event::Sock(Box::new(e))),
+        EVENT_SCHED => read_pod::<SchedEvent>(bytes).map(Event::Sched),
+        EVENT_TCP => read_pod::<TcpEvent>(bytes).map(Event::Tcp),
+        EVENT_COPY => read_pod::<CopyEvent>(bytes).map(Event::Copy),
         other => Err(DecodeError::UnknownKind(other)),
     }
 }
@@ -127,6 +134,36 @@ mod tests {
         assert_eq!(back.head(), b"HTTP/1.1");
         assert_eq!(back.tail(), b"0\r\n\r\n");
         assert_eq!(decode(&bytes[..100]), Err(DecodeError::Short(100)));
+    }
+
+    #[test]
+    fn signal_events_round_trip() {
+        let s = SchedEvent {
+            kind: EVENT_SCHED,
+            what: 2,
+            tgid: 1,
+            tid: 2,
+            t_start_ns: 3,
+            t_end_ns: 4,
+        };
+        assert_eq!(decode(&encode(&s)), Ok(Event::Sched(s)));
+        let t = TcpEvent {
+            kind: EVENT_TCP,
+            what: 1,
+            sk: 5,
+            t_ns: 6,
+        };
+        assert_eq!(decode(&encode(&t)), Ok(Event::Tcp(t)));
+        let c = CopyEvent {
+            kind: EVENT_COPY,
+            tgid: 1,
+            tid: 2,
+            direction: 1,
+            bytes: 1 << 30,
+            t_ns: 9,
+        };
+        assert_eq!(decode(&encode(&c)), Ok(Event::Copy(c)));
+        assert_eq!(decode(&encode(&s)[..20]), Err(DecodeError::Short(20)));
     }
 
     #[test]

@@ -15,5 +15,6 @@ pub mod probes;
 pub mod record;
 pub mod requests;
 pub mod session;
+pub mod signals;
 pub mod targets;
 pub mod tracefs;

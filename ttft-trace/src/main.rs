@@ -52,6 +52,11 @@ enum Command {
         /// traced processes listen on are followed anyway.
         #[arg(long = "port", value_name = "PORT")]
         ports: Vec<u16>,
+        /// Scheduler intervals (run-queue waits, on-CPU and blocked spells)
+        /// at least this long, in microseconds, are kept per request for
+        /// attribution; shorter ones are only summed in the kernel.
+        #[arg(long, value_name = "US", default_value_t = 1000)]
+        sched_min_us: u64,
         /// Do not sample GPU readings through NVML.
         #[arg(long)]
         no_nvml: bool,
@@ -99,6 +104,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             jsonl,
             ringbuf_bytes,
             ports,
+            sched_min_us,
             no_nvml,
             nvml_lib,
             nvml_period_ms,
@@ -114,6 +120,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 jsonl,
                 ringbuf_bytes,
                 ports,
+                sched_min_ns: sched_min_us.saturating_mul(1000),
                 nvml: (!no_nvml).then(|| ttft_trace::nvml::NvmlConfig {
                     period: Duration::from_millis(nvml_period_ms),
                     library_path: nvml_lib,

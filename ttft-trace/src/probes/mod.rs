@@ -15,6 +15,7 @@ use aya::{
     programs::{TracePoint, UProbe, uprobe::UProbeScope},
 };
 use thiserror::Error;
+use ttft_trace_common::signals::{RUNQ_BUCKETS, RUNQ_SUM_SLOT, SchedTotals};
 use ttft_trace_common::{GpuCounters, Stat, TracepointOffsets, offsets::ABSENT};
 
 use crate::tracefs::{self, Format, TracefsError};
@@ -45,6 +46,17 @@ pub enum ProbeError {
     Missing(&'static str),
     #[error("cannot stat {0}: {1}")]
     Stat(PathBuf, std::io::Error),
+}
+
+/// Load-time settings of the probes.
+#[derive(Debug, Clone, Copy)]
+pub struct LoadConfig {
+    /// Ring buffer size in bytes.
+    pub ringbuf_bytes: u32,
+    /// Scheduler intervals at least this long are sent as events.
+    pub sched_min_ns: u64,
+    /// Copy calls at least this large are sent as events.
+    pub large_copy_bytes: u64,
 }
 
 /// What attaching one library did.
@@ -81,6 +93,12 @@ const TRACEPOINTS: &[(&str, &str, &str)] = &[
     ("sys_exit_send", "syscalls", "sys_exit_sendto"),
     ("sys_exit_send", "syscalls", "sys_exit_writev"),
     ("sys_exit_send", "syscalls", "sys_exit_sendmsg"),
+    ("sched_switch", "sched", "sched_switch"),
+    ("sched_wakeup", "sched", "sched_wakeup"),
+    ("sched_wakeup_new", "sched", "sched_wakeup_new"),
+    ("tcp_retransmit_skb", "tcp", "tcp_retransmit_skb"),
+    ("tcp_receive_reset", "tcp", "tcp_receive_reset"),
+    ("tcp_send_reset", "tcp", "tcp_send_reset"),
 ];
 
 /// Reads the tracepoint offsets the probes need from tracefs.
@@ -95,6 +113,12 @@ fn tracepoint_offsets() -> Result<TracepointOffsets, TracefsError> {
     let sendto = Format::read(&root, "syscalls", "sys_enter_sendto")?;
     let writev = Format::read(&root, "syscalls", "sys_enter_writev")?;
     let sendmsg = Format::read(&root, "syscalls", "sys_enter_sendmsg")?;
+    let switch = Format::read(&root, "sched", "sched_switch")?;
+    let wakeup = Format::read(&root, "sched", "sched_wakeup")?;
+    let wakeup_new = Format::read(&root, "sched", "sched_wakeup_new")?;
+    let retransmit = Format::read(&root, "tcp", "tcp_retransmit_skb")?;
+    let reset_received = Format::read(&root, "tcp", "tcp_receive_reset")?;
+    let reset_sent = Format::read(&root, "tcp", "tcp_send_reset")?;
     let offsets = TracepointOffsets {
         fork_child_pid: fork.offset("child_pid")?,
         exit_group_dead: exit.optional_offset("group_dead").unwrap_or(ABSENT),
@@ -116,7 +140,19 @@ fn tracepoint_offsets() -> Result<TracepointOffsets, TracefsError> {
         writev_vec: writev.offset("vec")?,
         writev_vlen: writev.offset("vlen")?,
         sendmsg_msg: sendmsg.offset("msg")?,
+        switch_prev_state: switch.offset("prev_state")?,
+        switch_next_pid: switch.offset("next_pid")?,
+        wakeup_pid: wakeup.offset("pid")?,
+        retransmit_sk: retransmit.offset("skaddr")?,
+        reset_received_sk: reset_received.offset("skaddr")?,
+        reset_sent_sk: reset_sent.offset("skaddr")?,
     };
+    if wakeup_new.offset("pid")? != offsets.wakeup_pid {
+        return Err(TracefsError::Parse(
+            "sched:sched_wakeup_new".into(),
+            "pid is not where sched_wakeup has it".into(),
+        ));
+    }
     // One set of offsets serves both length tracepoints: check they agree.
     for field in ["sk", "ret", "flags"] {
         if recv.offset(field)? != len.offset(field)? {
@@ -132,7 +168,8 @@ fn tracepoint_offsets() -> Result<TracepointOffsets, TracefsError> {
 impl Probes {
     /// Loads every program, attaches the process-tree tracepoints. Uprobes
     /// wait for [`Probes::attach_library`].
-    pub fn load(ringbuf_bytes: u32) -> Result<Self, ProbeError> {
+    pub fn load(cfg: &LoadConfig) -> Result<Self, ProbeError> {
+        let ringbuf_bytes = cfg.ringbuf_bytes;
         if OBJECT.is_empty() {
             return Err(ProbeError::NoObject);
         }
@@ -147,6 +184,8 @@ impl Probes {
         let mut ebpf = EbpfLoader::new()
             .override_global("OFFSETS", &offsets, true)
             .override_global("WAKEUP_BYTES", &wakeup_bytes, true)
+            .override_global("SCHED_MIN_NS", &cfg.sched_min_ns, true)
+            .override_global("LARGE_COPY_BYTES", &cfg.large_copy_bytes, true)
             .map_max_entries("EVENTS", ringbuf_bytes)
             .load(OBJECT)
             .map_err(ProbeError::Load)?;
@@ -312,6 +351,44 @@ impl Probes {
             Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
             Err(e) => Err(ProbeError::Map("COUNTERS", e)),
         }
+    }
+
+    /// Per-process scheduler totals, summed over CPUs.
+    pub fn sched_totals(&self) -> Result<BTreeMap<u32, SchedTotals>, ProbeError> {
+        let map: PerCpuHashMap<_, u32, SchedTotals> = PerCpuHashMap::try_from(
+            self.ebpf
+                .map("SCHED_TOTALS")
+                .ok_or(ProbeError::Missing("SCHED_TOTALS"))?,
+        )
+        .map_err(|e| ProbeError::Map("SCHED_TOTALS", e))?;
+        let mut out = BTreeMap::new();
+        for entry in map.iter() {
+            let (tgid, per_cpu) = entry.map_err(|e| ProbeError::Map("SCHED_TOTALS", e))?;
+            let mut sum = SchedTotals::default();
+            for c in per_cpu.iter() {
+                sum.add(c);
+            }
+            out.insert(tgid, sum);
+        }
+        Ok(out)
+    }
+
+    /// The run-queue delay histogram (bucket counts, sum in ns), summed over CPUs.
+    pub fn runq_histogram(&self) -> Result<(Vec<u64>, u64), ProbeError> {
+        let map: PerCpuArray<_, u64> = PerCpuArray::try_from(
+            self.ebpf
+                .map("RUNQ_HIST")
+                .ok_or(ProbeError::Missing("RUNQ_HIST"))?,
+        )
+        .map_err(|e| ProbeError::Map("RUNQ_HIST", e))?;
+        let slot = |i: u32| -> Result<u64, ProbeError> {
+            let v = map
+                .get(&i, 0)
+                .map_err(|e| ProbeError::Map("RUNQ_HIST", e))?;
+            Ok(v.iter().copied().fold(0u64, u64::wrapping_add))
+        };
+        let buckets = (0..RUNQ_BUCKETS).map(slot).collect::<Result<Vec<_>, _>>()?;
+        Ok((buckets, slot(RUNQ_SUM_SLOT)?))
     }
 
     /// A kernel statistic, summed over CPUs.

@@ -6,7 +6,7 @@ mod counters;
 mod summary;
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     fs::File,
     io::{BufWriter, Write},
     net::SocketAddr,
@@ -21,7 +21,7 @@ use tokio::{
     io::{Interest, unix::AsyncFd},
     signal::unix::SignalKind,
 };
-use ttft_trace_common::{Direction, Stat};
+use ttft_trace_common::{Direction, Stat, signals::SchedTotals};
 
 use crate::{
     clock::monotonic_ns,
@@ -31,12 +31,13 @@ use crate::{
     nvml::{self, NvmlConfig, Sampler, WindowReadings},
     ports,
     probes::{
-        Attached, Probes,
+        Attached, LoadConfig, Probes,
         libraries::{self, Scanner},
         symbols::Api,
     },
     record::LatencyRecorder,
     requests::{Correlator, CorrelatorConfig, RequestMetrics, RequestRecord, RequestRecorders},
+    signals::{SignalMetrics, SignalStore},
     targets,
 };
 use counters::CounterTracker;
@@ -44,6 +45,9 @@ use counters::CounterTracker;
 /// How often the process tree is rescanned for new CUDA libraries and the
 /// kernel's counters are read.
 const RESCAN: Duration = Duration::from_millis(250);
+/// Copies of at least this many bytes are kept as swap-like traffic.
+const LARGE_COPY_BYTES: u64 = 1 << 20;
+
 /// How often the ring buffer is drained when the kernel has not woken us
 /// (it does so only when the buffer fills past a threshold).
 const DRAIN: Duration = Duration::from_millis(50);
@@ -62,6 +66,8 @@ pub struct AttachConfig {
     pub ringbuf_bytes: u32,
     /// Server ports to follow besides those the traced tree listens on.
     pub ports: Vec<u16>,
+    /// Scheduler intervals at least this long are kept for attribution.
+    pub sched_min_ns: u64,
     /// NVML sampling; None: off.
     pub nvml: Option<NvmlConfig>,
 }
@@ -91,6 +97,11 @@ struct Session {
     request_figures: RequestRecorders,
     requests_total: u64,
     listen_ports: BTreeSet<u16>,
+    signals: SignalStore,
+    signal_metrics: SignalMetrics,
+    /// Last scheduler totals read per process (exited ones included), so
+    /// that the exported counters never go back.
+    sched_totals: BTreeMap<u32, SchedTotals>,
 }
 
 /// A request's JSONL line: the record, plus the GPU readings over
@@ -117,7 +128,11 @@ pub async fn attach(cfg: AttachConfig) -> Result<Stop> {
     );
     let metrics = Metrics::new()?;
     let listener = cfg.listen.map(metrics::bind).transpose()?;
-    let probes = Probes::load(cfg.ringbuf_bytes)?;
+    let probes = Probes::load(&LoadConfig {
+        ringbuf_bytes: cfg.ringbuf_bytes,
+        sched_min_ns: cfg.sched_min_ns,
+        large_copy_bytes: LARGE_COPY_BYTES,
+    })?;
     let jsonl = match &cfg.jsonl {
         Some(p) => Some(BufWriter::new(
             File::create(p).with_context(|| format!("creating {}", p.display()))?,
@@ -125,6 +140,7 @@ pub async fn attach(cfg: AttachConfig) -> Result<Stop> {
         None => None,
     };
     let request_metrics = RequestMetrics::new(&metrics.registry)?;
+    let signal_metrics = SignalMetrics::new(&metrics.registry)?;
     let mut s = Session {
         probes,
         scanner: Scanner::default(),
@@ -141,6 +157,9 @@ pub async fn attach(cfg: AttachConfig) -> Result<Stop> {
         request_figures: RequestRecorders::new(),
         requests_total: 0,
         listen_ports: BTreeSet::new(),
+        signals: SignalStore::default(),
+        signal_metrics,
+        sched_totals: BTreeMap::new(),
     };
     if let Some(nvml_cfg) = &cfg.nvml {
         match nvml::start(nvml_cfg, &s.metrics.registry)? {
@@ -420,8 +439,15 @@ impl Session {
         match decode(bytes) {
             Ok(Event::Conn(ev)) => self.requests.on_conn(&ev),
             Ok(Event::Sock(ev)) => self.requests.on_sock(&ev),
+            Ok(Event::Sched(ev)) => self.signals.on_sched(&ev),
+            Ok(Event::Tcp(ev)) => {
+                self.signal_metrics.tcp_event(ev.what);
+                self.signals.on_tcp(&ev);
+            }
+            Ok(Event::Copy(ev)) => self.signals.on_copy(&ev),
             Ok(Event::Episode(ev)) => {
                 self.requests.on_episode(&ev);
+                self.signals.on_episode(ev.tgid, ev.t_first_launch_ns);
                 let mut rec = EpisodeRecord::new(&ev);
                 if let Some(gpu) = &self.gpu {
                     rec.gpu = gpu.window(
@@ -475,6 +501,17 @@ impl Session {
                 self.counters.forget(*tgid);
             }
         }
+        for (tgid, t) in self.probes.sched_totals()? {
+            self.sched_totals.insert(tgid, t);
+        }
+        let mut all = SchedTotals::default();
+        for t in self.sched_totals.values() {
+            all.add(t);
+        }
+        self.signal_metrics.set_sched_totals(&all);
+        let (buckets, sum) = self.probes.runq_histogram()?;
+        self.signal_metrics.runq.set(buckets, sum);
+        self.signals.prune(monotonic_ns());
         let lost = self.probes.stat(Stat::RingbufLost)?;
         let dropped = self.probes.stat(Stat::ThreadStateFull)?;
         self.metrics.set_kernel_stats(lost, dropped);

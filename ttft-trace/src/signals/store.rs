@@ -1,0 +1,294 @@
+//! Recent scheduler intervals, TCP trouble and large copies, kept so that
+//! each finished request can be asked "what happened inside your window".
+
+use std::collections::{HashMap, VecDeque};
+
+use ttft_trace_common::signals::{
+    CopyEvent, SCHED_BLOCKED, SCHED_ONCPU, SCHED_RUNQ, SchedEvent, TCP_RETRANSMIT, TcpEvent,
+};
+
+/// How much history is kept: requests are finished at most this long after
+/// their arrival and still see their signals (longer streams lose them).
+pub const KEEP_NS: u64 = 300_000_000_000;
+/// Caps, whatever the rate: the oldest entries go first.
+const MAX_SCHED: usize = 1 << 20;
+const MAX_COPIES: usize = 1 << 16;
+const MAX_TCP_PER_CONN: usize = 4096;
+
+/// Overlap of `[s, e]` with `[a, b]`, in ns.
+pub fn overlap(s: u64, e: u64, a: u64, b: u64) -> u64 {
+    e.min(b).saturating_sub(s.max(a))
+}
+
+/// Totals of one kind of scheduler interval inside a window.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Overlap {
+    pub total_ns: u64,
+    pub max_ns: u64,
+}
+
+/// TCP trouble on one connection inside a window.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct TcpTrouble {
+    pub retransmits: u32,
+    pub last_retransmit_ns: Option<u64>,
+    pub resets: u32,
+}
+
+/// Large copies inside a window.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Copies {
+    pub count: u32,
+    pub bytes: u64,
+    /// First to last copy call in the window.
+    pub span_ns: u64,
+}
+
+#[derive(Default)]
+pub struct SignalStore {
+    /// Ordered by `t_end_ns` (events arrive nearly in that order; inserted
+    /// in place when not).
+    sched: VecDeque<SchedEvent>,
+    /// Longest interval seen, to bound window scans from the left.
+    longest_ns: u64,
+    tcp: HashMap<u64, VecDeque<TcpEvent>>,
+    copies: VecDeque<CopyEvent>,
+    /// First traced GPU episode (its first launch) per process.
+    first_episode: HashMap<u32, u64>,
+}
+
+impl SignalStore {
+    pub fn on_sched(&mut self, ev: &SchedEvent) {
+        self.longest_ns = self
+            .longest_ns
+            .max(ev.t_end_ns.saturating_sub(ev.t_start_ns));
+        let at = self.sched.partition_point(|e| e.t_end_ns <= ev.t_end_ns);
+        self.sched.insert(at, *ev);
+        if self.sched.len() > MAX_SCHED {
+            self.sched.pop_front();
+        }
+    }
+
+    pub fn on_tcp(&mut self, ev: &TcpEvent) {
+        let q = self.tcp.entry(ev.sk).or_default();
+        q.push_back(*ev);
+        if q.len() > MAX_TCP_PER_CONN {
+            q.pop_front();
+        }
+    }
+
+    pub fn on_copy(&mut self, ev: &CopyEvent) {
+        self.copies.push_back(*ev);
+        if self.copies.len() > MAX_COPIES {
+            self.copies.pop_front();
+        }
+    }
+
+    /// Notes an episode; the first one of each process marks its cold start.
+    pub fn on_episode(&mut self, tgid: u32, t_first_launch_ns: u64) {
+        let first = self.first_episode.entry(tgid).or_insert(t_first_launch_ns);
+        *first = (*first).min(t_first_launch_ns);
+    }
+
+    pub fn first_episode(&self, tgid: u32) -> Option<u64> {
+        self.first_episode.get(&tgid).copied()
+    }
+
+    /// Forgets what is older than [`KEEP_NS`] before `now`, and the
+    /// connections and processes that are gone.
+    pub fn prune(&mut self, now_ns: u64) {
+        let horizon = now_ns.saturating_sub(KEEP_NS);
+        while self.sched.front().is_some_and(|e| e.t_end_ns < horizon) {
+            self.sched.pop_front();
+        }
+        while self.copies.front().is_some_and(|e| e.t_ns < horizon) {
+            self.copies.pop_front();
+        }
+        self.tcp.retain(|_, q| {
+            while q.front().is_some_and(|e| e.t_ns < horizon) {
+                q.pop_front();
+            }
+            !q.is_empty()
+        });
+    }
+
+    pub fn forget_process(&mut self, tgid: u32) {
+        self.first_episode.remove(&tgid);
+    }
+
+    /// Intervals of kind `what` overlapping `[a, b]` of the threads `keep`
+    /// accepts (by tgid, tid).
+    pub fn sched_in(&self, what: u32, a: u64, b: u64, keep: impl Fn(u32, u32) -> bool) -> Overlap {
+        let mut out = Overlap::default();
+        if b <= a {
+            return out;
+        }
+        let from = self.sched.partition_point(|e| e.t_end_ns <= a);
+        let until = b.saturating_add(self.longest_ns);
+        for e in self.sched.range(from..) {
+            if e.t_end_ns > until {
+                break;
+            }
+            if e.what != what || !keep(e.tgid, e.tid) {
+                continue;
+            }
+            let o = overlap(e.t_start_ns, e.t_end_ns, a, b);
+            out.total_ns += o;
+            out.max_ns = out.max_ns.max(o);
+        }
+        out
+    }
+
+    pub fn runq_in(&self, a: u64, b: u64, keep: impl Fn(u32, u32) -> bool) -> Overlap {
+        self.sched_in(SCHED_RUNQ, a, b, keep)
+    }
+
+    pub fn oncpu_in(&self, a: u64, b: u64, keep: impl Fn(u32, u32) -> bool) -> Overlap {
+        self.sched_in(SCHED_ONCPU, a, b, keep)
+    }
+
+    pub fn blocked_in(&self, a: u64, b: u64, keep: impl Fn(u32, u32) -> bool) -> Overlap {
+        self.sched_in(SCHED_BLOCKED, a, b, keep)
+    }
+
+    /// Retransmits and resets on connection `sk` inside `[a, b]`.
+    pub fn tcp_in(&self, sk: u64, a: u64, b: u64) -> TcpTrouble {
+        let mut out = TcpTrouble::default();
+        for e in self.tcp.get(&sk).into_iter().flatten() {
+            if e.t_ns < a || e.t_ns > b {
+                continue;
+            }
+            if e.what == TCP_RETRANSMIT {
+                out.retransmits += 1;
+                out.last_retransmit_ns = Some(out.last_retransmit_ns.unwrap_or(0).max(e.t_ns));
+            } else {
+                out.resets += 1;
+            }
+        }
+        out
+    }
+
+    /// Large copies of any traced process inside `[a, b]`.
+    pub fn copies_in(&self, a: u64, b: u64) -> Copies {
+        let mut out = Copies::default();
+        let (mut first, mut last) = (u64::MAX, 0);
+        for e in self.copies.iter().filter(|e| e.t_ns >= a && e.t_ns <= b) {
+            out.count += 1;
+            out.bytes += e.bytes;
+            first = first.min(e.t_ns);
+            last = last.max(e.t_ns);
+        }
+        if out.count > 0 {
+            out.span_ns = last - first;
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ttft_trace_common::signals::{EVENT_COPY, EVENT_SCHED, EVENT_TCP, TCP_RESET_SENT};
+
+    fn sched(what: u32, tid: u32, s: u64, e: u64) -> SchedEvent {
+        SchedEvent {
+            kind: EVENT_SCHED,
+            what,
+            tgid: 1,
+            tid,
+            t_start_ns: s,
+            t_end_ns: e,
+        }
+    }
+
+    #[test]
+    fn overlaps_are_clipped_to_the_window() {
+        let mut st = SignalStore::default();
+        st.on_sched(&sched(SCHED_RUNQ, 10, 0, 100));
+        st.on_sched(&sched(SCHED_RUNQ, 11, 150, 400));
+        st.on_sched(&sched(SCHED_RUNQ, 10, 500, 600));
+        // Out of order arrival still lands in place.
+        st.on_sched(&sched(SCHED_ONCPU, 12, 90, 300));
+        let r = st.runq_in(50, 200, |_, _| true);
+        assert_eq!(
+            r,
+            Overlap {
+                total_ns: 50 + 50,
+                max_ns: 50
+            }
+        );
+        let r = st.runq_in(50, 200, |_, tid| tid != 11);
+        assert_eq!(r.total_ns, 50);
+        assert_eq!(st.oncpu_in(0, 1000, |_, _| true).total_ns, 210);
+        assert_eq!(st.blocked_in(0, 1000, |_, _| true).total_ns, 0);
+        assert_eq!(
+            st.runq_in(200, 200, |_, _| true).total_ns,
+            0,
+            "empty window"
+        );
+    }
+
+    #[test]
+    fn a_long_interval_ending_after_the_window_counts() {
+        let mut st = SignalStore::default();
+        st.on_sched(&sched(SCHED_BLOCKED, 1, 0, 10_000));
+        for i in 0..100 {
+            st.on_sched(&sched(SCHED_RUNQ, 2, 100 + i, 101 + i));
+        }
+        assert_eq!(st.blocked_in(500, 600, |_, _| true).total_ns, 100);
+    }
+
+    #[test]
+    fn tcp_and_copies_in_windows() {
+        let mut st = SignalStore::default();
+        for (t, what) in [
+            (10, TCP_RETRANSMIT),
+            (20, TCP_RETRANSMIT),
+            (30, TCP_RESET_SENT),
+            (90, TCP_RETRANSMIT),
+        ] {
+            st.on_tcp(&TcpEvent {
+                kind: EVENT_TCP,
+                what,
+                sk: 7,
+                t_ns: t,
+            });
+        }
+        let t = st.tcp_in(7, 0, 50);
+        assert_eq!(
+            (t.retransmits, t.last_retransmit_ns, t.resets),
+            (2, Some(20), 1)
+        );
+        assert_eq!(st.tcp_in(8, 0, 50), TcpTrouble::default());
+        for t in [100, 200, 300] {
+            st.on_copy(&CopyEvent {
+                kind: EVENT_COPY,
+                bytes: 1 << 23,
+                t_ns: t,
+                ..CopyEvent::default()
+            });
+        }
+        let c = st.copies_in(150, 300);
+        assert_eq!((c.count, c.bytes, c.span_ns), (2, 2 << 23, 100));
+    }
+
+    #[test]
+    fn pruning_and_first_episodes() {
+        let mut st = SignalStore::default();
+        st.on_sched(&sched(SCHED_RUNQ, 1, 0, 10));
+        st.on_tcp(&TcpEvent {
+            kind: EVENT_TCP,
+            what: TCP_RETRANSMIT,
+            sk: 1,
+            t_ns: 5,
+        });
+        st.on_episode(3, 500);
+        st.on_episode(3, 400);
+        assert_eq!(st.first_episode(3), Some(400));
+        st.prune(KEEP_NS + 100);
+        assert_eq!(st.runq_in(0, 100, |_, _| true).total_ns, 0);
+        assert_eq!(st.tcp_in(1, 0, 100).retransmits, 0);
+        st.forget_process(3);
+        assert_eq!(st.first_episode(3), None);
+    }
+}
