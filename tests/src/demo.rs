@@ -88,6 +88,9 @@ pub struct ClientRequest {
     pub t_first_token: Option<u64>,
     #[serde(default)]
     pub chunks: u64,
+    /// Fault switches the request asked the demo server for.
+    #[serde(default)]
+    pub faults: Vec<String>,
     pub outcome: String,
 }
 

@@ -1,3 +1,4 @@
 pub mod demo;
+pub mod faults;
 pub mod fixtures;
 pub mod tracer;

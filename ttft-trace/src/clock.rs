@@ -3,12 +3,22 @@
 
 /// `clock_gettime(CLOCK_MONOTONIC)` in nanoseconds.
 pub fn monotonic_ns() -> u64 {
+    read(libc::CLOCK_MONOTONIC)
+}
+
+/// `clock_gettime(CLOCK_BOOTTIME)`: MONOTONIC plus the time suspended; the
+/// clock of process start times in /proc.
+pub fn boottime_ns() -> u64 {
+    read(libc::CLOCK_BOOTTIME)
+}
+
+fn read(clock: libc::clockid_t) -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
-    // SAFETY: ts is a valid, writable timespec; CLOCK_MONOTONIC always exists.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    // SAFETY: ts is a valid, writable timespec; both clocks always exist.
+    let rc = unsafe { libc::clock_gettime(clock, &mut ts) };
     debug_assert_eq!(rc, 0);
     (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
 }
@@ -20,5 +30,6 @@ mod tests {
         let a = super::monotonic_ns();
         let b = super::monotonic_ns();
         assert!(a > 0 && b >= a);
+        assert!(super::boottime_ns() >= a, "boot time includes suspends");
     }
 }

@@ -5,6 +5,7 @@
 //! episode), `record` (exact percentiles), `metrics` (Prometheus), `targets`
 //! (the traced process tree), `session` (the event loop tying them).
 
+pub mod causes;
 pub mod clock;
 pub mod decode;
 pub mod episodes;

@@ -57,6 +57,13 @@ enum Command {
         /// attribution; shorter ones are only summed in the kernel.
         #[arg(long, value_name = "US", default_value_t = 1000)]
         sched_min_us: u64,
+        /// TTFT above which a request is slow and its causes are named (ms).
+        #[arg(long, value_name = "MS", default_value_t = 350)]
+        slo_ms: u64,
+        /// Attribution thresholds as JSON (any fields of CauseConfig, in ns
+        /// or shares); --slo-ms overrides its slow_ttft_ns.
+        #[arg(long, value_name = "FILE")]
+        causes_config: Option<PathBuf>,
         /// Do not sample GPU readings through NVML.
         #[arg(long)]
         no_nvml: bool,
@@ -71,6 +78,24 @@ enum Command {
 
 fn seconds(s: f64) -> anyhow::Result<Duration> {
     Duration::try_from_secs_f64(s).map_err(|e| anyhow::anyhow!("bad duration {s}: {e}"))
+}
+
+/// The attribution thresholds: defaults, then the JSON file, then --slo-ms.
+fn causes_config_from(
+    file: Option<&std::path::Path>,
+    slo_ms: u64,
+) -> anyhow::Result<ttft_trace::causes::CauseConfig> {
+    use anyhow::Context as _;
+    let mut cfg: ttft_trace::causes::CauseConfig = match file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?
+        }
+        None => Default::default(),
+    };
+    cfg.slow_ttft_ns = slo_ms.saturating_mul(1_000_000);
+    Ok(cfg)
 }
 
 fn main() -> ExitCode {
@@ -105,6 +130,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             ringbuf_bytes,
             ports,
             sched_min_us,
+            slo_ms,
+            causes_config,
             no_nvml,
             nvml_lib,
             nvml_period_ms,
@@ -121,6 +148,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 ringbuf_bytes,
                 ports,
                 sched_min_ns: sched_min_us.saturating_mul(1000),
+                causes: causes_config_from(causes_config.as_deref(), slo_ms)?,
                 nvml: (!no_nvml).then(|| ttft_trace::nvml::NvmlConfig {
                     period: Duration::from_millis(nvml_period_ms),
                     library_path: nvml_lib,

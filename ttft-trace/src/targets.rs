@@ -36,6 +36,22 @@ fn parent_from_stat(stat: &str) -> Option<u32> {
     rest.split_whitespace().nth(1)?.parse().ok()
 }
 
+/// When `pid` started, on CLOCK_MONOTONIC (from /proc/PID/stat `starttime`,
+/// clock ticks since boot on CLOCK_BOOTTIME, moved to MONOTONIC by the
+/// suspended time).
+pub fn start_time_ns(pid: u32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    // After the command: state is field 3 of the line, starttime field 22.
+    let ticks: u64 = rest.split_whitespace().nth(19)?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let hz = u64::try_from(hz).ok().filter(|&h| h > 0)?;
+    let boot_ns = ticks.checked_mul(1_000_000_000)? / hz;
+    let suspended = crate::clock::boottime_ns().saturating_sub(crate::clock::monotonic_ns());
+    Some(boot_ns.saturating_sub(suspended))
+}
+
 /// Every live descendant of `root` (not `root` itself), from one pass over /proc.
 pub fn descendants(root: u32) -> Vec<u32> {
     let mut children: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
@@ -96,6 +112,12 @@ mod tests {
         let _ = child.wait();
         assert!(found, "child {} not among descendants", child.id());
         assert!(comm(me).is_some());
+        let started = start_time_ns(me).expect("start time");
+        let now = crate::clock::monotonic_ns();
+        assert!(
+            started <= now && now - started < 3_600_000_000_000,
+            "{started} vs {now}"
+        );
     }
 
     #[test]

@@ -35,6 +35,7 @@ pub fn setup() -> Result<()> {
     bpf_linker()?;
     cudart()?;
     nvml()?;
+    nftables()?;
     Ok(())
 }
 
@@ -174,6 +175,36 @@ fn nvml() -> Result<()> {
     let script = repo_root()?.join("tests/fixtures/nvml/fetch-real-nvml.sh");
     let out = output(Command::new("bash").arg(&script))?;
     log_last_line("setup: real NVML library", &out);
+    Ok(())
+}
+
+/// nftables (`nft`), for the tests' packet loss on a loopback port
+/// (`tests/src/faults.rs`): from apt when missing, with an `apt-get update`
+/// first only if the plain install fails (a fresh image's lists may be stale).
+fn nftables() -> Result<()> {
+    let found = Command::new("sh")
+        .args(["-c", "command -v nft || test -x /usr/sbin/nft"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if found {
+        return Ok(());
+    }
+    if output(Command::new("id").arg("-u"))?.trim() != "0" {
+        eprintln!(
+            "setup: nft missing; not root, so not installing nftables (the packet-loss tests run as root)"
+        );
+        return Ok(());
+    }
+    eprintln!("setup: installing nftables (nft, for the packet-loss tests) with apt-get");
+    let install = || {
+        cmd(Command::new("apt-get")
+            .args(["install", "-y", "-q", "nftables"])
+            .env("DEBIAN_FRONTEND", "noninteractive"))
+    };
+    if install().is_err() {
+        cmd(Command::new("apt-get").args(["update", "-q"]))?;
+        install()?;
+    }
     Ok(())
 }
 

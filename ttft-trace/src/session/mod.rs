@@ -3,6 +3,7 @@
 //! /metrics) until the duration ends, a signal arrives or the target exits.
 
 mod counters;
+mod evidence;
 mod summary;
 
 use std::{
@@ -21,14 +22,18 @@ use tokio::{
     io::{Interest, unix::AsyncFd},
     signal::unix::SignalKind,
 };
-use ttft_trace_common::{Direction, Stat, signals::SchedTotals};
+use ttft_trace_common::{
+    Direction, Stat,
+    signals::{SchedTotals, TCP_RETRANSMIT},
+};
 
 use crate::{
+    causes::{Attribution, CauseConfig, CauseMetrics, CauseSummary, Evidence, attribute},
     clock::monotonic_ns,
     decode::{Event, decode},
     episodes::EpisodeRecord,
     metrics::{self, Metrics},
-    nvml::{self, NvmlConfig, Sampler, WindowReadings},
+    nvml::{self, NvmlConfig, Sampler},
     ports,
     probes::{
         Attached, LoadConfig, Probes,
@@ -68,6 +73,8 @@ pub struct AttachConfig {
     pub ports: Vec<u16>,
     /// Scheduler intervals at least this long are kept for attribution.
     pub sched_min_ns: u64,
+    /// Thresholds of the cause attribution.
+    pub causes: CauseConfig,
     /// NVML sampling; None: off.
     pub nvml: Option<NvmlConfig>,
 }
@@ -102,16 +109,28 @@ struct Session {
     /// Last scheduler totals read per process (exited ones included), so
     /// that the exported counters never go back.
     sched_totals: BTreeMap<u32, SchedTotals>,
+    causes: CauseConfig,
+    cause_metrics: CauseMetrics,
+    cause_summary: CauseSummary,
+    /// Finished requests waiting for late signals (a retransmit of their
+    /// first token comes after it), released at the time given.
+    held: Vec<(u64, RequestRecord)>,
+    traced_since_ns: u64,
 }
 
-/// A request's JSONL line: the record, plus the GPU readings over
-/// [arrival, first token] of the GPU that served it.
+/// A request's JSONL line: the record, its attribution (`slow`, `causes`),
+/// and for slow requests the evidence read (GPU readings included).
 #[derive(serde::Serialize)]
 struct RequestLine<'a> {
     #[serde(flatten)]
     record: &'a RequestRecord,
+    #[serde(flatten)]
+    attribution: &'a Attribution,
+    /// TCP retransmits on the request's connection between its arrival and
+    /// its last send (all requests, slow or not).
+    tcp_retransmits: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
-    gpu: Option<WindowReadings>,
+    evidence: Option<&'a Evidence>,
 }
 
 pub async fn attach(cfg: AttachConfig) -> Result<Stop> {
@@ -141,6 +160,7 @@ pub async fn attach(cfg: AttachConfig) -> Result<Stop> {
     };
     let request_metrics = RequestMetrics::new(&metrics.registry)?;
     let signal_metrics = SignalMetrics::new(&metrics.registry)?;
+    let cause_metrics = CauseMetrics::new(&metrics.registry)?;
     let mut s = Session {
         probes,
         scanner: Scanner::default(),
@@ -160,6 +180,11 @@ pub async fn attach(cfg: AttachConfig) -> Result<Stop> {
         signals: SignalStore::default(),
         signal_metrics,
         sched_totals: BTreeMap::new(),
+        causes: cfg.causes.clone(),
+        cause_metrics,
+        cause_summary: CauseSummary::new(5),
+        held: Vec::new(),
+        traced_since_ns: monotonic_ns(),
     };
     if let Some(nvml_cfg) = &cfg.nvml {
         match nvml::start(nvml_cfg, &s.metrics.registry)? {
@@ -224,6 +249,7 @@ pub async fn attach(cfg: AttachConfig) -> Result<Stop> {
     let lost = s.metrics.events_lost();
     let flushed = s.requests.flush();
     s.finish_requests(flushed);
+    s.release_requests(monotonic_ns(), true);
     println!(
         "{}",
         summary::final_block(
@@ -239,6 +265,9 @@ pub async fn attach(cfg: AttachConfig) -> Result<Stop> {
         println!("requests:            {}", s.requests_total);
         for line in s.request_figures.total_lines(summary::percentiles) {
             println!("  {line}");
+        }
+        for line in s.cause_summary.total_lines() {
+            println!("{line}");
         }
     }
     if s.decode_errors > 0 {
@@ -280,30 +309,60 @@ impl Session {
         Ok(())
     }
 
-    /// Logs, records and exports finished requests.
+    /// Holds finished requests until late signals can have arrived.
     fn finish_requests(&mut self, finished: Vec<RequestRecord>) {
         for record in finished {
+            let release = record.ttft_ns.map_or(0, |ttft| {
+                self.causes.network_window_end_ns(record.t_arrive_ns, ttft)
+            });
+            self.held.push((release, record));
+        }
+    }
+
+    /// Attributes, logs, records and exports the held requests whose time
+    /// has come (all of them with `all`).
+    fn release_requests(&mut self, now_ns: u64, all: bool) {
+        let (ready, held): (Vec<_>, Vec<_>) = std::mem::take(&mut self.held)
+            .into_iter()
+            .partition(|(release, _)| all || *release <= now_ns);
+        self.held = held;
+        for (_, record) in ready {
             self.requests_total += 1;
             self.request_metrics.observe(&record);
             self.request_figures.record(&record);
+            let evidence = evidence::gather(
+                &record,
+                &self.signals,
+                self.gpu.as_ref(),
+                &self.causes,
+                self.traced_since_ns,
+            );
+            let attribution = attribute(&evidence, &self.causes);
+            self.cause_metrics.observe(&attribution);
+            self.cause_summary.record(&attribution, || {
+                format!(
+                    "{}:{} #{}",
+                    record.client_addr, record.client_port, record.request_index
+                )
+            });
             let Some(w) = self.jsonl.as_mut() else {
                 continue;
             };
-            let gpu = self.gpu.as_ref().and_then(|g| {
-                let end = record.t_first_token_ns.or(record.t_done_ns)?;
-                g.window(
-                    record.gpu_pid.and_then(|p| g.gpu_of_pid(p)),
-                    record.t_arrive_ns,
-                    end,
-                )
-            });
-            if let Err(e) = write_line(
-                w,
-                &RequestLine {
-                    record: &record,
-                    gpu,
-                },
-            ) {
+            let end = record.t_done_ns.unwrap_or(now_ns);
+            let tcp_retransmits = u64::from_str_radix(record.conn.trim_start_matches("0x"), 16)
+                .map_or(0, |sk| {
+                    self.signals
+                        .tcp_events_in(sk, record.t_arrive_ns, end)
+                        .filter(|e| e.what == TCP_RETRANSMIT)
+                        .count()
+                });
+            let line = RequestLine {
+                record: &record,
+                attribution: &attribution,
+                tcp_retransmits,
+                evidence: attribution.slow.then_some(&evidence),
+            };
+            if let Err(e) = write_line(w, &line) {
                 log::warn!("writing JSONL failed, no more lines will be written: {e}");
                 self.jsonl = None;
             }
@@ -447,7 +506,8 @@ impl Session {
             Ok(Event::Copy(ev)) => self.signals.on_copy(&ev),
             Ok(Event::Episode(ev)) => {
                 self.requests.on_episode(&ev);
-                self.signals.on_episode(ev.tgid, ev.t_first_launch_ns);
+                self.signals
+                    .on_episode(ev.tgid, ev.tid, ev.t_first_launch_ns);
                 let mut rec = EpisodeRecord::new(&ev);
                 if let Some(gpu) = &self.gpu {
                     rec.gpu = gpu.window(
@@ -485,8 +545,10 @@ impl Session {
             drop(item);
             self.handle(&owned);
         }
-        let finished = self.requests.drain_finished(monotonic_ns());
+        let now = monotonic_ns();
+        let finished = self.requests.drain_finished(now);
         self.finish_requests(finished);
+        self.release_requests(now, false);
     }
 
     /// Reads the kernel's counters and statistics into the metrics; forgets
@@ -499,6 +561,7 @@ impl Session {
             if !live.contains(tgid) && !targets::is_process(*tgid) {
                 self.probes.drop_counters(*tgid)?;
                 self.counters.forget(*tgid);
+                self.signals.forget_process(*tgid);
             }
         }
         for (tgid, t) in self.probes.sched_totals()? {
@@ -556,6 +619,9 @@ impl Session {
                         if !line.contains(" n=0 ") {
                             println!("           {line}");
                         }
+                    }
+                    for line in self.cause_summary.window_lines() {
+                        println!("           {line}");
                     }
                     if let Some(w) = self.jsonl.as_mut() { let _ = w.flush(); }
                 }

@@ -5,4 +5,4 @@ mod metrics;
 mod store;
 
 pub use metrics::SignalMetrics;
-pub use store::{Copies, KEEP_NS, Overlap, SignalStore, TcpTrouble};
+pub use store::{Copies, KEEP_NS, Overlap, SignalStore};

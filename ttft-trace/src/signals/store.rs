@@ -3,8 +3,9 @@
 
 use std::collections::{HashMap, VecDeque};
 
+use ttft_trace_common::Direction;
 use ttft_trace_common::signals::{
-    CopyEvent, SCHED_BLOCKED, SCHED_ONCPU, SCHED_RUNQ, SchedEvent, TCP_RETRANSMIT, TcpEvent,
+    CopyEvent, SCHED_BLOCKED, SCHED_ONCPU, SCHED_RUNQ, SchedEvent, TcpEvent,
 };
 
 /// How much history is kept: requests are finished at most this long after
@@ -27,19 +28,14 @@ pub struct Overlap {
     pub max_ns: u64,
 }
 
-/// TCP trouble on one connection inside a window.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct TcpTrouble {
-    pub retransmits: u32,
-    pub last_retransmit_ns: Option<u64>,
-    pub resets: u32,
-}
-
 /// Large copies inside a window.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Copies {
     pub count: u32,
     pub bytes: u64,
+    /// Host to device (loading, swapping in) and device to host (swapping out).
+    pub h2d_bytes: u64,
+    pub d2h_bytes: u64,
     /// First to last copy call in the window.
     pub span_ns: u64,
 }
@@ -55,6 +51,8 @@ pub struct SignalStore {
     copies: VecDeque<CopyEvent>,
     /// First traced GPU episode (its first launch) per process.
     first_episode: HashMap<u32, u64>,
+    /// Threads that launched GPU episodes, with their process.
+    gpu_threads: HashMap<u32, u32>,
 }
 
 impl SignalStore {
@@ -85,7 +83,8 @@ impl SignalStore {
     }
 
     /// Notes an episode; the first one of each process marks its cold start.
-    pub fn on_episode(&mut self, tgid: u32, t_first_launch_ns: u64) {
+    pub fn on_episode(&mut self, tgid: u32, tid: u32, t_first_launch_ns: u64) {
+        self.gpu_threads.insert(tid, tgid);
         let first = self.first_episode.entry(tgid).or_insert(t_first_launch_ns);
         *first = (*first).min(t_first_launch_ns);
     }
@@ -112,13 +111,20 @@ impl SignalStore {
         });
     }
 
+    /// Forgets a process that exited (its threads' ids may be reused).
     pub fn forget_process(&mut self, tgid: u32) {
         self.first_episode.remove(&tgid);
+        self.gpu_threads.retain(|_, p| *p != tgid);
     }
 
-    /// Intervals of kind `what` overlapping `[a, b]` of the threads `keep`
-    /// accepts (by tgid, tid).
-    pub fn sched_in(&self, what: u32, a: u64, b: u64, keep: impl Fn(u32, u32) -> bool) -> Overlap {
+    /// Intervals of kind `what` overlapping `[a, b]` that `keep` accepts.
+    pub fn sched_in(
+        &self,
+        what: u32,
+        a: u64,
+        b: u64,
+        keep: impl Fn(&SchedEvent) -> bool,
+    ) -> Overlap {
         let mut out = Overlap::default();
         if b <= a {
             return out;
@@ -129,7 +135,7 @@ impl SignalStore {
             if e.t_end_ns > until {
                 break;
             }
-            if e.what != what || !keep(e.tgid, e.tid) {
+            if e.what != what || !keep(e) {
                 continue;
             }
             let o = overlap(e.t_start_ns, e.t_end_ns, a, b);
@@ -139,33 +145,56 @@ impl SignalStore {
         out
     }
 
-    pub fn runq_in(&self, a: u64, b: u64, keep: impl Fn(u32, u32) -> bool) -> Overlap {
+    pub fn runq_in(&self, a: u64, b: u64, keep: impl Fn(&SchedEvent) -> bool) -> Overlap {
         self.sched_in(SCHED_RUNQ, a, b, keep)
     }
 
-    pub fn oncpu_in(&self, a: u64, b: u64, keep: impl Fn(u32, u32) -> bool) -> Overlap {
+    pub fn oncpu_in(&self, a: u64, b: u64, keep: impl Fn(&SchedEvent) -> bool) -> Overlap {
         self.sched_in(SCHED_ONCPU, a, b, keep)
     }
 
-    pub fn blocked_in(&self, a: u64, b: u64, keep: impl Fn(u32, u32) -> bool) -> Overlap {
+    pub fn blocked_in(&self, a: u64, b: u64, keep: impl Fn(&SchedEvent) -> bool) -> Overlap {
         self.sched_in(SCHED_BLOCKED, a, b, keep)
     }
 
-    /// Retransmits and resets on connection `sk` inside `[a, b]`.
-    pub fn tcp_in(&self, sk: u64, a: u64, b: u64) -> TcpTrouble {
-        let mut out = TcpTrouble::default();
-        for e in self.tcp.get(&sk).into_iter().flatten() {
-            if e.t_ns < a || e.t_ns > b {
-                continue;
+    /// TCP events on connection `sk` inside `[a, b]`.
+    pub fn tcp_events_in(&self, sk: u64, a: u64, b: u64) -> impl Iterator<Item = &TcpEvent> {
+        self.tcp
+            .get(&sk)
+            .into_iter()
+            .flatten()
+            .filter(move |e| e.t_ns >= a && e.t_ns <= b)
+    }
+
+    /// The largest overlap with `[a, b]` of one thread's intervals of kind
+    /// `what` (summed per thread), among the threads `keep` accepts.
+    pub fn max_thread_overlap(
+        &self,
+        what: u32,
+        a: u64,
+        b: u64,
+        keep: impl Fn(&SchedEvent) -> bool,
+    ) -> u64 {
+        let mut per_thread: HashMap<u32, u64> = HashMap::new();
+        if b <= a {
+            return 0;
+        }
+        let from = self.sched.partition_point(|e| e.t_end_ns <= a);
+        let until = b.saturating_add(self.longest_ns);
+        for e in self.sched.range(from..) {
+            if e.t_end_ns > until {
+                break;
             }
-            if e.what == TCP_RETRANSMIT {
-                out.retransmits += 1;
-                out.last_retransmit_ns = Some(out.last_retransmit_ns.unwrap_or(0).max(e.t_ns));
-            } else {
-                out.resets += 1;
+            if e.what == what && keep(e) {
+                *per_thread.entry(e.tid).or_default() += overlap(e.t_start_ns, e.t_end_ns, a, b);
             }
         }
-        out
+        per_thread.values().copied().max().unwrap_or(0)
+    }
+
+    /// Whether `tid` has launched GPU work (a GPU-launching thread).
+    pub fn is_gpu_thread(&self, tid: u32) -> bool {
+        self.gpu_threads.contains_key(&tid)
     }
 
     /// Large copies of any traced process inside `[a, b]`.
@@ -175,6 +204,11 @@ impl SignalStore {
         for e in self.copies.iter().filter(|e| e.t_ns >= a && e.t_ns <= b) {
             out.count += 1;
             out.bytes += e.bytes;
+            if e.direction == Direction::HostToDevice as u32 {
+                out.h2d_bytes += e.bytes;
+            } else if e.direction == Direction::DeviceToHost as u32 {
+                out.d2h_bytes += e.bytes;
+            }
             first = first.min(e.t_ns);
             last = last.max(e.t_ns);
         }
@@ -188,7 +222,9 @@ impl SignalStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ttft_trace_common::signals::{EVENT_COPY, EVENT_SCHED, EVENT_TCP, TCP_RESET_SENT};
+    use ttft_trace_common::signals::{
+        EVENT_COPY, EVENT_SCHED, EVENT_TCP, TCP_RESET_SENT, TCP_RETRANSMIT,
+    };
 
     fn sched(what: u32, tid: u32, s: u64, e: u64) -> SchedEvent {
         SchedEvent {
@@ -209,7 +245,7 @@ mod tests {
         st.on_sched(&sched(SCHED_RUNQ, 10, 500, 600));
         // Out of order arrival still lands in place.
         st.on_sched(&sched(SCHED_ONCPU, 12, 90, 300));
-        let r = st.runq_in(50, 200, |_, _| true);
+        let r = st.runq_in(50, 200, |_| true);
         assert_eq!(
             r,
             Overlap {
@@ -217,15 +253,25 @@ mod tests {
                 max_ns: 50
             }
         );
-        let r = st.runq_in(50, 200, |_, tid| tid != 11);
+        let r = st.runq_in(50, 200, |e| e.tid != 11);
         assert_eq!(r.total_ns, 50);
-        assert_eq!(st.oncpu_in(0, 1000, |_, _| true).total_ns, 210);
-        assert_eq!(st.blocked_in(0, 1000, |_, _| true).total_ns, 0);
+        assert_eq!(st.oncpu_in(0, 1000, |_| true).total_ns, 210);
+        assert_eq!(st.blocked_in(0, 1000, |_| true).total_ns, 0);
+        assert_eq!(st.runq_in(200, 200, |_| true).total_ns, 0, "empty window");
+    }
+
+    #[test]
+    fn per_thread_maximum() {
+        let mut st = SignalStore::default();
+        st.on_sched(&sched(SCHED_BLOCKED, 1, 0, 100));
+        st.on_sched(&sched(SCHED_BLOCKED, 1, 150, 200));
+        st.on_sched(&sched(SCHED_BLOCKED, 2, 0, 120));
+        assert_eq!(st.max_thread_overlap(SCHED_BLOCKED, 0, 200, |_| true), 150);
         assert_eq!(
-            st.runq_in(200, 200, |_, _| true).total_ns,
-            0,
-            "empty window"
+            st.max_thread_overlap(SCHED_BLOCKED, 0, 200, |e| e.tid == 2),
+            120
         );
+        assert_eq!(st.max_thread_overlap(SCHED_RUNQ, 0, 200, |_| true), 0);
     }
 
     #[test]
@@ -235,7 +281,7 @@ mod tests {
         for i in 0..100 {
             st.on_sched(&sched(SCHED_RUNQ, 2, 100 + i, 101 + i));
         }
-        assert_eq!(st.blocked_in(500, 600, |_, _| true).total_ns, 100);
+        assert_eq!(st.blocked_in(500, 600, |_| true).total_ns, 100);
     }
 
     #[test]
@@ -254,22 +300,33 @@ mod tests {
                 t_ns: t,
             });
         }
-        let t = st.tcp_in(7, 0, 50);
+        let times: Vec<(u32, u64)> = st
+            .tcp_events_in(7, 0, 50)
+            .map(|e| (e.what, e.t_ns))
+            .collect();
         assert_eq!(
-            (t.retransmits, t.last_retransmit_ns, t.resets),
-            (2, Some(20), 1)
+            times,
+            vec![
+                (TCP_RETRANSMIT, 10),
+                (TCP_RETRANSMIT, 20),
+                (TCP_RESET_SENT, 30)
+            ]
         );
-        assert_eq!(st.tcp_in(8, 0, 50), TcpTrouble::default());
+        assert_eq!(st.tcp_events_in(8, 0, 50).count(), 0);
         for t in [100, 200, 300] {
             st.on_copy(&CopyEvent {
                 kind: EVENT_COPY,
                 bytes: 1 << 23,
                 t_ns: t,
+                direction: Direction::HostToDevice as u32,
                 ..CopyEvent::default()
             });
         }
         let c = st.copies_in(150, 300);
-        assert_eq!((c.count, c.bytes, c.span_ns), (2, 2 << 23, 100));
+        assert_eq!(
+            (c.count, c.bytes, c.h2d_bytes, c.d2h_bytes, c.span_ns),
+            (2, 2 << 23, 2 << 23, 0, 100)
+        );
     }
 
     #[test]
@@ -282,13 +339,15 @@ mod tests {
             sk: 1,
             t_ns: 5,
         });
-        st.on_episode(3, 500);
-        st.on_episode(3, 400);
+        st.on_episode(3, 30, 500);
+        st.on_episode(3, 30, 400);
         assert_eq!(st.first_episode(3), Some(400));
+        assert!(st.is_gpu_thread(30) && !st.is_gpu_thread(3));
         st.prune(KEEP_NS + 100);
-        assert_eq!(st.runq_in(0, 100, |_, _| true).total_ns, 0);
-        assert_eq!(st.tcp_in(1, 0, 100).retransmits, 0);
+        assert_eq!(st.runq_in(0, 100, |_| true).total_ns, 0);
+        assert_eq!(st.tcp_events_in(1, 0, 100).count(), 0);
         st.forget_process(3);
         assert_eq!(st.first_episode(3), None);
+        assert!(!st.is_gpu_thread(30));
     }
 }

@@ -1,0 +1,104 @@
+//! What the rules say about one request: whether it was slow and which causes explain how
+//! much of its time.
+
+use std::collections::BTreeMap;
+
+use serde::{Serialize, Serializer};
+
+/// The six causes of the design. Declaration order breaks ties between causes that explain
+/// the same time, so that output is deterministic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum CauseClass {
+    Queueing,
+    Batching,
+    Cpu,
+    Network,
+    GpuMemory,
+    ColdStart,
+}
+
+impl CauseClass {
+    pub const ALL: [CauseClass; 6] = [
+        Self::Queueing,
+        Self::Batching,
+        Self::Cpu,
+        Self::Network,
+        Self::GpuMemory,
+        Self::ColdStart,
+    ];
+
+    /// The name in the JSONL and the `cause` label.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Queueing => "queueing",
+            Self::Batching => "batching",
+            Self::Cpu => "cpu",
+            Self::Network => "network",
+            Self::GpuMemory => "gpu_memory",
+            Self::ColdStart => "cold_start",
+        }
+    }
+}
+
+impl Serialize for CauseClass {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+/// The name a slow request with no cause is counted under. Not a [`CauseClass`]: it is the
+/// absence of one.
+pub const UNEXPLAINED: &str = "unexplained";
+
+/// One cause of one slow request.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Cause {
+    pub class: CauseClass,
+    /// Time this cause explains, never more than the TTFT judged (for `network`, the part of
+    /// the client's estimated TTFT beyond the server's). Causes may overlap: their sum can
+    /// exceed TTFT.
+    pub explained_ns: u64,
+    /// The numbers the rule read (`_ns` durations, `_ratio` shares, counts), and for causes
+    /// involving the GPU the NVML throttle reasons seen.
+    pub evidence: BTreeMap<&'static str, serde_json::Value>,
+}
+
+/// The verdict on one request.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Attribution {
+    /// TTFT, or the client's estimated TTFT, exceeded the slow threshold: causes were sought.
+    pub slow: bool,
+    /// The measured (server-side) TTFT exceeded the slow threshold: what
+    /// `ttft_trace_slo_violations_total` counts, consistent with the TTFT histogram.
+    pub slo_violation: bool,
+    /// The client's TTFT as estimated from retransmits, when it is later than the server's.
+    pub client_ttft_estimate_ns: Option<u64>,
+    /// Ordered by explained time, longest first. Empty on a slow request: unexplained.
+    pub causes: Vec<Cause>,
+    /// The measured TTFT that was judged (already in the request line, so not serialised);
+    /// `None` for a request that was not judged.
+    #[serde(skip)]
+    pub ttft_ns: Option<u64>,
+}
+
+impl Attribution {
+    /// A slow request that no rule explains.
+    pub fn unexplained(&self) -> bool {
+        self.slow && self.causes.is_empty()
+    }
+
+    /// The TTFT the slow threshold was compared with: the client's estimate when there is one.
+    pub fn judged_ttft_ns(&self) -> Option<u64> {
+        self.client_ttft_estimate_ns.or(self.ttft_ns)
+    }
+
+    /// The `cause` label values this request counts under: one per cause, or `unexplained`.
+    /// Empty when not slow.
+    pub fn labels(&self) -> Vec<&'static str> {
+        if self.unexplained() {
+            vec![UNEXPLAINED]
+        } else {
+            self.causes.iter().map(|c| c.class.name()).collect()
+        }
+    }
+}

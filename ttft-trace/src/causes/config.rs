@@ -1,0 +1,88 @@
+//! Every threshold of the attribution rules, with defaults from the field.
+
+const MS: u64 = 1_000_000;
+const S: u64 = 1_000 * MS;
+const MIB: u64 = 1 << 20;
+
+/// Thresholds of the rules in [`super`]. Durations in nanoseconds, shares in 0..1.
+/// Read from `--causes-config FILE` (JSON, any subset of the fields).
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CauseConfig {
+    /// A request whose TTFT exceeds this is slow (and an SLO violation). 350 ms: the usual
+    /// P99 TTFT objective of interactive serving.
+    pub slow_ttft_ns: u64,
+    /// `queueing` needs at least this long from arrival to the first launch of the request's
+    /// GPU work. 2 s: the design's threshold for scheduler starvation.
+    pub queueing_min_ns: u64,
+    /// ... and the GPU busy (running others' episodes) for at least this share of that wait.
+    pub queueing_min_busy_share: f64,
+    /// `batching` needs the GPU idle for at least this long while the request waited. 100 ms:
+    /// ten times a typical batching window (vLLM and TGI wait a few ms to fill a batch).
+    pub batching_min_idle_ns: u64,
+    /// ... CPU-stage time under this share of that idle time (else a CPU stage explains it)...
+    pub batching_max_cpu_share: f64,
+    /// ... and the GPU-launching thread blocked for at least this share of it (it waited for
+    /// the batch to fill, rather than working on the CPU).
+    pub batching_min_gpu_blocked_share: f64,
+    /// `cpu` fires on at least this much run-queue delay in the TTFT window. 50 ms: a
+    /// healthy host's scheduling delays are micro- to low milliseconds.
+    pub cpu_min_runq_ns: u64,
+    /// ... or on at least this much CPU-stage time (on CPU or blocked) that fits in the GPU's
+    /// idle gap before the request's work.
+    pub cpu_min_stage_ns: u64,
+    /// Retransmits up to this long after the first token can still be the first token's own
+    /// (or earlier bytes'), and then extend the client's TTFT estimate. 0, off, by default:
+    /// the segment a retransmit carries is not seen, and in a test with 20 % loss on the
+    /// server's sends, 15 of 16 requests were estimated slow while their client measured
+    /// under 350 ms (retransmits of later chunks). 3 s covers Linux's 200 ms minimum RTO
+    /// doubled four times, for those who accept the over-estimate.
+    pub network_horizon_ns: u64,
+    /// `gpu_memory` fires when NVML memory used reaches this share of total. 0.95, not 0.9:
+    /// engines that pre-allocate the KV cache sit at 0.90-0.93 by design (vLLM's default
+    /// `gpu_memory_utilization` is 0.9), so 0.9 would mark every request.
+    pub gpu_memory_share: f64,
+    /// ... or when large host<->device copies in the window add up to this many bytes
+    /// (KV-cache swap traffic). 256 MiB: a few dozen KV blocks of a 7B-70B model.
+    pub swap_min_bytes: u64,
+    /// `cold_start` also fires when the GPU process started less than this long before the
+    /// request arrived (warm-up: allocator growth, autotuning, graph capture, JIT). 0, off,
+    /// by default: a server started a minute ago serves warm requests after its first few,
+    /// and the first work and the weight loading below are seen directly.
+    pub cold_start_window_ns: u64,
+    /// `cold_start` fires when host-to-device copies of at least this many bytes run in the
+    /// window while device-to-host traffic stays under a quarter of them: weights being
+    /// loaded (a swap moves both ways). 1 GiB: more than any KV-cache swap-in of one step.
+    pub load_min_bytes: u64,
+}
+
+impl Default for CauseConfig {
+    fn default() -> Self {
+        Self {
+            slow_ttft_ns: 350 * MS,
+            queueing_min_ns: 2 * S,
+            queueing_min_busy_share: 0.5,
+            batching_min_idle_ns: 100 * MS,
+            batching_max_cpu_share: 0.5,
+            batching_min_gpu_blocked_share: 0.5,
+            cpu_min_runq_ns: 50 * MS,
+            cpu_min_stage_ns: 100 * MS,
+            network_horizon_ns: 0,
+            gpu_memory_share: 0.95,
+            swap_min_bytes: 256 * MIB,
+            cold_start_window_ns: 0,
+            load_min_bytes: 1024 * MIB,
+        }
+    }
+}
+
+impl CauseConfig {
+    /// The last moment a retransmit can still count for a request that arrived at
+    /// `t_arrive_ns` with this TTFT: collect its connection's retransmits up to here, and
+    /// attribute it no earlier (for a short response, that is after its end).
+    pub fn network_window_end_ns(&self, t_arrive_ns: u64, ttft_ns: u64) -> u64 {
+        t_arrive_ns
+            .saturating_add(ttft_ns)
+            .saturating_add(self.network_horizon_ns)
+    }
+}

@@ -1,0 +1,135 @@
+//! What the rules read about one request: its timeline (from the [`RequestRecord`]) and the
+//! kernel's and NVML's signals over it. Filled by the session, judged by [`super::attribute`].
+//!
+//! Windows, with `t_gpu_start = t_arrive + queue` and `t_first_token = t_arrive + TTFT`:
+//! *TTFT window* `[t_arrive, t_first_token]`, *queue window* `[t_arrive, t_gpu_start]`,
+//! *request window* `[t_arrive, t_done]`. A signal is the part of it that overlaps its window.
+
+use serde::Serialize;
+
+use crate::nvml::WindowReadings;
+
+#[cfg(doc)]
+use super::CauseConfig;
+use crate::requests::{Figure, RequestRecord};
+
+/// Retransmit times kept per request: the earliest ones are those that can delay the first
+/// token, so later ones are only counted.
+pub const RETRANSMIT_TIMES_CAP: usize = 64;
+
+/// The request's own figures, as the rules need them. Build with `From<&RequestRecord>`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RequestTimes {
+    pub t_arrive_ns: u64,
+    /// `None` when the request has no TTFT that counts (no first token, or an outcome whose
+    /// TTFT enters no histogram: error status, pipelined, evicted): such a request is not judged.
+    pub ttft_ns: Option<u64>,
+    /// Breakdown of TTFT; `None` without a joined GPU episode.
+    pub queue_ns: Option<u64>,
+    pub gpu_ns: Option<u64>,
+    /// Episodes completed in the TTFT window, the request's own included.
+    pub gpu_steps_waited: Option<u32>,
+    /// Time of the queue window covered by no episode.
+    pub gpu_idle_before_start_ns: Option<u64>,
+}
+
+impl From<&RequestRecord> for RequestTimes {
+    fn from(r: &RequestRecord) -> Self {
+        // Judge exactly the TTFT the histograms count.
+        let ttft_ns = r
+            .observations()
+            .find(|&(f, _)| f == Figure::Ttft)
+            .map(|(_, ns)| ns);
+        Self {
+            t_arrive_ns: r.t_arrive_ns,
+            ttft_ns,
+            queue_ns: r.queue_ns,
+            gpu_ns: r.gpu_ns,
+            gpu_steps_waited: r.gpu_steps_waited,
+            gpu_idle_before_start_ns: r.gpu_idle_before_start_ns,
+        }
+    }
+}
+
+impl RequestTimes {
+    /// End of the queue window, when the request's GPU work is known.
+    pub fn t_gpu_start_ns(&self) -> Option<u64> {
+        self.queue_ns.map(|q| self.t_arrive_ns + q)
+    }
+}
+
+/// Signals over one request. Times are CLOCK_MONOTONIC ns (`bpf_ktime_get_ns`); durations
+/// are ns clipped to their window. "The tree" is the traced process tree; "GPU threads" are
+/// the threads that issued kernel launches (the `tid` of episodes), the others are "CPU-stage
+/// threads". A signal that was not traced stays at its `Default` (0, `None`, `false`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Evidence {
+    /// The record's figures (already in the JSONL line, so not serialised again).
+    #[serde(skip)]
+    pub request: RequestTimes,
+    /// Run-queue delay (woken or preempted, runnable, not running) of every thread of the
+    /// tree in the TTFT window, summed over threads.
+    pub runq_ns: u64,
+    /// The longest single run-queue wait among those.
+    pub runq_max_ns: u64,
+    /// On-CPU time of the CPU-stage threads in the queue window, summed over threads.
+    pub cpu_stage_oncpu_ns: u64,
+    /// Off-CPU time of the CPU-stage threads in the queue window while *blocked* (sleeping,
+    /// on a lock or I/O; not runnable), summed over threads.
+    pub cpu_stage_blocked_ns: u64,
+    /// Blocked off-CPU time in the queue window of the GPU thread that blocked longest
+    /// (the maximum over GPU threads, not their sum).
+    pub gpu_thread_blocked_ns: u64,
+    /// `tcp:tcp_retransmit_skb` on the request's own socket from `t_arrive` to
+    /// [`CauseConfig::network_window_end_ns`] (past `t_done` for a short response: the
+    /// repair of its last bytes comes after it).
+    pub retransmits: u32,
+    /// Their times, ascending, the earliest [`RETRANSMIT_TIMES_CAP`] only; fill with
+    /// [`Evidence::add_retransmit`].
+    pub retransmit_times_ns: Vec<u64>,
+    /// `tcp:tcp_receive_reset` plus `tcp:tcp_send_reset` on the socket, same window.
+    pub resets: u32,
+    /// Copy calls of at least 1 MiB, host to device or device to host, by the tree's
+    /// processes, entered in the TTFT window.
+    pub large_copies: u32,
+    /// Bytes of those copies, and the part host to device / device to host
+    /// (loading weights is one way; swapping goes both ways).
+    pub large_copy_bytes: u64,
+    pub large_copy_h2d_bytes: u64,
+    pub large_copy_d2h_bytes: u64,
+    /// First to last entry of the large copies entered in the *queue* window (0 for fewer
+    /// than two): swap traffic that held the request before its GPU work began.
+    pub large_copy_queue_span_ns: u64,
+    /// NVML readings of the request's GPU(s) over the TTFT window; `None` without NVML.
+    pub gpu: Option<WindowReadings>,
+    /// The process of the request's episode had its first-ever GPU episode in the TTFT
+    /// window. Only for a process seen from its exec on: for one already running when
+    /// tracing began, its first traced episode is not its first, so leave this false.
+    pub first_gpu_work_in_window: bool,
+    /// `t_arrive` minus the start (exec) of that process; `None` when unknown.
+    pub gpu_process_age_ns: Option<u64>,
+}
+
+impl Evidence {
+    /// Evidence with the request's figures and no signal yet.
+    pub fn new(request: RequestTimes) -> Self {
+        Self {
+            request,
+            ..Self::default()
+        }
+    }
+
+    /// Counts a retransmit on the request's socket, keeping its time while there is room.
+    /// Calls may come in any order; the kept times stay sorted.
+    pub fn add_retransmit(&mut self, t_ns: u64) {
+        self.retransmits = self.retransmits.saturating_add(1);
+        let at = self.retransmit_times_ns.partition_point(|&t| t <= t_ns);
+        if self.retransmit_times_ns.len() < RETRANSMIT_TIMES_CAP {
+            self.retransmit_times_ns.insert(at, t_ns);
+        } else if at < RETRANSMIT_TIMES_CAP {
+            // Earlier than a kept one: it matters more than the latest kept.
+            self.retransmit_times_ns.pop();
+            self.retransmit_times_ns.insert(at, t_ns);
+        }
+    }
+}

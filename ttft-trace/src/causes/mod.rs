@@ -1,0 +1,69 @@
+//! Why a request was slow: the six causes of the design, each with a rule over the request's
+//! [`Evidence`], each threshold in [`CauseConfig`]. Pure code: no kernel, no clock, no I/O.
+//!
+//! # Slow, SLO violation, causes
+//!
+//! A request is judged only when it has a TTFT that counts (the one the TTFT histogram
+//! records). It is an **SLO violation** when TTFT > `slow_ttft` (350 ms), and **slow** when
+//! TTFT or the client's estimated TTFT (see `network`) exceeds `slow_ttft`. Only slow requests
+//! get causes. Every rule is tried; each that fires gives a cause with the time it explains
+//! (never more than TTFT; for `network` never more than the estimate beyond TTFT) and the
+//! numbers it read. Causes may overlap, so their times need not add up to TTFT. They are
+//! listed longest first. A slow request with no rule firing is `unexplained`.
+//!
+//! Windows: *queue* = arrival to the first launch of the request's GPU work; *TTFT* = arrival
+//! to the first token; "GPU idle" = the part of the queue window covered by no GPU episode.
+//!
+//! | cause | fires when | explains |
+//! | --- | --- | --- |
+//! | `queueing` | queue ≥ `queueing_min` (2 s), at least one other GPU step completed in the TTFT window, and the GPU was busy for ≥ `queueing_min_busy_share` (0.5) of the queue | the busy part of the queue |
+//! | `batching` | GPU idle ≥ `batching_min_idle` (100 ms), CPU-stage time (on CPU + blocked) < `batching_max_cpu_share` (0.5) of the idle, and the GPU thread blocked ≥ `batching_min_gpu_blocked_share` (0.5) of the idle | idle − CPU-stage time |
+//! | `cpu` | run-queue delay of the tree's threads in the TTFT window ≥ `cpu_min_runq` (50 ms), or min(CPU-stage time, GPU idle) ≥ `cpu_min_stage` (100 ms) | the run-queue delay plus that CPU-stage time (each part only if it passed its threshold) |
+//! | `network` | a retransmit on the request's own connection between arrival and `network_horizon` (3 s) after the first token | client TTFT estimate − TTFT |
+//! | `gpu_memory` | NVML memory used ≥ `gpu_memory_share` (0.95) of total in the TTFT window, or copies of ≥ 1 MiB between host and device in it add up to ≥ `swap_min_bytes` (256 MiB) (not counted in a cold start) | the GPU part of TTFT plus the first-to-last span of the large copies made during the queue (not in a cold start) |
+//! | `cold_start` | the GPU process's first-ever episode fell in the TTFT window, or it started < `cold_start_window` (60 s) before arrival | queue + GPU part (the whole TTFT without a breakdown) |
+//!
+//! Clock throttling (any NVML reason but `gpu_idle`) is not a class: it is listed, with the
+//! lowest SM clock, in the evidence of `queueing`, `gpu_memory` and `cold_start`.
+//!
+//! # Where the rules can be fooled
+//!
+//! - **Network.** Server-side TTFT ends when the first token is handed to the kernel; loss
+//!   delays its *delivery*, which no server-side probe sees. The client's TTFT is estimated as
+//!   max(TTFT, last retransmit within the horizon − arrival): TCP delivers in order, so the
+//!   token waits for the repair of any byte before it. This is an upper bound: the last
+//!   retransmit may carry a later chunk, or be spurious (the data arrived, its ACK was lost).
+//!   Retransmits before the first token do not lengthen the server's TTFT (a send returns
+//!   once the bytes are in the socket buffer), so they explain no server time; the cause is
+//!   still listed with 0 explained. Loss of the client's own segments (the request itself) is
+//!   repaired by the client and is invisible here. A reset alone is not a cause: a client that
+//!   gives up on a slow response resets too; resets are shown in the evidence.
+//! - **CPU.** Run-queue delay and CPU-stage time are summed over threads and are not tied to
+//!   the request: on a busy server other requests' work counts too. That is why stage time
+//!   counts only inside the GPU's idle gap; with a GPU kept busy by others, a slow tokenizer
+//!   cannot be told from ordinary queueing. A server that tokenizes on its GPU-launching
+//!   thread shows neither CPU-stage time nor a blocked GPU thread: unexplained.
+//! - **Queueing.** With tensor parallelism every rank's episode counts as a step; the busy
+//!   share is what tells others' work from the request's own.
+//! - **GPU memory.** Engines that pre-allocate the KV cache keep NVML's figure high whatever
+//!   the pressure, hence 0.95; copy traffic is the better signal. Large input tensors (images
+//!   of a vision model) count as copies too.
+//! - **Cold start.** A process already running when tracing began has no known first episode;
+//!   only its age can mark it young.
+
+mod attribution;
+mod config;
+mod evidence;
+mod metrics;
+mod rules;
+mod summary;
+
+pub use attribution::{Attribution, Cause, CauseClass, UNEXPLAINED};
+pub use config::CauseConfig;
+pub use evidence::{Evidence, RETRANSMIT_TIMES_CAP, RequestTimes};
+pub use metrics::CauseMetrics;
+pub use rules::attribute;
+pub use summary::CauseSummary;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,270 @@
+//! The rules, one function per cause (each documented in [`super`]), and [`attribute`] that
+//! runs them on a slow request.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use crate::nvml::WindowReadings;
+
+use super::attribution::{Attribution, Cause, CauseClass};
+use super::config::CauseConfig;
+use super::evidence::Evidence;
+
+type EvidenceMap = BTreeMap<&'static str, Value>;
+
+/// Judges one request: slow or not, SLO violation or not, and for a slow one every cause
+/// whose rule fires, longest explained time first. A request without a TTFT that counts is
+/// not judged (not slow, no violation).
+pub fn attribute(ev: &Evidence, cfg: &CauseConfig) -> Attribution {
+    let Some(ttft) = ev.request.ttft_ns else {
+        return Attribution::default();
+    };
+    let delivery = Delivery::of(ev, cfg, ttft);
+    let client_ttft = delivery.as_ref().map_or(ttft, |d| d.client_ttft_ns);
+    let slo_violation = ttft > cfg.slow_ttft_ns;
+    let slow = slo_violation || client_ttft > cfg.slow_ttft_ns;
+    let mut verdict = Attribution {
+        slow,
+        slo_violation,
+        client_ttft_estimate_ns: (client_ttft > ttft).then_some(client_ttft),
+        causes: Vec::new(),
+        ttft_ns: Some(ttft),
+    };
+    if !slow {
+        return verdict;
+    }
+    let cold = cold_start(ev, cfg, ttft);
+    let is_cold = cold.is_some();
+    verdict.causes = [
+        queueing(ev, cfg, ttft),
+        batching(ev, cfg, ttft),
+        cpu(ev, cfg, ttft),
+        delivery.map(|d| d.cause(ev, ttft)),
+        gpu_memory(ev, cfg, ttft, is_cold),
+        cold,
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    verdict.causes.sort_by(|a, b| {
+        b.explained_ns
+            .cmp(&a.explained_ns)
+            .then(a.class.cmp(&b.class))
+    });
+    verdict
+}
+
+fn cause(class: CauseClass, explained_ns: u64, evidence: EvidenceMap) -> Cause {
+    Cause {
+        class,
+        explained_ns,
+        evidence,
+    }
+}
+
+/// A share for the JSONL, rounded to 4 decimals so that it reads as a share.
+fn ratio(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        return 0.0;
+    }
+    (part as f64 / whole as f64 * 1e4).round() / 1e4
+}
+
+/// For causes that involve the GPU: the throttle reasons seen, other than plain idleness
+/// (throttling is evidence, not a class of its own), and the lowest SM clock.
+fn add_throttle(e: &mut EvidenceMap, gpu: Option<&WindowReadings>) {
+    let Some(g) = gpu.filter(|g| g.throttled()) else {
+        return;
+    };
+    let reasons: Vec<&str> = g
+        .throttle_reasons
+        .iter()
+        .map(String::as_str)
+        .filter(|&r| r != "gpu_idle")
+        .collect();
+    e.insert("gpu_throttle", reasons.into());
+    if let Some(hz) = g.sm_clock_min_hz {
+        e.insert("sm_clock_min_hz", hz.into());
+    }
+}
+
+/// Scheduler starvation: a long wait for the GPU while it ran other work.
+fn queueing(ev: &Evidence, cfg: &CauseConfig, ttft: u64) -> Option<Cause> {
+    let r = &ev.request;
+    let (queue, idle) = (r.queue_ns?, r.gpu_idle_before_start_ns?);
+    // The request's own step is among the steps waited; the others are someone else's work.
+    let other_steps = r.gpu_steps_waited?.saturating_sub(1);
+    let busy = queue.saturating_sub(idle);
+    let fires = queue >= cfg.queueing_min_ns
+        && other_steps >= 1
+        && busy as f64 >= cfg.queueing_min_busy_share * queue as f64;
+    if !fires {
+        return None;
+    }
+    let mut e = EvidenceMap::from([
+        ("queue_ns", queue.into()),
+        ("gpu_busy_ns", busy.into()),
+        ("gpu_busy_ratio", ratio(busy, queue).into()),
+        ("other_gpu_steps", other_steps.into()),
+    ]);
+    add_throttle(&mut e, ev.gpu.as_ref());
+    Some(cause(CauseClass::Queueing, busy.min(ttft), e))
+}
+
+/// Batching-window mismatch: the GPU idled while the request waited, its launching thread
+/// blocked, and no CPU stage was busy enough to account for the gap.
+fn batching(ev: &Evidence, cfg: &CauseConfig, ttft: u64) -> Option<Cause> {
+    let idle = ev.request.gpu_idle_before_start_ns?;
+    let stage = ev.cpu_stage_oncpu_ns + ev.cpu_stage_blocked_ns;
+    let fires = idle >= cfg.batching_min_idle_ns
+        && (stage as f64) < cfg.batching_max_cpu_share * idle as f64
+        && ev.gpu_thread_blocked_ns as f64 >= cfg.batching_min_gpu_blocked_share * idle as f64;
+    if !fires {
+        return None;
+    }
+    let e = EvidenceMap::from([
+        ("gpu_idle_ns", idle.into()),
+        ("cpu_stage_ns", stage.into()),
+        ("gpu_thread_blocked_ns", ev.gpu_thread_blocked_ns.into()),
+    ]);
+    Some(cause(
+        CauseClass::Batching,
+        idle.saturating_sub(stage).min(ttft),
+        e,
+    ))
+}
+
+/// CPU contention (run-queue delay) or a CPU stage that held the request while the GPU idled.
+fn cpu(ev: &Evidence, cfg: &CauseConfig, ttft: u64) -> Option<Cause> {
+    let runq = if ev.runq_ns >= cfg.cpu_min_runq_ns {
+        ev.runq_ns
+    } else {
+        0
+    };
+    // Only the stage time that fits in the GPU's idle gap can have delayed the request: while
+    // the GPU ran others' work, a busy server's CPU stages serve other requests too.
+    let idle = ev.request.gpu_idle_before_start_ns.unwrap_or(0);
+    let stage_total = ev.cpu_stage_oncpu_ns + ev.cpu_stage_blocked_ns;
+    let stage = stage_total.min(idle);
+    let stage = if stage >= cfg.cpu_min_stage_ns {
+        stage
+    } else {
+        0
+    };
+    if runq == 0 && stage == 0 {
+        return None;
+    }
+    let e = EvidenceMap::from([
+        ("runq_ns", ev.runq_ns.into()),
+        ("runq_max_ns", ev.runq_max_ns.into()),
+        ("cpu_stage_oncpu_ns", ev.cpu_stage_oncpu_ns.into()),
+        ("cpu_stage_blocked_ns", ev.cpu_stage_blocked_ns.into()),
+        ("gpu_idle_ns", idle.into()),
+        ("runq_explained_ns", runq.into()),
+        ("stage_explained_ns", stage.into()),
+    ]);
+    Some(cause(CauseClass::Cpu, (runq + stage).min(ttft), e))
+}
+
+/// Loss on the request's own connection, and what it may have added to the client's TTFT.
+struct Delivery {
+    /// Retransmits in `[t_arrive, t_first_token + horizon]`.
+    retransmits: u32,
+    last_after_arrive_ns: u64,
+    client_ttft_ns: u64,
+}
+
+impl Delivery {
+    fn of(ev: &Evidence, cfg: &CauseConfig, ttft: u64) -> Option<Self> {
+        let t0 = ev.request.t_arrive_ns;
+        let horizon_end = cfg.network_window_end_ns(t0, ttft);
+        let relevant = || {
+            ev.retransmit_times_ns
+                .iter()
+                .filter(move |&&t| (t0..=horizon_end).contains(&t))
+        };
+        let last_after_arrive_ns = relevant().max()? - t0;
+        Some(Self {
+            retransmits: u32::try_from(relevant().count()).unwrap_or(u32::MAX),
+            last_after_arrive_ns,
+            // TCP delivers in order: the first token reaches the client no earlier than the
+            // repair of any byte before it. Upper bound: the last retransmit is taken to be
+            // such a repair, though it may be of a later chunk or spurious (an ACK was lost).
+            client_ttft_ns: ttft.max(last_after_arrive_ns),
+        })
+    }
+
+    fn cause(self, ev: &Evidence, ttft: u64) -> Cause {
+        let e = EvidenceMap::from([
+            ("retransmits", self.retransmits.into()),
+            ("retransmits_total", ev.retransmits.into()),
+            ("resets", ev.resets.into()),
+            (
+                "last_retransmit_after_arrive_ns",
+                self.last_after_arrive_ns.into(),
+            ),
+            ("client_ttft_estimate_ns", self.client_ttft_ns.into()),
+        ]);
+        cause(CauseClass::Network, self.client_ttft_ns - ttft, e)
+    }
+}
+
+/// GPU memory pressure: memory near full, or swap-like copy traffic while the request waited.
+fn gpu_memory(ev: &Evidence, cfg: &CauseConfig, ttft: u64, cold: bool) -> Option<Cause> {
+    let memory_full = ev
+        .gpu
+        .as_ref()
+        .is_some_and(|g| g.memory_above(cfg.gpu_memory_share));
+    // In a cold start, large copies are the model being loaded, not the KV cache swapping.
+    let swapping = !cold && ev.large_copy_bytes >= cfg.swap_min_bytes;
+    if !(memory_full || swapping) {
+        return None;
+    }
+    let copies_in_queue = if cold { 0 } else { ev.large_copy_queue_span_ns };
+    let gpu = ev.request.gpu_ns.unwrap_or(0);
+    let mut e = EvidenceMap::from([
+        ("gpu_ns", gpu.into()),
+        ("large_copies", ev.large_copies.into()),
+        ("large_copy_bytes", ev.large_copy_bytes.into()),
+        ("large_copy_queue_span_ns", copies_in_queue.into()),
+    ]);
+    if let Some(g) = &ev.gpu {
+        e.insert("mem_used_max_ratio", g.mem_used_max_ratio.into());
+        e.insert("mem_used_max_bytes", g.mem_used_max_bytes.into());
+        e.insert("mem_total_bytes", g.mem_total_bytes.into());
+    }
+    add_throttle(&mut e, ev.gpu.as_ref());
+    Some(cause(
+        CauseClass::GpuMemory,
+        (gpu + copies_in_queue).min(ttft),
+        e,
+    ))
+}
+
+/// The first work of a new process: its queue and GPU time are warm-up.
+fn cold_start(ev: &Evidence, cfg: &CauseConfig, ttft: u64) -> Option<Cause> {
+    let young = ev
+        .gpu_process_age_ns
+        .is_some_and(|age| age < cfg.cold_start_window_ns);
+    let loading = ev.large_copy_h2d_bytes >= cfg.load_min_bytes
+        && ev.large_copy_d2h_bytes < ev.large_copy_h2d_bytes / 4;
+    if !(ev.first_gpu_work_in_window || young || loading) {
+        return None;
+    }
+    let r = &ev.request;
+    let explained = match (r.queue_ns, r.gpu_ns) {
+        (Some(q), Some(g)) => q + g,
+        _ => ttft,
+    };
+    let mut e = EvidenceMap::from([
+        (
+            "first_gpu_work_in_window",
+            ev.first_gpu_work_in_window.into(),
+        ),
+        ("gpu_process_age_ns", ev.gpu_process_age_ns.into()),
+        ("large_copy_h2d_bytes", ev.large_copy_h2d_bytes.into()),
+    ]);
+    add_throttle(&mut e, ev.gpu.as_ref());
+    Some(cause(CauseClass::ColdStart, explained.min(ttft), e))
+}
