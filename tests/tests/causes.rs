@@ -169,9 +169,9 @@ fn each_injected_cause_is_named() -> Result<()> {
     }
 
     // CPU contention: the server shares one CPU with two busy processes; its
-    // tokenizer is CPU-bound (500 µs a token, ~256 ms a request), so losing
+    // tokenizer is CPU-bound (400 µs a token, ~205 ms a request), so losing
     // most of the CPU makes requests slow. Alone it is not slow.
-    let cpu_args = ["--output-tokens", "32", "--tokenize-us-per-token", "500"];
+    let cpu_args = ["--output-tokens", "32", "--tokenize-us-per-token", "400"];
     let cpu_load = [
         "--concurrency",
         "2",

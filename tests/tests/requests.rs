@@ -145,11 +145,12 @@ fn traced_ttft_agrees_with_the_clients_own() -> Result<()> {
             diff.push(ct - tt);
         }
         let max = diff.iter().copied().fold(0.0, f64::max);
+        let client_p99 = p(client.clone(), 0.99);
         let p99 = p(diff.clone(), 0.99);
         eprintln!(
             "| {c} | {:.2} / {:.2} ms | {:.2} / {:.2} ms | {:.3} ms | {:.3} ms | {} / {} |",
             p(client.clone(), 0.5),
-            p(client, 0.99),
+            client_p99,
             p(tracedv.clone(), 0.5),
             p(tracedv, 0.99),
             max,
@@ -158,9 +159,14 @@ fn traced_ttft_agrees_with_the_clients_own() -> Result<()> {
             step.len()
         );
         // On loopback the difference is the client's own delay in sending
-        // and reading: under 1 ms at concurrency 1; with 16 Python client
-        // threads and the server on 2 cores the client is often descheduled.
-        let bound = if c == 1 { 1.0 } else { 30.0 };
+        // and reading: under 1 ms at concurrency 1. With several Python
+        // client threads (one GIL) beside the server on 2 cores, a client
+        // thread often reads its token late: bounded at 15 % of its P99 TTFT.
+        let bound = if c == 1 {
+            1.0
+        } else {
+            (0.15 * client_p99).max(1.0)
+        };
         assert!(
             p99 < bound,
             "concurrency {c}: P99 difference {p99} ms >= {bound} ms"

@@ -321,18 +321,24 @@ impl Probes {
 
     /// Per-process counters, summed over CPUs.
     pub fn counters(&self) -> Result<BTreeMap<u32, GpuCounters>, ProbeError> {
-        let map: PerCpuHashMap<_, u32, GpuCounters> = PerCpuHashMap::try_from(
-            self.ebpf
-                .map("COUNTERS")
-                .ok_or(ProbeError::Missing("COUNTERS"))?,
-        )
-        .map_err(|e| ProbeError::Map("COUNTERS", e))?;
+        self.per_process("COUNTERS", GpuCounters::add)
+    }
+
+    /// Reads a per-CPU map keyed by tgid, summing each value over CPUs.
+    fn per_process<V: aya::Pod + Default>(
+        &self,
+        name: &'static str,
+        add: fn(&mut V, &V),
+    ) -> Result<BTreeMap<u32, V>, ProbeError> {
+        let map: PerCpuHashMap<_, u32, V> =
+            PerCpuHashMap::try_from(self.ebpf.map(name).ok_or(ProbeError::Missing(name))?)
+                .map_err(|e| ProbeError::Map(name, e))?;
         let mut out = BTreeMap::new();
         for entry in map.iter() {
-            let (tgid, per_cpu) = entry.map_err(|e| ProbeError::Map("COUNTERS", e))?;
-            let mut sum = GpuCounters::default();
+            let (tgid, per_cpu) = entry.map_err(|e| ProbeError::Map(name, e))?;
+            let mut sum = V::default();
             for c in per_cpu.iter() {
-                sum.add(c);
+                add(&mut sum, c);
             }
             out.insert(tgid, sum);
         }
@@ -355,22 +361,7 @@ impl Probes {
 
     /// Per-process scheduler totals, summed over CPUs.
     pub fn sched_totals(&self) -> Result<BTreeMap<u32, SchedTotals>, ProbeError> {
-        let map: PerCpuHashMap<_, u32, SchedTotals> = PerCpuHashMap::try_from(
-            self.ebpf
-                .map("SCHED_TOTALS")
-                .ok_or(ProbeError::Missing("SCHED_TOTALS"))?,
-        )
-        .map_err(|e| ProbeError::Map("SCHED_TOTALS", e))?;
-        let mut out = BTreeMap::new();
-        for entry in map.iter() {
-            let (tgid, per_cpu) = entry.map_err(|e| ProbeError::Map("SCHED_TOTALS", e))?;
-            let mut sum = SchedTotals::default();
-            for c in per_cpu.iter() {
-                sum.add(c);
-            }
-            out.insert(tgid, sum);
-        }
-        Ok(out)
+        self.per_process("SCHED_TOTALS", SchedTotals::add)
     }
 
     /// The run-queue delay histogram (bucket counts, sum in ns), summed over CPUs.
