@@ -110,7 +110,15 @@ pub fn demo() -> Result<()> {
     // tokenizer, a batching GPU worker on the stub CUDA runtime.
     let mut server = Command::new("python3")
         .arg(root.join("tests/demo/server.py"))
-        .args(["--port", "0", "--output-tokens", "64", "--cudart"])
+        .args([
+            "--port",
+            "0",
+            "--output-tokens",
+            "64",
+            "--stall-ms",
+            "400",
+            "--cudart",
+        ])
         .arg(fixtures.join("libcudart.so.12"))
         .arg("--truth")
         .arg(out.join("server-truth.jsonl"))
@@ -143,10 +151,14 @@ pub fn demo() -> Result<()> {
         ],
     );
     let result = tracer.and_then(|mut tracer| {
-        println!("== load: 16 streamed completions at concurrency 1, then 16 at 4 (tests/demo/loadgen.py) ==");
+        println!(
+            "== load: 16 streamed completions at concurrency 1, then 16 at 4 (tests/demo/loadgen.py); \
+             a quarter of them ask the server for a 400 ms tokenizer stall =="
+        );
         let load = cmd(Command::new("python3")
             .arg(root.join("tests/demo/loadgen.py"))
             .args(["--port", &port, "--concurrency", "1,4", "--requests", "16", "--output-tokens", "64"])
+            .args(["--fault", "tokenizer_stall", "--fault-share", "0.25"])
             .arg("--out")
             .arg(out.join("client.jsonl")));
         thread::sleep(Duration::from_millis(500));

@@ -77,6 +77,11 @@ pub struct Evidence {
     /// Off-CPU time of the CPU-stage threads in the queue window while *blocked* (sleeping,
     /// on a lock or I/O; not runnable), summed over threads.
     pub cpu_stage_blocked_ns: u64,
+    /// The largest CPU-stage time of any *one* such thread in the queue window (its on-CPU
+    /// time plus its blocked spells that ended in the window): a single stage that stalled
+    /// (a tokenizer spinning or sleeping), told apart from many threads each doing a little
+    /// of other requests' work.
+    pub cpu_stage_thread_max_ns: u64,
     /// Blocked off-CPU time in the queue window of the GPU thread that blocked longest
     /// (the maximum over GPU threads, not their sum).
     pub gpu_thread_blocked_ns: u64,

@@ -146,7 +146,12 @@ fn cpu(ev: &Evidence, cfg: &CauseConfig, ttft: u64) -> Option<Cause> {
     // the GPU ran others' work, a busy server's CPU stages serve other requests too.
     let idle = ev.request.gpu_idle_before_start_ns.unwrap_or(0);
     let stage_total = ev.cpu_stage_oncpu_ns + ev.cpu_stage_blocked_ns;
-    let stage = stage_total.min(idle);
+    // One thread that stalled for that long inside the queue explains it even while the GPU
+    // was busy with others (continuous batching would have taken the request at the next
+    // step); capped at the queue.
+    let queue = ev.request.queue_ns.unwrap_or(0);
+    let stalled = ev.cpu_stage_thread_max_ns.min(queue);
+    let stage = stage_total.min(idle).max(stalled);
     let stage = if stage >= cfg.cpu_min_stage_ns {
         stage
     } else {
@@ -160,6 +165,7 @@ fn cpu(ev: &Evidence, cfg: &CauseConfig, ttft: u64) -> Option<Cause> {
         ("runq_max_ns", ev.runq_max_ns.into()),
         ("cpu_stage_oncpu_ns", ev.cpu_stage_oncpu_ns.into()),
         ("cpu_stage_blocked_ns", ev.cpu_stage_blocked_ns.into()),
+        ("cpu_stage_thread_max_ns", ev.cpu_stage_thread_max_ns.into()),
         ("gpu_idle_ns", idle.into()),
         ("runq_explained_ns", runq.into()),
         ("stage_explained_ns", stage.into()),

@@ -10,6 +10,10 @@ use crate::{
 };
 use ttft_trace_common::signals::{SCHED_BLOCKED, TCP_RETRANSMIT};
 
+/// How soon after a stalled CPU stage wakes the request's GPU work may start
+/// for the stall to count (tokenizing ends, the request joins the next step).
+const STALL_HANDOFF_NS: u64 = 100_000_000;
+
 /// The request's connection key, back from its hex form.
 fn socket(record: &RequestRecord) -> Option<u64> {
     u64::from_str_radix(record.conn.trim_start_matches("0x"), 16).ok()
@@ -41,6 +45,14 @@ pub fn gather(
         ev.cpu_stage_blocked_ns = store
             .blocked_in(a, qe, |e| cpu_stage(e) && e.t_end_ns <= qe)
             .total_ns;
+        // A stalled stage blocks, then hands the request on: its spell ends
+        // shortly before the GPU work starts. A thread idle for lack of work
+        // also blocks inside the window, but wakes whenever work comes.
+        ev.cpu_stage_thread_max_ns = store.max_thread_total(a, qe, |e| {
+            cpu_stage(e)
+                && (e.what != SCHED_BLOCKED
+                    || (e.t_end_ns <= qe && e.t_end_ns.saturating_add(STALL_HANDOFF_NS) >= qe))
+        });
         ev.gpu_thread_blocked_ns =
             store.max_thread_overlap(SCHED_BLOCKED, a, qe, |e| store.is_gpu_thread(e.tid));
         ev.large_copy_queue_span_ns = store.copies_in(a, qe).span_ns;

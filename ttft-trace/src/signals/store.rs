@@ -175,6 +175,12 @@ impl SignalStore {
         b: u64,
         keep: impl Fn(&SchedEvent) -> bool,
     ) -> u64 {
+        self.max_thread_total(a, b, |e| e.what == what && keep(e))
+    }
+
+    /// The largest overlap with `[a, b]` of one thread's intervals of any
+    /// kind `keep` accepts (summed per thread).
+    pub fn max_thread_total(&self, a: u64, b: u64, keep: impl Fn(&SchedEvent) -> bool) -> u64 {
         let mut per_thread: HashMap<u32, u64> = HashMap::new();
         if b <= a {
             return 0;
@@ -185,7 +191,7 @@ impl SignalStore {
             if e.t_end_ns > until {
                 break;
             }
-            if e.what == what && keep(e) {
+            if keep(e) {
                 *per_thread.entry(e.tid).or_default() += overlap(e.t_start_ns, e.t_end_ns, a, b);
             }
         }

@@ -139,6 +139,25 @@ fn cpu_fires_on_a_stage_that_fills_the_gpu_idle_gap() {
     assert!(judge(&ev).unexplained());
 }
 
+#[test]
+fn cpu_fires_on_one_stalled_stage_while_the_gpu_is_busy_with_others() {
+    let mut ev = slow_request();
+    // The GPU ran others' steps the whole queue; many threads each did a little.
+    ev.request.gpu_idle_before_start_ns = Some(0);
+    ev.cpu_stage_oncpu_ns = ms(300);
+    ev.cpu_stage_thread_max_ns = ms(99);
+    assert!(judge(&ev).unexplained(), "spread thin: no stalled stage");
+    // One tokenizer thread stalled 400 ms inside a 420 ms queue.
+    ev.request.queue_ns = Some(ms(420));
+    ev.cpu_stage_thread_max_ns = ms(400);
+    let a = judge(&ev);
+    assert_eq!(classes(&a), [Cpu]);
+    assert_eq!(explained(&a, Cpu), Some(ms(400)));
+    // Never more than the queue.
+    ev.cpu_stage_thread_max_ns = ms(900);
+    assert_eq!(explained(&judge(&ev), Cpu), Some(ms(420)));
+}
+
 /// The client-TTFT estimate from retransmits is off by default; on with a 3 s horizon.
 fn estimating() -> CauseConfig {
     CauseConfig {
