@@ -135,3 +135,63 @@ fn without_nvml_everything_else_works() -> Result<()> {
     );
     Ok(())
 }
+
+#[test]
+fn requests_carry_the_readings_of_the_gpu_that_served_them() -> Result<()> {
+    let Some(_g) = root_test("requests_carry_the_readings_of_the_gpu_that_served_them") else {
+        return Ok(());
+    };
+    let lib = fixtures::temp_path("libnvidia-ml", "so");
+    std::fs::copy(fixtures::existing_fixture("libnvidia-ml-stub.so")?, &lib)?;
+    let script = format!("{}.script", lib.display());
+    let server = ttft_trace_tests::demo::DemoServer::start(&["--output-tokens", "16"])?;
+    std::fs::write(
+        &script,
+        format!(
+            "gpus 1\nat 0 0 sm=1755 mem=2619 used={} total={} util=90 power=500000 temp=70 throttle=0\n\
+             proc 0 compute {}\n",
+            40 * GIB,
+            80 * GIB,
+            server.pid
+        ),
+    )?;
+    let args = vec![
+        "--pid".to_string(),
+        server.pid.to_string(),
+        "--nvml-lib".into(),
+        lib.display().to_string(),
+        "--nvml-period-ms".into(),
+        "10".into(),
+    ];
+    let mut tracer = Tracer::start(&args, 0)?;
+    tracer.wait_for_stderr("following requests on port", 1, Duration::from_secs(30))?;
+    std::thread::sleep(Duration::from_millis(1200));
+    let clients = ttft_trace_tests::demo::loadgen(
+        server.port,
+        &[
+            "--concurrency",
+            "1",
+            "--requests",
+            "3",
+            "--output-tokens",
+            "16",
+        ],
+    )?;
+    std::thread::sleep(Duration::from_millis(300));
+    let out = tracer.interrupt(Duration::from_secs(20))?;
+    server.stop()?;
+    assert!(out.success, "{}", out.stderr);
+    let requests: Vec<&serde_json::Value> = out
+        .lines
+        .iter()
+        .filter(|l| l["type"] == "request")
+        .collect();
+    assert_eq!(requests.len(), clients.len());
+    for r in requests {
+        assert_eq!(r["gpu"]["sm_clock_min_hz"], 1_755_000_000u64, "{r}");
+        assert_eq!(r["gpu"]["mem_used_max_bytes"], 40 * GIB, "{r}");
+    }
+    let _ = std::fs::remove_file(&lib);
+    let _ = std::fs::remove_file(&script);
+    Ok(())
+}

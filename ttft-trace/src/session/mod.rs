@@ -33,7 +33,7 @@ use crate::{
     decode::{Event, decode},
     episodes::EpisodeRecord,
     metrics::{self, Metrics},
-    nvml::{self, NvmlConfig, Sampler},
+    nvml::{self, NvmlConfig, Sampler, WindowReadings},
     ports,
     probes::{
         Attached, LoadConfig, Probes,
@@ -129,6 +129,9 @@ struct RequestLine<'a> {
     /// TCP retransmits on the request's connection between its arrival and
     /// its last send (all requests, slow or not).
     tcp_retransmits: usize,
+    /// NVML readings over [arrival, first token] of the GPU that served it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gpu: Option<&'a WindowReadings>,
     #[serde(skip_serializing_if = "Option::is_none")]
     evidence: Option<&'a Evidence>,
 }
@@ -360,6 +363,7 @@ impl Session {
                 record: &record,
                 attribution: &attribution,
                 tcp_retransmits,
+                gpu: evidence.gpu.as_ref(),
                 evidence: attribution.slow.then_some(&evidence),
             };
             if let Err(e) = write_line(w, &line) {
