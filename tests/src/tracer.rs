@@ -113,6 +113,19 @@ impl TraceOutput {
             .filter(|l| l["type"] == "attach")
             .collect()
     }
+
+    /// Panics unless a library whose path contains `name` was attached.
+    pub fn assert_attached(&self, name: &str) {
+        let libs: Vec<String> = self
+            .attach_lines()
+            .iter()
+            .map(|l| l["library"].to_string())
+            .collect();
+        assert!(
+            libs.iter().any(|l| l.contains(name)),
+            "{name} not in {libs:?}"
+        );
+    }
 }
 
 impl Tracer {

@@ -197,16 +197,7 @@ fn hashed_and_static_runtimes_are_found() -> Result<()> {
         &[],
         2,
     )?;
-    let libs: Vec<String> = out
-        .attach_lines()
-        .iter()
-        .map(|l| l["library"].to_string())
-        .collect();
-    assert!(
-        libs.iter()
-            .any(|l| l.contains(fixtures::STUB_CUDART_HASHED)),
-        "{libs:?}"
-    );
+    out.assert_attached(fixtures::STUB_CUDART_HASHED);
     report("hashed", compare(&out.episodes(), &truth));
 
     // The runtime linked statically into an extension: symbols only in .symtab.
@@ -217,15 +208,7 @@ fn hashed_and_static_runtimes_are_found() -> Result<()> {
         &[],
         2,
     )?;
-    let libs: Vec<String> = out
-        .attach_lines()
-        .iter()
-        .map(|l| l["library"].to_string())
-        .collect();
-    assert!(
-        libs.iter().any(|l| l.contains(fixtures::EXT_MODULE)),
-        "{libs:?}"
-    );
+    out.assert_attached(fixtures::EXT_MODULE);
     report("static-in-extension", compare(&out.episodes(), &truth));
     Ok(())
 }
@@ -248,15 +231,7 @@ fn real_libcudart_probes_fire() -> Result<()> {
             .episodes(10)
             .launches(3);
         let (out, truth) = trace(w, &[], 1)?;
-        let libs: Vec<String> = out
-            .attach_lines()
-            .iter()
-            .map(|l| l["library"].to_string())
-            .collect();
-        assert!(
-            libs.iter().any(|l| l.contains(&real.display().to_string())),
-            "{libs:?}"
-        );
+        out.assert_attached(&real.display().to_string());
         let traced = out.episodes();
         assert_eq!(traced.len(), truth.len(), "{style}");
         for (t, g) in traced.iter().zip(&truth) {
