@@ -566,6 +566,14 @@ impl Workload {
         self.spawn().map(ChildGuard::new)
     }
 
+    /// Spawns the workload with `--stop-before-work` and returns once it has
+    /// stopped itself, libraries loaded, ready for a tracer to attach.
+    pub fn spawn_stopped(&self) -> Result<ChildGuard> {
+        let child = self.clone().stop_before_work(true).spawn_guarded()?;
+        wait_stopped(child.id())?;
+        Ok(child)
+    }
+
     /// Runs the workload to completion, capturing its output, and reads the
     /// truth file if one was set. Does not fail on a non-zero exit: see
     /// [`Finished::ensure_success`].

@@ -24,11 +24,7 @@ fn trace(
     libraries: usize,
 ) -> Result<(TraceOutput, Vec<TruthEpisode>)> {
     let truth_path = fixtures::temp_path("truth", "jsonl");
-    let mut child = workload
-        .stop_before_work(true)
-        .truth(&truth_path)
-        .spawn_guarded()?;
-    fixtures::wait_stopped(child.id())?;
+    let mut child = workload.truth(&truth_path).spawn_stopped()?;
     let mut args = vec!["--pid".to_string(), child.id().to_string()];
     args.extend(extra.iter().map(|s| s.to_string()));
     let tracer = Tracer::start(&args, libraries)?;
@@ -330,9 +326,7 @@ fn target_exiting_mid_trace_ends_cleanly() -> Result<()> {
     let mut child = Workload::new(Style::Stream)
         .episodes(100_000)
         .gap_us(1000)
-        .stop_before_work(true)
-        .spawn_guarded()?;
-    fixtures::wait_stopped(child.id())?;
+        .spawn_stopped()?;
     let tracer = Tracer::start(&["--pid".into(), child.id().to_string()], 2)?;
     fixtures::cont(child.id())?;
     std::thread::sleep(Duration::from_millis(500));
@@ -370,9 +364,7 @@ fn interrupt_prints_final_summary_and_serves_metrics() -> Result<()> {
     let child = Workload::new(Style::Sync)
         .episodes(100_000)
         .gap_us(2000)
-        .stop_before_work(true)
-        .spawn_guarded()?;
-    fixtures::wait_stopped(child.id())?;
+        .spawn_stopped()?;
     let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
     let tracer = Tracer::start(
         &[

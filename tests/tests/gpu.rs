@@ -24,9 +24,7 @@ fn episodes_carry_the_readings_of_their_gpu() -> Result<()> {
     let mut child = Workload::new(Style::Stream)
         .episodes(20)
         .gap_us(20_000)
-        .stop_before_work(true)
-        .spawn_guarded()?;
-    fixtures::wait_stopped(child.id())?;
+        .spawn_stopped()?;
     // Two GPUs; the workload runs on GPU 1, which is throttled and nearly full.
     std::fs::write(
         &script,
@@ -92,9 +90,7 @@ fn without_nvml_everything_else_works() -> Result<()> {
     let mut child = Workload::new(Style::Sync)
         .episodes(100_000)
         .gap_us(2000)
-        .stop_before_work(true)
-        .spawn_guarded()?;
-    fixtures::wait_stopped(child.id())?;
+        .spawn_stopped()?;
     let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
     let args = vec![
         "--pid".to_string(),
