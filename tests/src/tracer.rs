@@ -133,11 +133,34 @@ impl Tracer {
     /// unless a --listen is given) and waits until it reports `ready_after`
     /// "attached" lines (0: do not wait).
     pub fn start(args: &[String], ready_after: usize) -> Result<Self> {
+        let mut t = Self::spawn("attach", args)?;
+        if ready_after > 0 {
+            t.wait_for_stderr("attached", ready_after, Duration::from_secs(30))?;
+            // Attach lines are logged as each library is done; give the last
+            // one's uprobes a moment to be installed in the target.
+            thread::sleep(Duration::from_millis(50));
+        }
+        Ok(t)
+    }
+
+    /// Starts `ttft-trace daemon` with `args` (plus --jsonl and --no-listen
+    /// unless a --listen is given) and waits until its first scan is done.
+    pub fn start_daemon(args: &[String]) -> Result<Self> {
+        let mut t = Self::spawn("daemon", args)?;
+        t.wait_for_stderr("daemon:", 1, Duration::from_secs(30))?;
+        Ok(t)
+    }
+
+    fn spawn(subcommand: &str, args: &[String]) -> Result<Self> {
         let jsonl = crate::fixtures::temp_path("trace", "jsonl");
         let mut c = Command::new(tracer_bin()?);
-        c.arg("attach").args(args).arg("--jsonl").arg(&jsonl);
+        c.arg(subcommand).args(args).arg("--jsonl").arg(&jsonl);
         if !args.iter().any(|a| a == "--listen") {
-            c.arg("--no-listen");
+            c.arg(if subcommand == "daemon" {
+                "--listen="
+            } else {
+                "--no-listen"
+            });
         }
         let mut child = c
             .stdout(Stdio::piped())
@@ -153,19 +176,12 @@ impl Tracer {
                 }
             }
         });
-        let mut t = Self {
+        Ok(Self {
             child: Some(child),
             stderr: rx,
             stderr_lines: Vec::new(),
             jsonl,
-        };
-        if ready_after > 0 {
-            t.wait_for_stderr("attached", ready_after, Duration::from_secs(30))?;
-            // Attach lines are logged as each library is done; give the last
-            // one's uprobes a moment to be installed in the target.
-            thread::sleep(Duration::from_millis(50));
-        }
-        Ok(t)
+        })
     }
 
     /// Waits until `n` stderr lines contain `needle`.

@@ -11,6 +11,7 @@ pub mod counters;
 pub mod episode;
 pub mod event;
 pub mod offsets;
+pub mod process;
 pub mod signals;
 
 pub use conn::{ConnState, SendArgs};
@@ -34,6 +35,7 @@ mod pod {
     unsafe impl aya::Pod for crate::signals::SchedEvent {}
     unsafe impl aya::Pod for crate::signals::TcpEvent {}
     unsafe impl aya::Pod for crate::signals::CopyEvent {}
+    unsafe impl aya::Pod for crate::process::DiscoverEvent {}
     unsafe impl aya::Pod for crate::signals::SchedTotals {}
     unsafe impl aya::Pod for crate::GpuCounters {}
     unsafe impl aya::Pod for crate::TracepointOffsets {}

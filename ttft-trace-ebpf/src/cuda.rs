@@ -8,18 +8,20 @@
 
 use aya_ebpf::{
     Argument,
-    bindings::BPF_NOEXIST,
+    bindings::{BPF_NOEXIST, BPF_RB_FORCE_WAKEUP},
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user},
     macros::{uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext},
 };
 use ttft_trace_common::{
     API_DRIVER, API_RUNTIME, Completion, Direction, EpisodeEvent, GpuCounters, Stat, ThreadState,
+    process::{DiscoverEvent, EVENT_DISCOVER},
     signals::{CopyEvent, EVENT_COPY},
 };
 
 use crate::maps::{
-    COUNTERS, EVENTS, THREADS, bump_stat, is_tracked, large_copy_bytes, wakeup_flag,
+    ANNOUNCED, COUNTERS, EVENTS, THREADS, bump_stat, discover, is_tracked, large_copy_bytes,
+    wakeup_flag,
 };
 
 /// Offset of the stream handle in both `cudaLaunchConfig_t` and
@@ -70,7 +72,35 @@ fn traced_thread() -> Option<(u32, u32)> {
     if is_tracked(tgid) {
         Some((tgid, id as u32))
     } else {
+        if discover() {
+            announce(tgid);
+        }
         None
+    }
+}
+
+/// Daemon mode: tells userspace, once per process, that an untraced process
+/// calls into a probed library (a restarted server mapping the same files).
+/// Rare, so it wakes the reader at once.
+#[inline(always)]
+fn announce(tgid: u32) {
+    if ANNOUNCED
+        .insert(tgid, now_ns(), u64::from(BPF_NOEXIST))
+        .is_err()
+    {
+        return;
+    }
+    let ev = DiscoverEvent {
+        kind: EVENT_DISCOVER,
+        tgid,
+        t_ns: now_ns(),
+    };
+    match EVENTS.reserve::<DiscoverEvent>(0) {
+        Some(mut entry) => {
+            entry.write(ev);
+            entry.submit(u64::from(BPF_RB_FORCE_WAKEUP));
+        }
+        None => bump_stat(Stat::RingbufLost),
     }
 }
 

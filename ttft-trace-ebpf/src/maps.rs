@@ -15,9 +15,10 @@ use ttft_trace_common::{
 #[map]
 pub static EVENTS: RingBuf = RingBuf::with_byte_size(1 << 20, 0);
 
-/// Traced processes (and threads, between fork and exit): tgid -> 1.
-/// Filled by userspace for the targets, and by the fork tracepoint for their
-/// children.
+/// Traced processes (and threads, between fork and exit): tgid -> workload
+/// id (the tgid of the workload's root process). Filled by userspace for the
+/// targets, and by the fork tracepoint for their children, which inherit the
+/// parent's workload: one loaded set of programs serves every workload.
 #[map]
 pub static TRACKED: HashMap<u32, u32> = HashMap::with_max_entries(16384, 0);
 
@@ -32,6 +33,11 @@ pub static THREADS: LruHashMap<u32, ThreadState> = LruHashMap::with_max_entries(
 #[map]
 pub static COUNTERS: LruPerCpuHashMap<u32, GpuCounters> =
     LruPerCpuHashMap::with_max_entries(1024, 0);
+
+/// Untraced processes already announced to userspace (daemon mode), so
+/// that each is announced once: tgid -> time announced. LRU: bounded.
+#[map]
+pub static ANNOUNCED: LruHashMap<u32, u64> = LruHashMap::with_max_entries(4096, 0);
 
 /// Listening ports of the traced tree (host byte order): a connection
 /// accepted on one of them is a server connection. Filled by userspace (ports
@@ -118,6 +124,17 @@ pub fn large_copy_bytes() -> u64 {
     unsafe { core::ptr::read_volatile(&LARGE_COPY_BYTES) }
 }
 
+/// Non-zero in daemon mode: announce untraced processes that call into a
+/// probed CUDA library.
+#[unsafe(no_mangle)]
+pub static DISCOVER: u32 = 0;
+
+#[inline(always)]
+pub fn discover() -> bool {
+    // SAFETY: as for offsets().
+    unsafe { core::ptr::read_volatile(&DISCOVER) != 0 }
+}
+
 /// Unread ring-buffer bytes above which a new event wakes the reader.
 #[unsafe(no_mangle)]
 pub static WAKEUP_BYTES: u64 = 0;
@@ -155,6 +172,12 @@ pub fn bump_stat(stat: ttft_trace_common::Stat) {
 
 #[inline(always)]
 pub fn is_tracked(tgid: u32) -> bool {
-    // SAFETY: the value is not kept beyond the lookup.
-    unsafe { TRACKED.get(tgid).is_some() }
+    workload_of(tgid).is_some()
+}
+
+/// The workload id of a traced process or thread.
+#[inline(always)]
+pub fn workload_of(id: u32) -> Option<u32> {
+    // SAFETY: the value is copied out of the map.
+    unsafe { TRACKED.get(id).copied() }
 }

@@ -7,20 +7,21 @@ use aya_ebpf::{
 };
 use ttft_trace_common::offsets::ABSENT;
 
-use crate::maps::{THREADS, TRACKED, is_tracked, offsets};
+use crate::maps::{THREADS, TRACKED, is_tracked, offsets, workload_of};
 
 /// `sched:sched_process_fork`: runs in the parent's context, so the parent
 /// process is the current tgid (the tracepoint's `parent_pid` is the forking
 /// *thread*, which is not in TRACKED when it predates tracing). Fires for new
 /// threads too; a thread's id lands in TRACKED and is removed at its exit.
+/// The child joins its parent's workload.
 #[tracepoint]
 pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
-    if !is_tracked((bpf_get_current_pid_tgid() >> 32) as u32) {
+    let Some(workload) = workload_of((bpf_get_current_pid_tgid() >> 32) as u32) else {
         return 0;
-    }
+    };
     // SAFETY: offset from this kernel's tracefs format file.
     if let Ok(child) = unsafe { ctx.read_at::<i32>(offsets().fork_child_pid as usize) } {
-        let _ = TRACKED.insert(child as u32, 1, 0);
+        let _ = TRACKED.insert(child as u32, workload, 0);
     }
     0
 }

@@ -16,7 +16,10 @@ use ttft_trace_common::{EVENT_EPISODE, EpisodeEvent};
 const EVENTS: u64 = 1_000_000;
 
 fn main() -> anyhow::Result<()> {
-    let metrics = Metrics::new()?;
+    let metrics = Metrics::new(&ttft_trace::workloads::labels::LABEL_NAMES)?;
+    // A workload's labels as the daemon would set them.
+    let workload = ["python3", "4f1c3c2a9e8b", "vllm-0", "serving"];
+    metrics.init_workload(&workload);
     let mut latency = LatencyRecorder::new();
     let records: Vec<Vec<u8>> = (0..1024u64)
         .map(|i| {
@@ -42,7 +45,7 @@ fn main() -> anyhow::Result<()> {
         let bytes = &records[(i % 1024) as usize];
         if let Ok(Event::Episode(ev)) = decode(bytes) {
             let rec = EpisodeRecord::new(&ev);
-            metrics.observe_episode(&rec);
+            metrics.observe_episode(&rec, &workload);
             latency.record(rec.launch_to_first_d2h_ns);
             serde_json::to_writer(&mut out, &rec)?;
             out.push(b'\n');

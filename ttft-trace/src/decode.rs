@@ -4,6 +4,7 @@
 use thiserror::Error;
 use ttft_trace_common::{
     ConnEvent, EVENT_CONN, EVENT_EPISODE, EVENT_SOCK, EpisodeEvent, SockEvent,
+    process::{DiscoverEvent, EVENT_DISCOVER},
     signals::{CopyEvent, EVENT_COPY, EVENT_SCHED, EVENT_TCP, SchedEvent, TcpEvent},
 };
 
@@ -25,6 +26,8 @@ pub enum Event {
     Sched(SchedEvent),
     Tcp(TcpEvent),
     Copy(CopyEvent),
+    /// Daemon mode: an untraced process called into a probed library.
+    Discover(DiscoverEvent),
 }
 
 pub fn decode(bytes: &[u8]) -> Result<Event, DecodeError> {
@@ -39,6 +42,7 @@ pub fn decode(bytes: &[u8]) -> Result<Event, DecodeError> {
         EVENT_SCHED => read_pod::<SchedEvent>(bytes).map(Event::Sched),
         EVENT_TCP => read_pod::<TcpEvent>(bytes).map(Event::Tcp),
         EVENT_COPY => read_pod::<CopyEvent>(bytes).map(Event::Copy),
+        EVENT_DISCOVER => read_pod::<DiscoverEvent>(bytes).map(Event::Discover),
         other => Err(DecodeError::UnknownKind(other)),
     }
 }
@@ -164,6 +168,17 @@ mod tests {
         };
         assert_eq!(decode(&encode(&c)), Ok(Event::Copy(c)));
         assert_eq!(decode(&encode(&s)[..20]), Err(DecodeError::Short(20)));
+    }
+
+    #[test]
+    fn discover_event_round_trips() {
+        let d = DiscoverEvent {
+            kind: EVENT_DISCOVER,
+            tgid: 4242,
+            t_ns: 77,
+        };
+        assert_eq!(decode(&encode(&d)), Ok(Event::Discover(d)));
+        assert_eq!(decode(&encode(&d)[..12]), Err(DecodeError::Short(12)));
     }
 
     #[test]

@@ -19,3 +19,4 @@ pub mod session;
 pub mod signals;
 pub mod targets;
 pub mod tracefs;
+pub mod workloads;

@@ -6,7 +6,7 @@
 use std::net::{SocketAddr, TcpListener};
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
     Registry, TextEncoder,
 };
 use thiserror::Error;
@@ -37,59 +37,77 @@ const EPISODE_BUCKETS: &[f64] = &[
     5.0, 10.0,
 ];
 
+/// Label names of a per-workload series with one more label.
+pub fn with_label<'a>(workload: &[&'a str], extra: &'a str) -> Vec<&'a str> {
+    let mut v = workload.to_vec();
+    v.push(extra);
+    v
+}
+
 pub struct Metrics {
     pub registry: Registry,
-    launch_to_first_d2h: Histogram,
+    launch_to_first_d2h: HistogramVec,
     episodes: IntCounterVec,
-    kernel_launches: IntCounter,
-    graph_launches: IntCounter,
+    kernel_launches: IntCounterVec,
+    graph_launches: IntCounterVec,
     memcpy_bytes: IntCounterVec,
     memcpy_calls: IntCounterVec,
     events_lost: IntCounter,
     thread_state_dropped: IntCounter,
     traced_processes: IntGauge,
     attached_libraries: IntGaugeVec,
+    workloads: IntGauge,
+    workload_overflows: IntCounter,
 }
 
 impl Metrics {
-    pub fn new() -> Result<Self, MetricsError> {
+    /// `workload_labels`: the label names every per-workload series carries.
+    pub fn new(workload_labels: &[&str]) -> Result<Self, MetricsError> {
+        let w = workload_labels;
         let registry = Registry::new();
-        let launch_to_first_d2h = Histogram::with_opts(
+        let launch_to_first_d2h = HistogramVec::new(
             HistogramOpts::new(
                 "ttft_trace_launch_to_first_d2h_seconds",
                 "GPU episode latency: entry of the first kernel or graph launch to completion \
                  of the first device-to-host copy after it",
             )
             .buckets(EPISODE_BUCKETS.to_vec()),
+            w,
         )?;
         let episodes = IntCounterVec::new(
             Opts::new(
                 "ttft_trace_gpu_episodes_total",
                 "GPU episodes seen, by the result of the call that completed the copy",
             ),
-            &["result"],
+            &with_label(w, "result"),
         )?;
-        let kernel_launches = IntCounter::new(
-            "ttft_trace_cuda_kernel_launches_total",
-            "Kernel launches (runtime and driver API, each launch counted once)",
+        let kernel_launches = IntCounterVec::new(
+            Opts::new(
+                "ttft_trace_cuda_kernel_launches_total",
+                "Kernel launches (runtime and driver API, each launch counted once)",
+            ),
+            w,
         )?;
-        let graph_launches = IntCounter::new(
-            "ttft_trace_cuda_graph_launches_total",
-            "CUDA graph launches",
+        let graph_launches = IntCounterVec::new(
+            Opts::new(
+                "ttft_trace_cuda_graph_launches_total",
+                "CUDA graph launches",
+            ),
+            w,
         )?;
         let memcpy_bytes = IntCounterVec::new(
             Opts::new(
                 "ttft_trace_cuda_memcpy_bytes_total",
                 "Bytes requested by memory copy calls, by direction (h2d, d2h, d2d, h2h, unknown)",
             ),
-            &["direction"],
+            &with_label(w, "direction"),
         )?;
         let memcpy_calls = IntCounterVec::new(
             Opts::new(
                 "ttft_trace_cuda_memcpy_calls_total",
                 "Memory copy calls, by direction",
             ),
-            &["direction"],
+            &with_label(w, "direction"),
         )?;
         let events_lost = IntCounter::new(
             "ttft_trace_events_lost_total",
@@ -107,6 +125,14 @@ impl Metrics {
                 "CUDA libraries with probes attached, by API",
             ),
             &["api"],
+        )?;
+        let workloads = IntGauge::new(
+            "ttft_trace_workloads",
+            "Workload label sets in use (live, or gone and within the retirement grace period)",
+        )?;
+        let workload_overflows = IntCounter::new(
+            "ttft_trace_workload_label_overflows_total",
+            "Workloads reported under comm=\"_other\" because the label-set cap was reached",
         )?;
         let build_info = IntGaugeVec::new(
             Opts::new("ttft_trace_build_info", "Build information; always 1"),
@@ -126,17 +152,11 @@ impl Metrics {
             Box::new(thread_state_dropped.clone()),
             Box::new(traced_processes.clone()),
             Box::new(attached_libraries.clone()),
+            Box::new(workloads.clone()),
+            Box::new(workload_overflows.clone()),
             Box::new(build_info),
         ] {
             registry.register(c)?;
-        }
-        // Series that exist from the start, so rate() works from the first scrape.
-        for dir in Direction::ALL {
-            memcpy_bytes.with_label_values(&[dir.name()]);
-            memcpy_calls.with_label_values(&[dir.name()]);
-        }
-        for result in ["ok", "error"] {
-            episodes.with_label_values(&[result]);
         }
         Ok(Self {
             registry,
@@ -150,32 +170,83 @@ impl Metrics {
             thread_state_dropped,
             traced_processes,
             attached_libraries,
+            workloads,
+            workload_overflows,
         })
     }
 
-    /// An episode: counted by result; only successful ones enter the
-    /// latency histogram (a failed synchronise measures nothing).
-    pub fn observe_episode(&self, ep: &EpisodeRecord) {
+    /// Creates a workload's series at zero, so that rate() works from the
+    /// first scrape.
+    pub fn init_workload(&self, w: &[&str]) {
+        self.launch_to_first_d2h.with_label_values(w);
+        self.kernel_launches.with_label_values(w);
+        self.graph_launches.with_label_values(w);
+        for dir in Direction::ALL {
+            self.memcpy_bytes
+                .with_label_values(&with_label(w, dir.name()));
+            self.memcpy_calls
+                .with_label_values(&with_label(w, dir.name()));
+        }
+        for result in ["ok", "error"] {
+            self.episodes.with_label_values(&with_label(w, result));
+        }
+    }
+
+    /// Removes a retired workload's series.
+    pub fn retire_workload(&self, w: &[&str]) {
+        let _ = self.launch_to_first_d2h.remove_label_values(w);
+        let _ = self.kernel_launches.remove_label_values(w);
+        let _ = self.graph_launches.remove_label_values(w);
+        for dir in Direction::ALL {
+            let _ = self
+                .memcpy_bytes
+                .remove_label_values(&with_label(w, dir.name()));
+            let _ = self
+                .memcpy_calls
+                .remove_label_values(&with_label(w, dir.name()));
+        }
+        for result in ["ok", "error"] {
+            let _ = self.episodes.remove_label_values(&with_label(w, result));
+        }
+    }
+
+    /// An episode of workload `w`: counted by result; only successful ones
+    /// enter the latency histogram (a failed synchronise measures nothing).
+    pub fn observe_episode(&self, ep: &EpisodeRecord, w: &[&str]) {
         let result = if ep.ok() { "ok" } else { "error" };
-        self.episodes.with_label_values(&[result]).inc();
+        self.episodes
+            .with_label_values(&with_label(w, result))
+            .inc();
         if ep.ok() {
             self.launch_to_first_d2h
+                .with_label_values(w)
                 .observe(ep.launch_to_first_d2h_ns as f64 / 1e9);
         }
     }
 
-    /// Adds the growth of the kernel's counters since the last reading.
-    pub fn add_counters(&self, delta: &GpuCounters) {
-        self.kernel_launches.inc_by(delta.kernel_launches);
-        self.graph_launches.inc_by(delta.graph_launches);
+    /// Adds the growth of workload `w`'s kernel counters since the last reading.
+    pub fn add_counters(&self, delta: &GpuCounters, w: &[&str]) {
+        self.kernel_launches
+            .with_label_values(w)
+            .inc_by(delta.kernel_launches);
+        self.graph_launches
+            .with_label_values(w)
+            .inc_by(delta.graph_launches);
         for (i, dir) in Direction::ALL.iter().enumerate().take(DIRECTIONS) {
             self.memcpy_bytes
-                .with_label_values(&[dir.name()])
+                .with_label_values(&with_label(w, dir.name()))
                 .inc_by(delta.memcpy_bytes[i]);
             self.memcpy_calls
-                .with_label_values(&[dir.name()])
+                .with_label_values(&with_label(w, dir.name()))
                 .inc_by(delta.memcpy_calls[i]);
         }
+    }
+
+    /// Label sets in use, and the overflow count so far (a total).
+    pub fn set_workloads(&self, sets: usize, overflowed: u64) {
+        self.workloads.set(sets as i64);
+        self.workload_overflows
+            .inc_by(overflowed.saturating_sub(self.workload_overflows.get()));
     }
 
     /// Sets the lost-event and dropped-state counters to the kernel's totals.
@@ -252,27 +323,35 @@ mod tests {
 
     #[test]
     fn renders_the_documented_series() {
-        let m = Metrics::new().expect("metrics");
+        let m = Metrics::new(&["comm", "pod"]).expect("metrics");
+        let w = ["python3", ""];
+        m.init_workload(&w);
         let mut delta = GpuCounters {
             kernel_launches: 5,
             ..GpuCounters::default()
         };
         delta.memcpy_bytes[Direction::DeviceToHost as usize] = 4096;
-        m.add_counters(&delta);
+        m.add_counters(&delta, &w);
         m.set_kernel_stats(3, 0);
         m.set_kernel_stats(3, 0);
+        m.set_workloads(1, 2);
+        m.set_workloads(1, 2);
         let text = render(&m.registry);
         for needle in [
-            "ttft_trace_launch_to_first_d2h_seconds_bucket{le=\"0.0001\"} 0",
-            "ttft_trace_cuda_kernel_launches_total 5",
-            "ttft_trace_cuda_graph_launches_total 0",
-            "ttft_trace_cuda_memcpy_bytes_total{direction=\"d2h\"} 4096",
-            "ttft_trace_cuda_memcpy_bytes_total{direction=\"h2d\"} 0",
+            "ttft_trace_launch_to_first_d2h_seconds_bucket{comm=\"python3\",pod=\"\",le=\"0.0001\"} 0",
+            "ttft_trace_cuda_kernel_launches_total{comm=\"python3\",pod=\"\"} 5",
+            "ttft_trace_cuda_graph_launches_total{comm=\"python3\",pod=\"\"} 0",
+            "ttft_trace_cuda_memcpy_bytes_total{comm=\"python3\",direction=\"d2h\",pod=\"\"} 4096",
+            "ttft_trace_cuda_memcpy_bytes_total{comm=\"python3\",direction=\"h2d\",pod=\"\"} 0",
             "ttft_trace_events_lost_total 3",
+            "ttft_trace_workload_label_overflows_total 2",
             "ttft_trace_build_info{version=",
         ] {
             assert!(text.contains(needle), "missing {needle} in\n{text}");
         }
+        m.retire_workload(&w);
+        let text = render(&m.registry);
+        assert!(!text.contains("python3"), "retired series remain:\n{text}");
     }
 
     #[test]

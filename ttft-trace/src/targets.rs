@@ -36,6 +36,11 @@ fn parent_from_stat(stat: &str) -> Option<u32> {
     rest.split_whitespace().nth(1)?.parse().ok()
 }
 
+/// Parent of `pid`, from /proc/PID/stat.
+pub fn parent(pid: u32) -> Option<u32> {
+    parent_from_stat(&fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
 /// When `pid` started, on CLOCK_MONOTONIC (from /proc/PID/stat `starttime`,
 /// clock ticks since boot on CLOCK_BOOTTIME, moved to MONOTONIC by the
 /// suspended time).

@@ -1,49 +1,78 @@
-//! Prometheus counters of slow requests by cause and of SLO violations. One low-cardinality
-//! label (`cause`: the six classes and `unexplained`), every series created at registration
-//! so that rate() works from the first scrape.
+//! Prometheus counters of slow requests by cause and of SLO violations, per workload.
+//! Low-cardinality labels (the workload's, `cause`: the six classes and `unexplained`),
+//! every series created when its workload starts so that rate() works from the first scrape.
 
-use prometheus::{IntCounter, IntCounterVec, Opts, Registry};
+use prometheus::{IntCounterVec, Opts, Registry};
 
 use super::attribution::{Attribution, CauseClass, UNEXPLAINED};
+use crate::metrics::with_label;
 
 pub struct CauseMetrics {
     slow_requests: IntCounterVec,
-    slo_violations: IntCounter,
+    slo_violations: IntCounterVec,
+}
+
+/// Every value of the `cause` label.
+fn cause_labels() -> impl Iterator<Item = &'static str> {
+    CauseClass::ALL
+        .iter()
+        .map(|c| c.name())
+        .chain([UNEXPLAINED])
 }
 
 impl CauseMetrics {
-    pub fn new(registry: &Registry) -> Result<Self, prometheus::Error> {
+    /// `workload_labels`: the label names every series carries.
+    pub fn new(registry: &Registry, workload_labels: &[&str]) -> Result<Self, prometheus::Error> {
         let slow_requests = IntCounterVec::new(
             Opts::new(
                 "ttft_trace_slow_requests_total",
                 "Slow requests (TTFT, or the client's TTFT estimated from retransmits, above \
                  the slow threshold), once per cause found; unexplained when none",
             ),
-            &["cause"],
+            &with_label(workload_labels, "cause"),
         )?;
-        let slo_violations = IntCounter::new(
-            "ttft_trace_slo_violations_total",
-            "Requests whose measured time to first token exceeded the slow threshold",
+        let slo_violations = IntCounterVec::new(
+            Opts::new(
+                "ttft_trace_slo_violations_total",
+                "Requests whose measured time to first token exceeded the slow threshold",
+            ),
+            workload_labels,
         )?;
         registry.register(Box::new(slow_requests.clone()))?;
         registry.register(Box::new(slo_violations.clone()))?;
-        for class in CauseClass::ALL {
-            slow_requests.with_label_values(&[class.name()]);
-        }
-        slow_requests.with_label_values(&[UNEXPLAINED]);
         Ok(Self {
             slow_requests,
             slo_violations,
         })
     }
 
-    /// Counts one judged request (a request that is not slow counts nowhere).
-    pub fn observe(&self, a: &Attribution) {
+    /// Creates a workload's series at zero.
+    pub fn init_workload(&self, w: &[&str]) {
+        for cause in cause_labels() {
+            self.slow_requests.with_label_values(&with_label(w, cause));
+        }
+        self.slo_violations.with_label_values(w);
+    }
+
+    /// Removes a retired workload's series.
+    pub fn retire_workload(&self, w: &[&str]) {
+        for cause in cause_labels() {
+            let _ = self
+                .slow_requests
+                .remove_label_values(&with_label(w, cause));
+        }
+        let _ = self.slo_violations.remove_label_values(w);
+    }
+
+    /// Counts one judged request of workload `w` (one that is not slow counts nowhere).
+    pub fn observe(&self, a: &Attribution, w: &[&str]) {
         for label in a.labels() {
-            self.slow_requests.with_label_values(&[label]).inc();
+            self.slow_requests
+                .with_label_values(&with_label(w, label))
+                .inc();
         }
         if a.slo_violation {
-            self.slo_violations.inc();
+            self.slo_violations.with_label_values(w).inc();
         }
     }
 }

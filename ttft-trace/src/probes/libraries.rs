@@ -88,7 +88,7 @@ fn parse_maps(pid: u32, text: &str) -> Vec<MappedFile> {
 }
 
 /// A file that defines CUDA entry points, with the file offset of each.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct CudaLibrary {
     pub path: PathBuf,
     pub open_path: PathBuf,
@@ -188,7 +188,15 @@ impl Scanner {
                     lib
                 }
             };
-            if let Some(lib) = lib {
+            if let Some(mut lib) = lib {
+                // The file as this process sees it: the process that first
+                // showed it to us may have exited (its /proc path is gone).
+                if lib.open_path != mapped.open_path {
+                    lib = Arc::new(CudaLibrary {
+                        open_path: mapped.open_path.clone(),
+                        ..(*lib).clone()
+                    });
+                }
                 scan.libraries.push(lib);
             }
         }

@@ -57,6 +57,8 @@ pub struct LoadConfig {
     pub sched_min_ns: u64,
     /// Copy calls at least this large are sent as events.
     pub large_copy_bytes: u64,
+    /// Daemon mode: announce untraced processes calling probed libraries.
+    pub discover: bool,
 }
 
 /// What attaching one library did.
@@ -186,6 +188,7 @@ impl Probes {
             .override_global("WAKEUP_BYTES", &wakeup_bytes, true)
             .override_global("SCHED_MIN_NS", &cfg.sched_min_ns, true)
             .override_global("LARGE_COPY_BYTES", &cfg.large_copy_bytes, true)
+            .override_global("DISCOVER", &u32::from(cfg.discover), true)
             .map_max_entries("EVENTS", ringbuf_bytes)
             .load(OBJECT)
             .map_err(ProbeError::Load)?;
@@ -269,16 +272,22 @@ impl Probes {
         self.attached.values()
     }
 
-    /// Starts tracing a process (its children are added by the kernel).
-    pub fn track(&mut self, pid: u32) -> Result<(), ProbeError> {
+    /// Starts tracing a process as part of `workload` (the root's tgid);
+    /// its children are added by the kernel, in the same workload.
+    pub fn track(&mut self, pid: u32, workload: u32) -> Result<(), ProbeError> {
         let mut map: BpfHashMap<_, u32, u32> = BpfHashMap::try_from(
             self.ebpf
                 .map_mut("TRACKED")
                 .ok_or(ProbeError::Missing("TRACKED"))?,
         )
         .map_err(|e| ProbeError::Map("TRACKED", e))?;
-        map.insert(pid, 1, 0)
+        map.insert(pid, workload, 0)
             .map_err(|e| ProbeError::Map("TRACKED", e))
+    }
+
+    /// Lets the kernel announce `tgid` again (its pid may be reused).
+    pub fn forget_announced(&mut self, tgid: u32) -> Result<(), ProbeError> {
+        remove_key::<u64>(&mut self.ebpf, "ANNOUNCED", tgid)
     }
 
     /// Marks a TCP port as a listening port of the traced tree: connections
@@ -296,27 +305,34 @@ impl Probes {
 
     /// Stops tracing an id (a process that exited, or a thread's id).
     pub fn untrack(&mut self, pid: u32) -> Result<(), ProbeError> {
-        let mut map: BpfHashMap<_, u32, u32> = BpfHashMap::try_from(
-            self.ebpf
-                .map_mut("TRACKED")
-                .ok_or(ProbeError::Missing("TRACKED"))?,
-        )
-        .map_err(|e| ProbeError::Map("TRACKED", e))?;
-        match map.remove(&pid) {
-            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
-            Err(e) => Err(ProbeError::Map("TRACKED", e)),
-        }
+        remove_key::<u32>(&mut self.ebpf, "TRACKED", pid)
     }
 
-    /// Ids in the tracked map (processes and, transiently, threads).
-    pub fn tracked(&self) -> Result<Vec<u32>, ProbeError> {
+    /// Ids in the tracked map (processes and, transiently, threads), each
+    /// with its workload id.
+    pub fn tracked(&self) -> Result<Vec<(u32, u32)>, ProbeError> {
         let map: BpfHashMap<_, u32, u32> = BpfHashMap::try_from(
             self.ebpf
                 .map("TRACKED")
                 .ok_or(ProbeError::Missing("TRACKED"))?,
         )
         .map_err(|e| ProbeError::Map("TRACKED", e))?;
-        Ok(map.keys().filter_map(Result::ok).collect())
+        Ok(map.iter().filter_map(Result::ok).collect())
+    }
+
+    /// The workload of one tracked id, if it is tracked.
+    pub fn workload_of(&self, id: u32) -> Result<Option<u32>, ProbeError> {
+        let map: BpfHashMap<_, u32, u32> = BpfHashMap::try_from(
+            self.ebpf
+                .map("TRACKED")
+                .ok_or(ProbeError::Missing("TRACKED"))?,
+        )
+        .map_err(|e| ProbeError::Map("TRACKED", e))?;
+        match map.get(&id, 0) {
+            Ok(w) => Ok(Some(w)),
+            Err(aya::maps::MapError::KeyNotFound) => Ok(None),
+            Err(e) => Err(ProbeError::Map("TRACKED", e)),
+        }
     }
 
     /// Per-process counters, summed over CPUs.
@@ -403,6 +419,24 @@ impl Probes {
             .take_map("EVENTS")
             .ok_or(ProbeError::Missing("EVENTS"))?;
         RingBuf::try_from(map).map_err(|e| ProbeError::Map("EVENTS", e))
+    }
+}
+
+/// Removes a key from a hash map keyed by tgid; a missing key is fine.
+fn remove_key<V: aya::Pod>(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+    key: u32,
+) -> Result<(), ProbeError> {
+    let map = ebpf.map_mut(name).ok_or(ProbeError::Missing(name))?;
+    match BpfHashMap::<_, u32, V>::try_from(map).and_then(|mut m| m.remove(&key)) {
+        Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+        Err(aya::maps::MapError::SyscallError(e))
+            if e.io_error.raw_os_error() == Some(libc::ENOENT) =>
+        {
+            Ok(())
+        }
+        Err(e) => Err(ProbeError::Map(name, e)),
     }
 }
 

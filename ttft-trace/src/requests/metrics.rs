@@ -1,8 +1,10 @@
 //! Prometheus histograms of the per-request figures and the request count
-//! by outcome. Base units, one low-cardinality label (`outcome`): never a
-//! request, connection, port or pid.
+//! by outcome, per workload. Base units, low-cardinality labels (the
+//! workload's, `outcome`): never a request, connection or client port.
 
-use prometheus::{Histogram, HistogramOpts, IntCounterVec, Opts, Registry};
+use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
+
+use crate::metrics::with_label;
 
 use super::record::{Figure, Outcome, RequestRecord};
 
@@ -88,18 +90,21 @@ fn spec(f: Figure) -> (&'static str, &'static str, &'static [f64]) {
 
 pub struct RequestMetrics {
     /// Indexed by `Figure as usize`.
-    figures: Vec<Histogram>,
+    figures: Vec<HistogramVec>,
     requests: IntCounterVec,
 }
 
 impl RequestMetrics {
-    pub fn new(registry: &Registry) -> Result<Self, prometheus::Error> {
+    /// `workload_labels`: the label names every series carries.
+    pub fn new(registry: &Registry, workload_labels: &[&str]) -> Result<Self, prometheus::Error> {
         let figures = Figure::ALL
             .iter()
             .map(|&f| {
                 let (name, help, buckets) = spec(f);
-                let h =
-                    Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets.to_vec()))?;
+                let h = HistogramVec::new(
+                    HistogramOpts::new(name, help).buckets(buckets.to_vec()),
+                    workload_labels,
+                )?;
                 registry.register(Box::new(h.clone()))?;
                 Ok(h)
             })
@@ -109,20 +114,42 @@ impl RequestMetrics {
                 "ttft_trace_requests_total",
                 "Requests seen on the traced server's connections, by outcome",
             ),
-            &["outcome"],
+            &with_label(workload_labels, "outcome"),
         )?;
         registry.register(Box::new(requests.clone()))?;
-        // Every series from the start, so that rate() works from the first scrape.
-        for o in Outcome::ALL {
-            requests.with_label_values(&[o.name()]);
-        }
         Ok(Self { figures, requests })
     }
 
-    pub fn observe(&self, r: &RequestRecord) {
-        self.requests.with_label_values(&[r.outcome.name()]).inc();
+    /// Creates a workload's series at zero, so that rate() works from the
+    /// first scrape.
+    pub fn init_workload(&self, w: &[&str]) {
+        for h in &self.figures {
+            h.with_label_values(w);
+        }
+        for o in Outcome::ALL {
+            self.requests.with_label_values(&with_label(w, o.name()));
+        }
+    }
+
+    /// Removes a retired workload's series.
+    pub fn retire_workload(&self, w: &[&str]) {
+        for h in &self.figures {
+            let _ = h.remove_label_values(w);
+        }
+        for o in Outcome::ALL {
+            let _ = self.requests.remove_label_values(&with_label(w, o.name()));
+        }
+    }
+
+    /// A finished request of workload `w`.
+    pub fn observe(&self, r: &RequestRecord, w: &[&str]) {
+        self.requests
+            .with_label_values(&with_label(w, r.outcome.name()))
+            .inc();
         for (figure, ns) in r.observations() {
-            self.figures[figure as usize].observe(ns as f64 / 1e9);
+            self.figures[figure as usize]
+                .with_label_values(w)
+                .observe(ns as f64 / 1e9);
         }
     }
 }

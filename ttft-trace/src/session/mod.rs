@@ -1,21 +1,26 @@
-//! `ttft-trace attach`: find the target's CUDA libraries, attach, and run the
-//! event loop (ring buffer, periodic rescans and counter reads, summaries,
-//! /metrics) until the duration ends, a signal arrives or the target exits.
+//! The tracing session shared by `attach` (one process tree) and `daemon`
+//! (every inference workload on the host): load the probes once, route each
+//! event to its workload's pipeline, run the event loop (ring buffer,
+//! periodic rescans and counter reads, summaries, /metrics) until the
+//! duration ends, a signal arrives or, for `attach`, the target exits.
 
+mod attach;
 mod counters;
+mod daemon;
 mod evidence;
 mod summary;
+mod workload;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
     fs::File,
     io::{BufWriter, Write},
-    net::SocketAddr,
+    net::{SocketAddr, TcpListener},
     path::PathBuf,
     time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Context as _, Result};
 use aya::maps::{MapData, RingBuf};
 use serde_json::json;
 use tokio::{
@@ -23,9 +28,12 @@ use tokio::{
     signal::unix::SignalKind,
 };
 use ttft_trace_common::{
-    Direction, Stat,
+    CONN_OPEN, Direction, Stat,
     signals::{SchedTotals, TCP_RETRANSMIT},
 };
+
+pub use attach::{AttachConfig, attach};
+pub use daemon::{DaemonOptions, daemon};
 
 use crate::{
     causes::{Attribution, CauseConfig, CauseMetrics, CauseSummary, Evidence, attribute},
@@ -37,18 +45,20 @@ use crate::{
     ports,
     probes::{
         Attached, LoadConfig, Probes,
-        libraries::{self, Scanner},
+        libraries::{CudaLibrary, Scanner},
         symbols::Api,
     },
     record::LatencyRecorder,
-    requests::{Correlator, CorrelatorConfig, RequestMetrics, RequestRecord, RequestRecorders},
-    signals::{SignalMetrics, SignalStore},
+    requests::{CorrelatorStats, RequestMetrics, RequestRecord, RequestRecorders},
+    signals::SignalMetrics,
     targets,
+    workloads::{LabelSets, WorkloadLabels},
 };
 use counters::CounterTracker;
+use workload::{Workload, Workloads};
 
-/// How often the process tree is rescanned for new CUDA libraries and the
-/// kernel's counters are read.
+/// How often the traced processes are rescanned for new CUDA libraries and
+/// the kernel's counters are read.
 const RESCAN: Duration = Duration::from_millis(250);
 /// Copies of at least this many bytes are kept as swap-like traffic.
 const LARGE_COPY_BYTES: u64 = 1 << 20;
@@ -56,20 +66,15 @@ const LARGE_COPY_BYTES: u64 = 1 << 20;
 /// How often the ring buffer is drained when the kernel has not woken us
 /// (it does so only when the buffer fills past a threshold).
 const DRAIN: Duration = Duration::from_millis(50);
-/// How often `--wait` looks for a CUDA library to appear.
-const WAIT_POLL: Duration = Duration::from_millis(10);
 
-pub struct AttachConfig {
-    pub pid: u32,
-    pub wait: bool,
-    pub wait_timeout: Option<Duration>,
-    pub cuda_libs: Vec<PathBuf>,
+/// What both modes share.
+pub struct TraceConfig {
     pub listen: Option<SocketAddr>,
     pub duration: Option<Duration>,
     pub interval: Duration,
     pub jsonl: Option<PathBuf>,
     pub ringbuf_bytes: u32,
-    /// Server ports to follow besides those the traced tree listens on.
+    /// Server ports to follow besides those the traced processes listen on.
     pub ports: Vec<u16>,
     /// Scheduler intervals at least this long are kept for attribution.
     pub sched_min_ns: u64,
@@ -77,6 +82,28 @@ pub struct AttachConfig {
     pub causes: CauseConfig,
     /// NVML sampling; None: off.
     pub nvml: Option<NvmlConfig>,
+    pub labels: LabelConfig,
+}
+
+/// How workloads are named in the metrics.
+#[derive(Debug, Clone)]
+pub struct LabelConfig {
+    /// Add a `pid` label (the workload root's).
+    pub with_pid: bool,
+    /// Most label sets; later workloads share the overflow set.
+    pub max_sets: usize,
+    /// Series of a workload gone this long are removed.
+    pub retire_after: Duration,
+}
+
+impl Default for LabelConfig {
+    fn default() -> Self {
+        Self {
+            with_pid: false,
+            max_sets: 100,
+            retire_after: Duration::from_secs(300),
+        }
+    }
 }
 
 /// Why tracing stopped.
@@ -99,12 +126,15 @@ struct Session {
     decode_errors: u64,
     /// GPU readings; None without NVML.
     gpu: Option<Sampler>,
-    requests: Correlator,
+    workloads: Workloads,
+    label_sets: LabelSets,
+    with_pid: bool,
+    /// Request statistics of workloads that ended, for the totals line.
+    ended_stats: Vec<(u32, CorrelatorStats)>,
     request_metrics: RequestMetrics,
     request_figures: RequestRecorders,
     requests_total: u64,
     listen_ports: BTreeSet<u16>,
-    signals: SignalStore,
     signal_metrics: SignalMetrics,
     /// Last scheduler totals read per process (exited ones included), so
     /// that the exported counters never go back.
@@ -112,18 +142,26 @@ struct Session {
     causes: CauseConfig,
     cause_metrics: CauseMetrics,
     cause_summary: CauseSummary,
-    /// Finished requests waiting for late signals (a retransmit of their
-    /// first token comes after it), released at the time given.
-    held: Vec<(u64, RequestRecord)>,
+    /// Finished requests (with their workload) waiting for late signals (a
+    /// retransmit of their first token comes after it), released at the time given.
+    held: Vec<(u64, u32, RequestRecord)>,
+    /// Processes announced by the kernel (daemon mode), to consider.
+    announced: Vec<u32>,
+    /// Daemon mode only.
+    discovery: Option<daemon::Discovery>,
     traced_since_ns: u64,
 }
 
-/// A request's JSONL line: the record, its attribution (`slow`, `causes`),
-/// and for slow requests the evidence read (GPU readings included).
+/// A request's JSONL line: the record, its workload, its attribution
+/// (`slow`, `causes`), and for slow requests the evidence read (GPU
+/// readings included).
 #[derive(serde::Serialize)]
 struct RequestLine<'a> {
     #[serde(flatten)]
     record: &'a RequestRecord,
+    workload: &'a WorkloadLabels,
+    /// The workload's root process.
+    workload_pid: u32,
     #[serde(flatten)]
     attribution: &'a Attribution,
     /// TCP retransmits on the request's connection between its arrival and
@@ -136,61 +174,69 @@ struct RequestLine<'a> {
     evidence: Option<&'a Evidence>,
 }
 
-pub async fn attach(cfg: AttachConfig) -> Result<Stop> {
-    if !targets::is_process(cfg.pid) {
-        bail!(
-            "no process with pid {} (or it is a thread, or a zombie)",
-            cfg.pid
-        );
+impl Session {
+    /// Binds /metrics (first, so a port in use fails before anything is
+    /// loaded), loads the probes, opens the JSONL file, starts NVML.
+    fn start(cfg: &TraceConfig, discover: bool) -> Result<(Self, Option<TcpListener>)> {
+        let label_names = WorkloadLabels::names(cfg.labels.with_pid);
+        let metrics = Metrics::new(&label_names)?;
+        let listener = cfg.listen.map(metrics::bind).transpose()?;
+        let probes = Probes::load(&LoadConfig {
+            ringbuf_bytes: cfg.ringbuf_bytes,
+            sched_min_ns: cfg.sched_min_ns,
+            large_copy_bytes: LARGE_COPY_BYTES,
+            discover,
+        })?;
+        let jsonl = match &cfg.jsonl {
+            Some(p) => Some(BufWriter::new(
+                File::create(p).with_context(|| format!("creating {}", p.display()))?,
+            )),
+            None => None,
+        };
+        let request_metrics = RequestMetrics::new(&metrics.registry, &label_names)?;
+        let signal_metrics = SignalMetrics::new(&metrics.registry)?;
+        let cause_metrics = CauseMetrics::new(&metrics.registry, &label_names)?;
+        let mut s = Session {
+            probes,
+            scanner: Scanner::default(),
+            metrics,
+            latency: LatencyRecorder::new(),
+            counters: CounterTracker::default(),
+            jsonl,
+            failed_total: 0,
+            failed_window: 0,
+            decode_errors: 0,
+            gpu: None,
+            workloads: Workloads::default(),
+            label_sets: LabelSets::new(
+                cfg.labels.max_sets,
+                u64::try_from(cfg.labels.retire_after.as_nanos()).unwrap_or(u64::MAX),
+                cfg.labels.with_pid,
+            ),
+            with_pid: cfg.labels.with_pid,
+            ended_stats: Vec::new(),
+            request_metrics,
+            request_figures: RequestRecorders::new(),
+            requests_total: 0,
+            listen_ports: BTreeSet::new(),
+            signal_metrics,
+            sched_totals: BTreeMap::new(),
+            causes: cfg.causes.clone(),
+            cause_metrics,
+            cause_summary: CauseSummary::new(5),
+            held: Vec::new(),
+            announced: Vec::new(),
+            discovery: None,
+            traced_since_ns: monotonic_ns(),
+        };
+        if let Some(nvml_cfg) = &cfg.nvml {
+            s.start_nvml(nvml_cfg)?;
+        }
+        Ok((s, listener))
     }
-    let title = format!(
-        "pid {} ({})",
-        cfg.pid,
-        targets::comm(cfg.pid).unwrap_or_default()
-    );
-    let metrics = Metrics::new()?;
-    let listener = cfg.listen.map(metrics::bind).transpose()?;
-    let probes = Probes::load(&LoadConfig {
-        ringbuf_bytes: cfg.ringbuf_bytes,
-        sched_min_ns: cfg.sched_min_ns,
-        large_copy_bytes: LARGE_COPY_BYTES,
-    })?;
-    let jsonl = match &cfg.jsonl {
-        Some(p) => Some(BufWriter::new(
-            File::create(p).with_context(|| format!("creating {}", p.display()))?,
-        )),
-        None => None,
-    };
-    let request_metrics = RequestMetrics::new(&metrics.registry)?;
-    let signal_metrics = SignalMetrics::new(&metrics.registry)?;
-    let cause_metrics = CauseMetrics::new(&metrics.registry)?;
-    let mut s = Session {
-        probes,
-        scanner: Scanner::default(),
-        metrics,
-        latency: LatencyRecorder::new(),
-        counters: CounterTracker::default(),
-        jsonl,
-        failed_total: 0,
-        failed_window: 0,
-        decode_errors: 0,
-        gpu: None,
-        requests: Correlator::new(CorrelatorConfig::default()),
-        request_metrics,
-        request_figures: RequestRecorders::new(),
-        requests_total: 0,
-        listen_ports: BTreeSet::new(),
-        signals: SignalStore::default(),
-        signal_metrics,
-        sched_totals: BTreeMap::new(),
-        causes: cfg.causes.clone(),
-        cause_metrics,
-        cause_summary: CauseSummary::new(5),
-        held: Vec::new(),
-        traced_since_ns: monotonic_ns(),
-    };
-    if let Some(nvml_cfg) = &cfg.nvml {
-        match nvml::start(nvml_cfg, &s.metrics.registry)? {
+
+    fn start_nvml(&mut self, cfg: &NvmlConfig) -> Result<()> {
+        match nvml::start(cfg, &self.metrics.registry)? {
             nvml::Started::Sampler(sampler) => {
                 let gpus: Vec<String> = sampler
                     .gpus()
@@ -202,96 +248,60 @@ pub async fn attach(cfg: AttachConfig) -> Result<Stop> {
                     sampler.period(),
                     gpus.join(", ")
                 );
-                s.gpu = Some(sampler);
+                self.gpu = Some(sampler);
             }
             nvml::Started::Unavailable(reason) => {
                 log::info!("{reason}; GPU readings are off, everything else works");
             }
         }
+        Ok(())
     }
-    // Track first, then scan: a child forked in between is then tracked by
-    // the kernel and found by the scan.
-    s.probes.track(cfg.pid)?;
-    for child in targets::descendants(cfg.pid) {
-        s.probes.track(child)?;
-    }
-    for path in &cfg.cuda_libs {
-        let lib = libraries::inspect(path, path)?.with_context(|| {
-            format!(
-                "{} defines none of the CUDA entry points ttft-trace probes \
-                 (cudaLaunchKernel, cudaGraphLaunch or cuLaunchKernel)",
-                path.display()
-            )
-        })?;
-        if let Some(a) = s.probes.attach_library(&lib)? {
-            s.report_attach(&a);
+
+    /// Starts tracing the workload rooted at `root`: the root and its
+    /// descendants are tracked (the kernel adds later children).
+    fn add_workload(&mut self, root: u32) -> Result<()> {
+        // Track first, then list the children: a child forked in between is
+        // then tracked by the kernel and found by the listing.
+        self.probes.track(root, root)?;
+        let members = targets::descendants(root);
+        for child in &members {
+            self.probes.track(*child, root)?;
         }
-    }
-    s.attach_new_libraries()?;
-    // Ports first: with --wait, the first request may be what makes the
-    // server load its CUDA library (a lazily started engine process).
-    s.follow_ports(&cfg.ports)?;
-    if s.probes.attached().next().is_none() {
-        s.wait_for_library(&cfg).await?;
-    }
-    let server = listener.map(|l| {
+        let labels = self
+            .label_sets
+            .admit(WorkloadLabels::of_process(root, self.with_pid));
+        let w = Workload::new(root, labels);
+        let values = w.label_values();
+        self.metrics.init_workload(&values);
+        self.request_metrics.init_workload(&values);
+        self.cause_metrics.init_workload(&values);
         log::info!(
-            "serving Prometheus metrics on http://{}/metrics",
-            l.local_addr()
-                .map_or_else(|_| "?".into(), |a| a.to_string())
+            "tracing workload pid {root} ({}){}",
+            w.labels.comm,
+            describe_place(&w.labels)
         );
-        tokio::spawn(metrics::serve(l, s.metrics.registry.clone()))
-    });
-
-    let events = s.probes.take_events()?;
-    let stop = s.run(events, &cfg).await?;
-    if let Some(server) = server {
-        server.abort();
-    }
-    let elapsed = s.elapsed_since_start();
-    let lost = s.metrics.events_lost();
-    let flushed = s.requests.flush();
-    s.finish_requests(flushed);
-    s.release_requests(monotonic_ns(), true);
-    println!(
-        "{}",
-        summary::final_block(
-            &title,
-            elapsed,
-            &s.latency.total(),
-            s.failed_total,
-            s.counters.total(),
-            lost
-        )
-    );
-    if s.requests_total > 0 {
-        println!("requests:            {}", s.requests_total);
-        for line in s.request_figures.total_lines(summary::percentiles) {
-            println!("  {line}");
+        self.workloads.insert(w);
+        for child in members {
+            self.workloads.learn(child, root);
         }
-        for line in s.cause_summary.total_lines() {
-            println!("{line}");
-        }
+        Ok(())
     }
-    if s.decode_errors > 0 {
-        log::warn!(
-            "{} ring-buffer records could not be decoded",
-            s.decode_errors
-        );
-    }
-    s.write_totals(stop, lost);
-    if let Some(w) = s.jsonl.as_mut() {
-        w.flush().context("writing the JSONL file")?;
-    }
-    // Detaching waits for an RCU grace period per uprobe in the kernel
-    // (about 0.1 s each here, serialised), so it comes after the summary.
-    drop(s);
-    Ok(stop)
-}
 
-impl Session {
-    fn elapsed_since_start(&self) -> f64 {
-        START.get_or_init(Instant::now).elapsed().as_secs_f64()
+    /// Attaches the probes to `lib` unless its file already has them.
+    fn attach(&mut self, lib: &CudaLibrary) -> Result<()> {
+        if let Some(a) = self.probes.attach_library(lib)? {
+            self.report_attach(&a);
+        }
+        Ok(())
+    }
+
+    /// Attaches the probes to a library found in a process's mappings. The
+    /// process may exit meanwhile (its /proc path is then gone): a warning,
+    /// and a later scan of another process tries again.
+    fn attach_found(&mut self, lib: &CudaLibrary) {
+        if let Err(e) = self.attach(lib) {
+            log::warn!("could not attach to {}: {e:#}", lib.path.display());
+        }
     }
 
     /// Follows connections accepted on the ports the traced processes
@@ -300,134 +310,98 @@ impl Session {
     fn follow_ports(&mut self, extra: &[u16]) -> Result<()> {
         let mut found = ports::listening_ports(&self.live_processes()?);
         found.extend(extra);
+        let mut new = Vec::new();
         for port in found {
             if self.listen_ports.insert(port) {
                 self.probes.add_listen_port(port)?;
+                new.push(port.to_string());
             }
         }
-        if !self.listen_ports.is_empty() {
-            let list: Vec<String> = self.listen_ports.iter().map(u16::to_string).collect();
-            log::info!("following requests on port(s) {}", list.join(", "));
+        if !new.is_empty() {
+            log::info!("following requests on port(s) {}", new.join(", "));
         }
         Ok(())
     }
 
     /// Holds finished requests until late signals can have arrived.
-    fn finish_requests(&mut self, finished: Vec<RequestRecord>) {
+    fn finish_requests(&mut self, root: u32, finished: Vec<RequestRecord>) {
         for record in finished {
             let release = record.ttft_ns.map_or(0, |ttft| {
                 self.causes.network_window_end_ns(record.t_arrive_ns, ttft)
             });
-            self.held.push((release, record));
+            self.held.push((release, root, record));
         }
     }
 
     /// Attributes, logs, records and exports the held requests whose time
-    /// has come (all of them with `all`).
-    fn release_requests(&mut self, now_ns: u64, all: bool) {
-        let (ready, held): (Vec<_>, Vec<_>) = std::mem::take(&mut self.held)
-            .into_iter()
-            .partition(|(release, _)| all || *release <= now_ns);
+    /// has come (all of them with `all`; with `only`, those of one workload).
+    fn release_requests(&mut self, now_ns: u64, all: bool, only: Option<u32>) {
+        let (ready, held): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut self.held)
+                .into_iter()
+                .partition(|(release, root, _)| {
+                    only.is_none_or(|o| o == *root) && (all || *release <= now_ns)
+                });
         self.held = held;
-        for (_, record) in ready {
+        for (_, root, record) in ready {
+            let Some(w) = self.workloads.by_root.get(&root) else {
+                continue;
+            };
+            let values = w.label_values();
             self.requests_total += 1;
-            self.request_metrics.observe(&record);
+            self.request_metrics.observe(&record, &values);
             self.request_figures.record(&record);
             let evidence = evidence::gather(
                 &record,
-                &self.signals,
+                &w.signals,
                 self.gpu.as_ref(),
                 &self.causes,
                 self.traced_since_ns,
             );
             let attribution = attribute(&evidence, &self.causes);
-            self.cause_metrics.observe(&attribution);
+            self.cause_metrics.observe(&attribution, &values);
             self.cause_summary.record(&attribution, || {
                 format!(
                     "{}:{} #{}",
                     record.client_addr, record.client_port, record.request_index
                 )
             });
-            let Some(w) = self.jsonl.as_mut() else {
+            let Some(out) = self.jsonl.as_mut() else {
                 continue;
             };
             let end = record.t_done_ns.unwrap_or(now_ns);
             let tcp_retransmits = u64::from_str_radix(record.conn.trim_start_matches("0x"), 16)
                 .map_or(0, |sk| {
-                    self.signals
+                    w.signals
                         .tcp_events_in(sk, record.t_arrive_ns, end)
                         .filter(|e| e.what == TCP_RETRANSMIT)
                         .count()
                 });
             let line = RequestLine {
                 record: &record,
+                workload: &w.labels,
+                workload_pid: root,
                 attribution: &attribution,
                 tcp_retransmits,
                 gpu: evidence.gpu.as_ref(),
                 evidence: attribution.slow.then_some(&evidence),
             };
-            if let Err(e) = write_line(w, &line) {
+            if let Err(e) = write_line(out, &line) {
                 log::warn!("writing JSONL failed, no more lines will be written: {e}");
                 self.jsonl = None;
             }
         }
     }
 
-    /// Blocks (asynchronously) until a CUDA library appears in the tree, the
-    /// target exits, or the timeout passes; without `--wait`, explains what
-    /// was searched.
-    async fn wait_for_library(&mut self, cfg: &AttachConfig) -> Result<()> {
-        if !cfg.wait {
-            let mut searched = BTreeSet::new();
-            let mut processes = 0;
-            for pid in self.live_processes()? {
-                processes += 1;
-                if let Ok(scan) = self.scanner.scan(pid) {
-                    searched.extend(scan.searched);
-                }
-            }
-            let list: Vec<String> = searched
-                .iter()
-                .map(|p| format!("  {}", p.display()))
-                .collect();
-            bail!(
-                "pid {} ({} process(es) with descendants) maps no library that defines the CUDA \
-                 runtime or driver entry points (cudaLaunchKernel, cudaGraphLaunch, \
-                 cuLaunchKernel) in .dynsym or .symtab; searched {} mapped ELF file(s):\n{}\n\
-                 Use --wait to wait for one to be loaded, or --cuda-lib PATH to name one.",
-                cfg.pid,
-                processes,
-                searched.len(),
-                list.join("\n")
-            );
-        }
-        log::info!("waiting for pid {} to load a CUDA library", cfg.pid);
-        let deadline = cfg.wait_timeout.map(|t| Instant::now() + t);
-        loop {
-            tokio::time::sleep(WAIT_POLL).await;
-            if self.live_processes()?.is_empty() {
-                bail!("pid {} exited before loading a CUDA library", cfg.pid);
-            }
-            self.attach_new_libraries()?;
-            if self.probes.attached().next().is_some() {
-                return Ok(());
-            }
-            if deadline.is_some_and(|d| Instant::now() >= d) {
-                bail!(
-                    "no CUDA library appeared in pid {} within the --wait-timeout",
-                    cfg.pid
-                );
-            }
-        }
-    }
-
-    /// Live processes among the tracked ids; ids of exited processes and of
-    /// threads are dropped from the kernel's map on the way.
+    /// Live processes among the tracked ids, each learnt as a member of its
+    /// workload; ids of exited processes and of threads are dropped from the
+    /// kernel's map on the way.
     fn live_processes(&mut self) -> Result<Vec<u32>> {
         let mut live = Vec::new();
-        for id in self.probes.tracked()? {
+        for (id, root) in self.probes.tracked()? {
             if targets::is_process(id) {
                 live.push(id);
+                self.workloads.learn(id, root);
             } else if !std::path::Path::new(&format!("/proc/{id}")).exists() {
                 self.probes.untrack(id)?;
             }
@@ -444,9 +418,7 @@ impl Session {
                 continue;
             };
             for lib in scan.libraries {
-                if let Some(a) = self.probes.attach_library(&lib)? {
-                    self.report_attach(&a);
-                }
+                self.attach_found(&lib);
             }
         }
         let (mut rt, mut drv) = (0, 0);
@@ -456,6 +428,63 @@ impl Session {
         }
         self.metrics.set_traced(live.len(), rt, drv);
         Ok(live)
+    }
+
+    /// Ends the workloads none of whose processes is alive: their requests
+    /// in flight are finished and released, their labels start the
+    /// retirement grace period. Returns how many remain.
+    fn end_workloads(&mut self, live: &[u32]) -> usize {
+        let alive: BTreeSet<u32> = live
+            .iter()
+            .filter_map(|p| self.workloads.root_of(*p))
+            .collect();
+        let ended: Vec<u32> = self
+            .workloads
+            .by_root
+            .keys()
+            .filter(|r| !alive.contains(r))
+            .copied()
+            .collect();
+        let now = monotonic_ns();
+        for root in ended {
+            self.end_workload(root, now);
+        }
+        self.workloads.by_root.len()
+    }
+
+    fn end_workload(&mut self, root: u32, now: u64) {
+        let Some(w) = self.workloads.by_root.get_mut(&root) else {
+            return;
+        };
+        let flushed = w.correlator.flush();
+        self.finish_requests(root, flushed);
+        self.release_requests(now, true, Some(root));
+        let members: Vec<u32> = self.workloads.members(root).collect();
+        for tgid in members {
+            if let Err(e) = self.probes.forget_announced(tgid) {
+                log::debug!("forgetting announced {tgid}: {e}");
+            }
+        }
+        if let Some(w) = self.workloads.remove(root) {
+            log::info!("workload pid {root} ({}) has exited", w.labels.comm);
+            self.ended_stats.push((root, w.correlator.stats()));
+            self.label_sets.release(&w.labels, now);
+        }
+    }
+
+    /// Removes the series of label sets whose workloads are gone past the
+    /// grace period.
+    fn retire_labels(&mut self) {
+        for labels in self.label_sets.retire(monotonic_ns()) {
+            let values = labels.values();
+            let v: Vec<&str> = values.iter().map(String::as_str).collect();
+            self.metrics.retire_workload(&v);
+            self.request_metrics.retire_workload(&v);
+            self.cause_metrics.retire_workload(&v);
+            log::info!("retired the series of workload {}", labels.comm);
+        }
+        self.metrics
+            .set_workloads(self.label_sets.len(), self.label_sets.overflowed);
     }
 
     fn report_attach(&mut self, a: &Attached) {
@@ -481,6 +510,17 @@ impl Session {
     /// The last JSONL line: what the kernel counted over the whole run.
     fn write_totals(&mut self, stop: Stop, lost: u64) {
         let t = *self.counters.total();
+        let mut stats: Vec<serde_json::Value> = self
+            .ended_stats
+            .iter()
+            .map(|(root, s)| json!({"workload_pid": root, "stats": s}))
+            .collect();
+        stats.extend(
+            self.workloads
+                .by_root
+                .values()
+                .map(|w| json!({"workload_pid": w.root, "stats": w.correlator.stats()})),
+        );
         let Some(w) = self.jsonl.as_mut() else { return };
         let mut bytes = serde_json::Map::new();
         let mut calls = serde_json::Map::new();
@@ -493,51 +533,86 @@ impl Session {
             "episodes_ok": self.latency.total().count, "episodes_failed": self.failed_total,
             "kernel_launches": t.kernel_launches, "graph_launches": t.graph_launches,
             "memcpy_bytes": bytes, "memcpy_calls": calls, "events_lost": lost,
-            "requests": self.requests_total, "request_stats": self.requests.stats(),
+            "requests": self.requests_total, "request_stats": stats,
         });
         let _ = writeln!(w, "{line}");
     }
 
     fn handle(&mut self, bytes: &[u8]) {
+        let probes = &self.probes;
+        let lookup = |tgid| probes.workload_of(tgid).ok().flatten();
         match decode(bytes) {
-            Ok(Event::Conn(ev)) => self.requests.on_conn(&ev),
-            Ok(Event::Sock(ev)) => self.requests.on_sock(&ev),
-            Ok(Event::Sched(ev)) => self.signals.on_sched(&ev),
+            Ok(Event::Conn(ev)) if ev.op == CONN_OPEN => self.workloads.hold_open(&ev),
+            Ok(Event::Conn(ev)) => {
+                if let Some(w) = self.workloads.of_socket(ev.sk, true) {
+                    w.correlator.on_conn(&ev);
+                }
+            }
+            Ok(Event::Sock(ev)) => {
+                let Some(root) = self.workloads.of_process(ev.tgid, lookup).map(|w| w.root) else {
+                    return;
+                };
+                let open = self.workloads.bind_socket(ev.sk, root);
+                if let Some(w) = self.workloads.of_socket(ev.sk, false) {
+                    if let Some(open) = open {
+                        w.correlator.on_conn(&open);
+                    }
+                    w.correlator.on_sock(&ev);
+                }
+            }
+            Ok(Event::Sched(ev)) => {
+                if let Some(w) = self.workloads.of_process(ev.tgid, lookup) {
+                    w.signals.on_sched(&ev);
+                }
+            }
             Ok(Event::Tcp(ev)) => {
                 self.signal_metrics.tcp_event(ev.what);
-                self.signals.on_tcp(&ev);
-            }
-            Ok(Event::Copy(ev)) => self.signals.on_copy(&ev),
-            Ok(Event::Episode(ev)) => {
-                self.requests.on_episode(&ev);
-                self.signals
-                    .on_episode(ev.tgid, ev.tid, ev.t_first_launch_ns);
-                let mut rec = EpisodeRecord::new(&ev);
-                if let Some(gpu) = &self.gpu {
-                    rec.gpu = gpu.window(
-                        gpu.gpu_of_pid(ev.tgid),
-                        ev.t_first_launch_ns,
-                        ev.t_copy_done_ns,
-                    );
-                }
-                self.metrics.observe_episode(&rec);
-                if rec.ok() {
-                    self.latency.record(rec.launch_to_first_d2h_ns);
-                } else {
-                    self.failed_total += 1;
-                    self.failed_window += 1;
-                }
-                if let Some(w) = self.jsonl.as_mut()
-                    && let Err(e) = write_line(w, &rec)
-                {
-                    log::warn!("writing JSONL failed, no more lines will be written: {e}");
-                    self.jsonl = None;
+                if let Some(w) = self.workloads.of_socket(ev.sk, false) {
+                    w.signals.on_tcp(&ev);
                 }
             }
+            Ok(Event::Copy(ev)) => {
+                if let Some(w) = self.workloads.of_process(ev.tgid, lookup) {
+                    w.signals.on_copy(&ev);
+                }
+            }
+            Ok(Event::Discover(ev)) => self.announced.push(ev.tgid),
+            Ok(Event::Episode(ev)) => self.on_episode(&ev),
             Err(e) => {
                 self.decode_errors += 1;
                 log::debug!("undecodable record: {e}");
             }
+        }
+    }
+
+    fn on_episode(&mut self, ev: &ttft_trace_common::EpisodeEvent) {
+        let probes = &self.probes;
+        let lookup = |tgid| probes.workload_of(tgid).ok().flatten();
+        let Some(w) = self.workloads.of_process(ev.tgid, lookup) else {
+            return;
+        };
+        w.correlator.on_episode(ev);
+        w.signals.on_episode(ev.tgid, ev.tid, ev.t_first_launch_ns);
+        let mut rec = EpisodeRecord::new(ev);
+        if let Some(gpu) = &self.gpu {
+            rec.gpu = gpu.window(
+                gpu.gpu_of_pid(ev.tgid),
+                ev.t_first_launch_ns,
+                ev.t_copy_done_ns,
+            );
+        }
+        self.metrics.observe_episode(&rec, &w.label_values());
+        if rec.ok() {
+            self.latency.record(rec.launch_to_first_d2h_ns);
+        } else {
+            self.failed_total += 1;
+            self.failed_window += 1;
+        }
+        if let Some(out) = self.jsonl.as_mut()
+            && let Err(e) = write_line(out, &rec)
+        {
+            log::warn!("writing JSONL failed, no more lines will be written: {e}");
+            self.jsonl = None;
         }
     }
 
@@ -550,22 +625,44 @@ impl Session {
             self.handle(&owned);
         }
         let now = monotonic_ns();
-        let finished = self.requests.drain_finished(now);
-        self.finish_requests(finished);
-        self.release_requests(now, false);
+        let roots: Vec<u32> = self.workloads.by_root.keys().copied().collect();
+        for root in roots {
+            if let Some(w) = self.workloads.by_root.get_mut(&root) {
+                let finished = w.correlator.drain_finished(now);
+                self.finish_requests(root, finished);
+            }
+        }
+        self.release_requests(now, false, None);
     }
 
     /// Reads the kernel's counters and statistics into the metrics; forgets
     /// processes that are gone once their last reading is taken.
     fn read_counters(&mut self, live: &[u32]) -> Result<()> {
         let reading = self.probes.counters()?;
-        let delta = self.counters.update(&reading);
-        self.metrics.add_counters(&delta);
+        for (tgid, delta) in self.counters.update(&reading) {
+            let workload = self
+                .workloads
+                .root_of(tgid)
+                .and_then(|r| self.workloads.by_root.get(&r));
+            match workload {
+                Some(w) => self.metrics.add_counters(&delta, &w.label_values()),
+                None => self.workloads.unrouted += 1,
+            }
+        }
         for tgid in reading.keys() {
             if !live.contains(tgid) && !targets::is_process(*tgid) {
                 self.probes.drop_counters(*tgid)?;
                 self.counters.forget(*tgid);
-                self.signals.forget_process(*tgid);
+                if let Some(w) = self
+                    .workloads
+                    .root_of(*tgid)
+                    .and_then(|r| self.workloads.by_root.get_mut(&r))
+                {
+                    w.signals.forget_process(*tgid);
+                }
+                if !self.workloads.by_root.contains_key(tgid) {
+                    self.workloads.forget_process(*tgid);
+                }
             }
         }
         for (tgid, t) in self.probes.sched_totals()? {
@@ -578,14 +675,53 @@ impl Session {
         self.signal_metrics.set_sched_totals(&all);
         let (buckets, sum) = self.probes.runq_histogram()?;
         self.signal_metrics.runq.set(buckets, sum);
-        self.signals.prune(monotonic_ns());
+        let now = monotonic_ns();
+        for w in self.workloads.by_root.values_mut() {
+            w.signals.prune(now);
+        }
         let lost = self.probes.stat(Stat::RingbufLost)?;
         let dropped = self.probes.stat(Stat::ThreadStateFull)?;
         self.metrics.set_kernel_stats(lost, dropped);
         Ok(())
     }
 
-    async fn run(&mut self, ring: RingBuf<MapData>, cfg: &AttachConfig) -> Result<Stop> {
+    fn print_interval(&mut self) {
+        let window = self.latency.take_window();
+        println!(
+            "{}",
+            summary::interval_line(
+                self.elapsed_since_start(),
+                &window,
+                self.failed_window,
+                self.counters.total(),
+                self.metrics.events_lost()
+            )
+        );
+        self.failed_window = 0;
+        for line in self.request_figures.window_lines(summary::percentiles) {
+            if !line.contains(" n=0 ") {
+                println!("           {line}");
+            }
+        }
+        for line in self.cause_summary.window_lines() {
+            println!("           {line}");
+        }
+        if let Some(w) = self.jsonl.as_mut() {
+            let _ = w.flush();
+        }
+    }
+
+    fn elapsed_since_start(&self) -> f64 {
+        START.get_or_init(Instant::now).elapsed().as_secs_f64()
+    }
+
+    /// The event loop. `discovery`: the daemon's /proc scan period.
+    async fn run(
+        &mut self,
+        ring: RingBuf<MapData>,
+        cfg: &TraceConfig,
+        discovery: Option<Duration>,
+    ) -> Result<Stop> {
         START.get_or_init(Instant::now);
         // SAFETY: the RingBuf owns its map fd, which stays open and unchanged
         // for as long as the AsyncFd owns the RingBuf.
@@ -595,6 +731,8 @@ impl Session {
         let mut drain = tokio::time::interval(DRAIN);
         let mut report = tokio::time::interval(cfg.interval);
         report.tick().await;
+        let mut discover = tokio::time::interval(discovery.unwrap_or(Duration::from_secs(3600)));
+        discover.tick().await;
         let mut sigterm = tokio::signal::unix::signal(SignalKind::terminate())?;
         let mut sigint = tokio::signal::unix::signal(SignalKind::interrupt())?;
         let deadline = cfg.duration.map(|d| tokio::time::Instant::now() + d);
@@ -604,31 +742,27 @@ impl Session {
                     let mut guard = guard.context("polling the ring buffer")?;
                     self.drain(guard.get_inner_mut());
                     guard.clear_ready();
+                    if discovery.is_some() {
+                        self.consider_announced()?;
+                    }
                 }
-                _ = drain.tick() => self.drain(ring.get_mut()),
+                _ = drain.tick() => {
+                    self.drain(ring.get_mut());
+                    if discovery.is_some() {
+                        self.consider_announced()?;
+                    }
+                }
                 _ = rescan.tick() => {
                     let live = self.attach_new_libraries()?;
                     self.read_counters(&live)?;
-                    if live.is_empty() {
+                    let remaining = self.end_workloads(&live);
+                    self.retire_labels();
+                    if discovery.is_none() && remaining == 0 {
                         break Stop::TargetExited;
                     }
                 }
-                _ = report.tick() => {
-                    let window = self.latency.take_window();
-                    println!("{}", summary::interval_line(
-                        self.elapsed_since_start(), &window, self.failed_window,
-                        self.counters.total(), self.metrics.events_lost()));
-                    self.failed_window = 0;
-                    for line in self.request_figures.window_lines(summary::percentiles) {
-                        if !line.contains(" n=0 ") {
-                            println!("           {line}");
-                        }
-                    }
-                    for line in self.cause_summary.window_lines() {
-                        println!("           {line}");
-                    }
-                    if let Some(w) = self.jsonl.as_mut() { let _ = w.flush(); }
-                }
+                _ = discover.tick(), if discovery.is_some() => self.discover()?,
+                _ = report.tick() => self.print_interval(),
                 _ = sigterm.recv() => break Stop::Signal,
                 _ = sigint.recv() => break Stop::Signal,
                 _ = sleep_until(deadline) => break Stop::Duration,
@@ -643,6 +777,86 @@ impl Session {
         }
         Ok(stop)
     }
+
+    /// Serves /metrics, runs the loop, then prints the final summary and
+    /// writes the totals. Detaching the probes (when the session drops)
+    /// waits for an RCU grace period per uprobe in the kernel (about 0.1 s
+    /// each here, serialised), so it comes after the summary.
+    async fn run_to_end(
+        mut self,
+        listener: Option<TcpListener>,
+        cfg: &TraceConfig,
+        discovery: Option<Duration>,
+        title: &str,
+    ) -> Result<Stop> {
+        let server = listener.map(|l| {
+            log::info!(
+                "serving Prometheus metrics on http://{}/metrics",
+                l.local_addr()
+                    .map_or_else(|_| "?".into(), |a| a.to_string())
+            );
+            tokio::spawn(metrics::serve(l, self.metrics.registry.clone()))
+        });
+        let events = self.probes.take_events()?;
+        let stop = self.run(events, cfg, discovery).await?;
+        if let Some(server) = server {
+            server.abort();
+        }
+        let elapsed = self.elapsed_since_start();
+        let lost = self.metrics.events_lost();
+        let roots: Vec<u32> = self.workloads.by_root.keys().copied().collect();
+        for root in roots {
+            if let Some(w) = self.workloads.by_root.get_mut(&root) {
+                let flushed = w.correlator.flush();
+                self.finish_requests(root, flushed);
+            }
+        }
+        self.release_requests(monotonic_ns(), true, None);
+        println!(
+            "{}",
+            summary::final_block(
+                title,
+                elapsed,
+                &self.latency.total(),
+                self.failed_total,
+                self.counters.total(),
+                lost
+            )
+        );
+        if self.requests_total > 0 {
+            println!("requests:            {}", self.requests_total);
+            for line in self.request_figures.total_lines(summary::percentiles) {
+                println!("  {line}");
+            }
+            for line in self.cause_summary.total_lines() {
+                println!("{line}");
+            }
+        }
+        if self.decode_errors > 0 {
+            log::warn!(
+                "{} ring-buffer records could not be decoded",
+                self.decode_errors
+            );
+        }
+        self.write_totals(stop, lost);
+        if let Some(w) = self.jsonl.as_mut() {
+            w.flush().context("writing the JSONL file")?;
+        }
+        drop(self);
+        Ok(stop)
+    }
+}
+
+/// " in container X, pod ns/name" for a log line, or "".
+fn describe_place(l: &WorkloadLabels) -> String {
+    let mut s = String::new();
+    if !l.container.is_empty() {
+        s.push_str(&format!(" in container {}", l.container));
+    }
+    if !l.pod.is_empty() {
+        s.push_str(&format!(", pod {}/{}", l.namespace, l.pod));
+    }
+    s
 }
 
 fn write_line(w: &mut impl Write, value: &impl serde::Serialize) -> std::io::Result<()> {

@@ -54,7 +54,8 @@ fn a_verdict_serialises_with_class_names_and_evidence() {
 #[test]
 fn metrics_count_each_cause_of_each_slow_request_and_violations() {
     let registry = Registry::new();
-    let m = CauseMetrics::new(&registry).expect("metrics");
+    let m = CauseMetrics::new(&registry, &[]).expect("metrics");
+    m.init_workload(&[]);
     let text = render(&registry);
     for label in [
         "queueing",
@@ -70,11 +71,11 @@ fn metrics_count_each_cause_of_each_slow_request_and_violations() {
     assert!(text.contains("ttft_trace_slow_requests_total{cause=\"unexplained\"} 0"));
     assert!(text.contains("ttft_trace_slo_violations_total 0"));
 
-    m.observe(&cpu_and_cold(700, 80));
-    m.observe(&judge(&slow_request()));
-    m.observe(&fast());
-    m.observe(&client_slow());
-    m.observe(&Attribution::default());
+    m.observe(&cpu_and_cold(700, 80), &[]);
+    m.observe(&judge(&slow_request()), &[]);
+    m.observe(&fast(), &[]);
+    m.observe(&client_slow(), &[]);
+    m.observe(&Attribution::default(), &[]);
     let text = render(&registry);
     for needle in [
         "ttft_trace_slow_requests_total{cause=\"cold_start\"} 1",

@@ -88,9 +88,10 @@ fn ipv6_addresses() {
 #[test]
 fn prometheus_series() {
     let registry = Registry::new();
-    let m = RequestMetrics::new(&registry).expect("register");
+    let m = RequestMetrics::new(&registry, &[]).expect("register");
+    m.init_workload(&[]);
     for r in three_requests() {
-        m.observe(&r);
+        m.observe(&r, &[]);
     }
     let text = render(&registry);
     for needle in [
@@ -112,7 +113,10 @@ fn prometheus_series() {
     ] {
         assert!(text.contains(needle), "missing {needle} in\n{text}");
     }
-    assert!(RequestMetrics::new(&registry).is_err(), "registered once");
+    assert!(
+        RequestMetrics::new(&registry, &[]).is_err(),
+        "registered once"
+    );
 }
 
 #[test]

@@ -1,0 +1,170 @@
+//! `ttft-trace daemon`: every inference workload on the host. Processes
+//! that map a CUDA library are found by a /proc scan (at start, then every
+//! `rescan`), and at once when an untraced process calls into a library
+//! that already carries the probes (the kernel announces it: a restarted
+//! server). Filters decide; the workload's root is found; the loaded
+//! programs start following it, with no reload.
+
+use std::{
+    collections::{HashMap, HashSet},
+    path::PathBuf,
+    sync::Arc,
+    time::Duration,
+};
+
+use anyhow::{Context as _, Result};
+
+use super::{Session, Stop, TraceConfig};
+use crate::{
+    ports,
+    probes::libraries::{self, CudaLibrary},
+    targets,
+    workloads::{
+        Filters,
+        discover::{self, workload_root},
+    },
+};
+
+pub struct DaemonOptions {
+    pub filters: Filters,
+    /// How often /proc is scanned for new CUDA processes.
+    pub rescan: Duration,
+    /// Libraries to probe from the start (e.g. not mapped by anyone yet).
+    pub cuda_libs: Vec<PathBuf>,
+    pub trace: TraceConfig,
+}
+
+/// The daemon's discovery state.
+pub(super) struct Discovery {
+    filters: Filters,
+    /// The daemon and its ancestors.
+    excluded: HashSet<u32>,
+    /// Processes the comm/cgroup filters turned down, with their start time
+    /// (a reused pid is a new process).
+    rejected: HashMap<u32, Option<u64>>,
+}
+
+pub async fn daemon(opts: DaemonOptions) -> Result<Stop> {
+    let (mut s, listener) = Session::start(&opts.trace, true)?;
+    s.discovery = Some(Discovery {
+        filters: opts.filters.clone(),
+        excluded: discover::self_and_ancestors(),
+        rejected: HashMap::new(),
+    });
+    for path in &opts.cuda_libs {
+        let lib = libraries::inspect(path, path)?.with_context(|| {
+            format!(
+                "{} defines none of the CUDA entry points ttft-trace probes",
+                path.display()
+            )
+        })?;
+        s.attach(&lib)?;
+    }
+    s.discover()?;
+    s.follow_ports(&opts.trace.ports)?;
+    log::info!(
+        "daemon: {} workload(s) at start; scanning /proc every {:?}",
+        s.workloads.by_root.len(),
+        opts.rescan
+    );
+    s.run_to_end(listener, &opts.trace, Some(opts.rescan), "daemon")
+        .await
+}
+
+impl Session {
+    /// One pass over /proc: every untraced process that maps a CUDA library
+    /// is considered.
+    pub(super) fn discover(&mut self) -> Result<()> {
+        let tracked: HashSet<u32> = self
+            .probes
+            .tracked()?
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect();
+        for pid in discover::processes() {
+            if pid <= 1 || tracked.contains(&pid) || self.skipped(pid) {
+                continue;
+            }
+            let Ok(scan) = self.scanner.scan(pid) else {
+                continue;
+            };
+            if !scan.libraries.is_empty() {
+                self.consider(pid, scan.libraries)?;
+            }
+        }
+        // Servers often listen only after loading their model: the kernel
+        // follows a port from the listen() call on, this names it.
+        self.follow_ports(&[])
+    }
+
+    /// The processes the kernel announced since the last call.
+    pub(super) fn consider_announced(&mut self) -> Result<()> {
+        for pid in std::mem::take(&mut self.announced) {
+            if self.probes.workload_of(pid)?.is_some() || self.skipped(pid) {
+                continue;
+            }
+            let Ok(scan) = self.scanner.scan(pid) else {
+                continue;
+            };
+            log::debug!("pid {pid} announced by the kernel (a CUDA call through a probed library)");
+            self.consider(pid, scan.libraries)?;
+        }
+        Ok(())
+    }
+
+    /// Our own processes, and those the filters turned down before.
+    fn skipped(&self, pid: u32) -> bool {
+        let Some(d) = &self.discovery else {
+            return true;
+        };
+        d.excluded.contains(&pid)
+            || d.rejected
+                .get(&pid)
+                .is_some_and(|&start| start == targets::start_time_ns(pid))
+    }
+
+    /// Decides on `pid`, which maps `libs`: filters, then the workload it
+    /// belongs to (an existing one, or a new one rooted at its topmost
+    /// serving ancestor), then probes and tracking.
+    fn consider(&mut self, pid: u32, libs: Vec<Arc<CudaLibrary>>) -> Result<()> {
+        let Some(d) = self.discovery.as_mut() else {
+            return Ok(());
+        };
+        if let Some(why) = d.filters.reject_process(pid) {
+            log::debug!("not tracing pid {pid}: {why}");
+            d.rejected.insert(pid, targets::start_time_ns(pid));
+            return Ok(());
+        }
+        let excluded = d.excluded.clone();
+        let filters = d.filters.clone();
+        let scanner = &mut self.scanner;
+        let root = workload_root(pid, &excluded, |p| {
+            scanner.scan(p).is_ok_and(|s| !s.libraries.is_empty())
+                || !ports::listening_ports(&[p]).is_empty()
+        });
+        if let Some(existing) = self.probes.workload_of(root)?
+            && self.workloads.by_root.contains_key(&existing)
+        {
+            self.probes.track(pid, existing)?;
+            self.workloads.learn(pid, existing);
+            for lib in &libs {
+                self.attach_found(lib);
+            }
+            return Ok(());
+        }
+        if !filters.ports.is_empty() {
+            let mut members = vec![root];
+            members.extend(targets::descendants(root));
+            // Not remembered: a server often listens only after loading its model.
+            if !filters.accepts_ports(&ports::listening_ports(&members)) {
+                log::debug!("not tracing pid {root} yet: it listens on none of the ports");
+                return Ok(());
+            }
+        }
+        for lib in &libs {
+            self.attach_found(lib);
+        }
+        self.add_workload(root)?;
+        self.follow_ports(&[])
+    }
+}

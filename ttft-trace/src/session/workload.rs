@@ -1,0 +1,240 @@
+//! Routing events to workloads. One set of eBPF programs feeds every
+//! workload through one ring buffer; each workload has its own request
+//! correlator and signal store, so that its requests join only its own GPU
+//! episodes and scheduler signals.
+//!
+//! Events name a process (`tgid`) or a socket (`sk`). A process's workload
+//! is the value the kernel keeps for it in TRACKED (children inherit it); a
+//! socket's is that of the first process seen receiving or sending on it.
+//! The open event of a connection comes from softirq context with no
+//! process, so it is held until the connection's first socket event says
+//! whose it is (two containers may listen on the same port number).
+
+use std::collections::{BTreeMap, HashMap};
+
+use ttft_trace_common::ConnEvent;
+
+use crate::{
+    requests::{Correlator, CorrelatorConfig},
+    signals::SignalStore,
+    workloads::WorkloadLabels,
+};
+
+/// Connection opens waiting for their first socket event, at most this
+/// many (opens on followed ports that no traced process ever reads).
+const MAX_PENDING_OPENS: usize = 65536;
+
+/// One traced process tree.
+pub struct Workload {
+    /// Root process: the workload's id.
+    pub root: u32,
+    /// Labels its series carry (possibly the overflow set).
+    pub labels: WorkloadLabels,
+    /// `labels.values()`, kept for the metric calls.
+    pub values: Vec<String>,
+    pub correlator: Correlator,
+    pub signals: SignalStore,
+}
+
+impl Workload {
+    pub fn new(root: u32, labels: WorkloadLabels) -> Self {
+        Self {
+            root,
+            values: labels.values(),
+            labels,
+            correlator: Correlator::new(CorrelatorConfig::default()),
+            signals: SignalStore::default(),
+        }
+    }
+
+    /// Label values as the metrics take them.
+    pub fn label_values(&self) -> Vec<&str> {
+        self.values.iter().map(String::as_str).collect()
+    }
+}
+
+/// The workloads and the maps from processes and sockets to them.
+#[derive(Default)]
+pub struct Workloads {
+    pub by_root: BTreeMap<u32, Workload>,
+    /// tgid -> workload, as learnt from the kernel's TRACKED map.
+    member: HashMap<u32, u32>,
+    /// sk -> workload.
+    conns: HashMap<u64, u32>,
+    pending_opens: HashMap<u64, ConnEvent>,
+    /// Events of processes or sockets of no known workload (dropped).
+    pub unrouted: u64,
+}
+
+impl Workloads {
+    pub fn insert(&mut self, w: Workload) {
+        self.member.insert(w.root, w.root);
+        self.by_root.insert(w.root, w);
+    }
+
+    /// Records that `tgid` belongs to workload `root`.
+    pub fn learn(&mut self, tgid: u32, root: u32) {
+        if self.by_root.contains_key(&root) {
+            self.member.insert(tgid, root);
+        }
+    }
+
+    /// Forgets a process (exited, its last counters read).
+    pub fn forget_process(&mut self, tgid: u32) {
+        self.member.remove(&tgid);
+    }
+
+    /// The workload of `tgid`: known, or asked of the kernel with `lookup`.
+    pub fn of_process(
+        &mut self,
+        tgid: u32,
+        lookup: impl FnOnce(u32) -> Option<u32>,
+    ) -> Option<&mut Workload> {
+        let root = match self.member.get(&tgid) {
+            Some(&r) => r,
+            None => {
+                let r = lookup(tgid).filter(|r| self.by_root.contains_key(r));
+                match r {
+                    Some(r) => {
+                        self.member.insert(tgid, r);
+                        r
+                    }
+                    None => {
+                        self.unrouted += 1;
+                        return None;
+                    }
+                }
+            }
+        };
+        self.by_root.get_mut(&root)
+    }
+
+    /// The workload a process belongs to, without asking the kernel.
+    pub fn root_of(&self, tgid: u32) -> Option<u32> {
+        self.member.get(&tgid).copied()
+    }
+
+    /// Holds a connection's open event until its owner is known.
+    pub fn hold_open(&mut self, ev: &ConnEvent) {
+        if self.pending_opens.len() >= MAX_PENDING_OPENS {
+            self.pending_opens.clear();
+        }
+        self.pending_opens.insert(ev.sk, *ev);
+    }
+
+    /// Binds socket `sk` to workload `root` on its first socket event;
+    /// returns the held open event to deliver first, if any.
+    pub fn bind_socket(&mut self, sk: u64, root: u32) -> Option<ConnEvent> {
+        if self.conns.contains_key(&sk) {
+            return None;
+        }
+        self.conns.insert(sk, root);
+        self.pending_opens.remove(&sk)
+    }
+
+    /// The workload of socket `sk`; `closing` forgets the socket.
+    pub fn of_socket(&mut self, sk: u64, closing: bool) -> Option<&mut Workload> {
+        let root = if closing {
+            self.pending_opens.remove(&sk);
+            self.conns.remove(&sk)
+        } else {
+            self.conns.get(&sk).copied()
+        };
+        match root {
+            Some(r) => self.by_root.get_mut(&r),
+            None => {
+                self.unrouted += u64::from(!closing);
+                None
+            }
+        }
+    }
+
+    /// Removes a workload that ended, with its processes and sockets.
+    pub fn remove(&mut self, root: u32) -> Option<Workload> {
+        self.member.retain(|_, r| *r != root);
+        self.conns.retain(|_, r| *r != root);
+        self.by_root.remove(&root)
+    }
+
+    /// Members known of workload `root`.
+    pub fn members(&self, root: u32) -> impl Iterator<Item = u32> + '_ {
+        self.member
+            .iter()
+            .filter(move |(_, r)| **r == root)
+            .map(|(t, _)| *t)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn w(root: u32, comm: &str) -> Workload {
+        Workload::new(
+            root,
+            WorkloadLabels {
+                comm: comm.into(),
+                ..WorkloadLabels::default()
+            },
+        )
+    }
+
+    #[test]
+    fn routes_processes_through_the_kernel_map_once() {
+        let mut ws = Workloads::default();
+        ws.insert(w(10, "a"));
+        ws.insert(w(20, "b"));
+        let mut asked = 0;
+        let mut lookup = |t: u32| {
+            asked += 1;
+            (t == 11).then_some(10)
+        };
+        assert_eq!(ws.of_process(11, &mut lookup).map(|w| w.root), Some(10));
+        assert_eq!(ws.of_process(11, &mut lookup).map(|w| w.root), Some(10));
+        assert_eq!(ws.of_process(99, &mut lookup).map(|w| w.root), None);
+        assert_eq!(asked, 2, "a known member is not looked up again");
+        assert_eq!(ws.unrouted, 1);
+        // A workload id the kernel gives that we do not know is not routed.
+        assert!(ws.of_process(12, |_| Some(30)).is_none());
+    }
+
+    #[test]
+    fn a_connection_belongs_to_its_first_reader() {
+        let mut ws = Workloads::default();
+        ws.insert(w(10, "a"));
+        ws.insert(w(20, "b"));
+        let open = ConnEvent {
+            sk: 0xabc,
+            sport: 8000,
+            ..ConnEvent::default()
+        };
+        ws.hold_open(&open);
+        assert!(ws.of_socket(0xabc, false).is_none(), "owner not known yet");
+        assert_eq!(ws.bind_socket(0xabc, 20), Some(open));
+        assert_eq!(ws.bind_socket(0xabc, 10), None, "bound once");
+        assert_eq!(ws.of_socket(0xabc, false).map(|w| w.root), Some(20));
+        assert_eq!(ws.of_socket(0xabc, true).map(|w| w.root), Some(20));
+        assert!(ws.of_socket(0xabc, false).is_none(), "forgotten at close");
+        // A close of a connection never read drops its held open.
+        ws.hold_open(&ConnEvent {
+            sk: 0xdef,
+            ..ConnEvent::default()
+        });
+        assert!(ws.of_socket(0xdef, true).is_none());
+        assert_eq!(ws.bind_socket(0xdef, 10), None);
+    }
+
+    #[test]
+    fn removing_a_workload_forgets_its_members_and_sockets() {
+        let mut ws = Workloads::default();
+        ws.insert(w(10, "a"));
+        ws.learn(11, 10);
+        ws.learn(12, 99);
+        ws.bind_socket(0x1, 10);
+        assert_eq!(ws.members(10).count(), 2);
+        assert_eq!(ws.root_of(12), None, "unknown workload not learnt");
+        assert!(ws.remove(10).is_some());
+        assert_eq!(ws.root_of(11), None);
+        assert!(ws.of_socket(0x1, false).is_none());
+    }
+}

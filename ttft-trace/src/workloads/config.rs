@@ -1,0 +1,227 @@
+//! `ttft-trace daemon` settings: a TOML file (`--config`), then flags.
+//! Every field has a default, so an empty file (or none) is a valid config.
+
+use std::{net::SocketAddr, path::PathBuf};
+
+use serde::Deserialize;
+use thiserror::Error;
+
+use crate::causes::CauseConfig;
+
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    #[error("reading {0}: {1}")]
+    Read(PathBuf, #[source] std::io::Error),
+    #[error("{0}: {1}")]
+    Parse(PathBuf, #[source] toml::de::Error),
+    #[error("discovery.comm {0:?} is not a valid regular expression: {1}")]
+    Regex(String, #[source] regex::Error),
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct DaemonConfig {
+    /// Prometheus endpoint; `listen = ""` turns it off.
+    pub listen: String,
+    /// One JSON line per request and per GPU episode.
+    pub jsonl: Option<PathBuf>,
+    /// TTFT above which a request is slow and its causes are named.
+    pub slo_ms: u64,
+    /// Scheduler intervals at least this long are kept for attribution.
+    pub sched_min_us: u64,
+    pub ringbuf_bytes: u32,
+    /// Seconds between terminal summary lines.
+    pub interval_s: f64,
+    pub discovery: Discovery,
+    pub labels: Labels,
+    pub nvml: Nvml,
+    /// Attribution thresholds (any fields of the causes config).
+    pub causes: Option<CauseConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Discovery {
+    /// Trace only processes whose command name matches this regex.
+    pub comm: Option<String>,
+    /// Trace only processes whose cgroup path starts with this.
+    pub cgroup_prefix: Option<String>,
+    /// Trace only workloads listening on one of these ports (all when empty).
+    pub ports: Vec<u16>,
+    /// How often /proc is scanned for processes that map a CUDA library.
+    pub rescan_ms: u64,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Labels {
+    /// Add a `pid` label to every per-workload series (high cardinality).
+    pub pid: bool,
+    /// Most workload label sets; later workloads share `comm="_other"`.
+    pub max_sets: usize,
+    /// Series of workloads gone this long are removed.
+    pub retire_after_s: f64,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Nvml {
+    pub enabled: bool,
+    pub period_ms: u64,
+    /// Library to load instead of `libnvidia-ml.so.1` from the loader's path.
+    pub library: Option<PathBuf>,
+}
+
+impl Default for DaemonConfig {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:9464".into(),
+            jsonl: None,
+            slo_ms: 350,
+            sched_min_us: 1000,
+            ringbuf_bytes: 1 << 22,
+            interval_s: 60.0,
+            discovery: Discovery::default(),
+            labels: Labels::default(),
+            nvml: Nvml::default(),
+            causes: None,
+        }
+    }
+}
+
+impl Default for Discovery {
+    fn default() -> Self {
+        Self {
+            comm: None,
+            cgroup_prefix: None,
+            ports: Vec::new(),
+            rescan_ms: 1000,
+        }
+    }
+}
+
+impl Default for Labels {
+    fn default() -> Self {
+        Self {
+            pid: false,
+            max_sets: 100,
+            retire_after_s: 300.0,
+        }
+    }
+}
+
+impl Default for Nvml {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            period_ms: 100,
+            library: None,
+        }
+    }
+}
+
+impl DaemonConfig {
+    /// Reads a config file; `None` gives the defaults.
+    pub fn load(path: Option<&std::path::Path>) -> Result<Self, ConfigError> {
+        let Some(path) = path else {
+            return Ok(Self::default());
+        };
+        let text =
+            std::fs::read_to_string(path).map_err(|e| ConfigError::Read(path.to_path_buf(), e))?;
+        toml::from_str(&text).map_err(|e| ConfigError::Parse(path.to_path_buf(), e))
+    }
+
+    /// The listen address, or None when turned off.
+    pub fn listen_addr(&self) -> Result<Option<SocketAddr>, String> {
+        if self.listen.is_empty() {
+            return Ok(None);
+        }
+        self.listen
+            .parse()
+            .map(Some)
+            .map_err(|e| format!("listen = {:?}: {e}", self.listen))
+    }
+
+    /// The process filters, compiled.
+    pub fn filters(&self) -> Result<super::discover::Filters, ConfigError> {
+        let comm = self
+            .discovery
+            .comm
+            .as_deref()
+            .map(|re| regex::Regex::new(re).map_err(|e| ConfigError::Regex(re.into(), e)))
+            .transpose()?;
+        Ok(super::discover::Filters {
+            comm,
+            cgroup_prefix: self.discovery.cgroup_prefix.clone(),
+            ports: self.discovery.ports.clone(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_file_is_the_defaults() {
+        let cfg: DaemonConfig = toml::from_str("").expect("parse");
+        assert_eq!(cfg, DaemonConfig::default());
+        assert_eq!(cfg.labels.max_sets, 100);
+        assert_eq!(cfg.discovery.rescan_ms, 1000);
+    }
+
+    #[test]
+    fn parses_the_documented_example() {
+        let text = r#"
+listen = "0.0.0.0:9464"
+jsonl = "/var/log/ttft-trace/requests.jsonl"
+slo_ms = 350
+[discovery]
+comm = "^(python|vllm|tritonserver)"
+cgroup_prefix = "/kubepods"
+ports = [8000]
+[labels]
+pid = false
+max_sets = 100
+retire_after_s = 300
+[nvml]
+enabled = true
+period_ms = 100
+[causes]
+queueing_min_ns = 2000000000
+"#;
+        let cfg: DaemonConfig = toml::from_str(text).expect("parse");
+        assert_eq!(cfg.discovery.ports, vec![8000]);
+        assert_eq!(
+            cfg.listen_addr().expect("addr"),
+            Some("0.0.0.0:9464".parse().expect("a"))
+        );
+        let f = cfg.filters().expect("filters");
+        assert!(f.comm.as_ref().is_some_and(|re| re.is_match("python3")));
+        assert!(cfg.causes.is_some());
+    }
+
+    #[test]
+    fn bad_input_is_a_clear_error() {
+        let err = toml::from_str::<DaemonConfig>("[labels]\nmax_set = 3\n").expect_err("typo");
+        assert!(err.to_string().contains("max_set"), "{err}");
+        let cfg = DaemonConfig {
+            discovery: Discovery {
+                comm: Some("(".into()),
+                ..Discovery::default()
+            },
+            ..DaemonConfig::default()
+        };
+        assert!(
+            cfg.filters()
+                .expect_err("bad regex")
+                .to_string()
+                .contains("discovery.comm")
+        );
+        let off = DaemonConfig {
+            listen: String::new(),
+            ..DaemonConfig::default()
+        };
+        assert_eq!(off.listen_addr().expect("off"), None);
+    }
+}

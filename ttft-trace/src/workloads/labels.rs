@@ -1,0 +1,238 @@
+//! The labels that name a workload in the metrics, and the bounded set of
+//! them: a cap on how many label sets exist (the rest share one overflow
+//! set, counted), and retirement of sets whose processes are all gone.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use super::cgroup;
+
+/// Label names of every per-workload series, in order; `pid` is appended
+/// when asked for.
+pub const LABEL_NAMES: [&str; 4] = ["comm", "container", "pod", "namespace"];
+/// The `comm` of the overflow label set.
+pub const OVERFLOW_COMM: &str = "_other";
+
+/// What names a workload. Empty values are absent labels to Prometheus.
+#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub struct WorkloadLabels {
+    pub comm: String,
+    pub container: String,
+    pub pod: String,
+    pub namespace: String,
+    /// Only with `--label-pid`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+}
+
+impl WorkloadLabels {
+    /// The labels of the workload rooted at `pid`: its command name and,
+    /// from its cgroup, container id and pod (name and namespace when they
+    /// can be read, else the pod UID).
+    pub fn of_process(pid: u32, with_pid: bool) -> Self {
+        let path = cgroup::cgroup_path(pid).unwrap_or_default();
+        let (pod, namespace) = match cgroup::pod_uid(&path) {
+            Some(uid) => {
+                let (name, ns) = cgroup::pod_names(pid);
+                (if name.is_empty() { uid } else { name }, ns)
+            }
+            None => Default::default(),
+        };
+        Self {
+            comm: crate::targets::comm(pid).unwrap_or_default(),
+            container: cgroup::container_id(&path).unwrap_or_default(),
+            pod,
+            namespace,
+            pid: with_pid.then_some(pid),
+        }
+    }
+
+    /// The overflow set: every workload past the cap.
+    pub fn overflow(with_pid: bool) -> Self {
+        Self {
+            comm: OVERFLOW_COMM.into(),
+            pid: with_pid.then_some(0),
+            ..Self::default()
+        }
+    }
+
+    /// Label values in the order of [`WorkloadLabels::names`].
+    pub fn values(&self) -> Vec<String> {
+        let mut v = vec![
+            self.comm.clone(),
+            self.container.clone(),
+            self.pod.clone(),
+            self.namespace.clone(),
+        ];
+        if let Some(pid) = self.pid {
+            v.push(pid.to_string());
+        }
+        v
+    }
+
+    /// Label names for series with (`with_pid`) or without a pid label.
+    pub fn names(with_pid: bool) -> Vec<&'static str> {
+        let mut names = LABEL_NAMES.to_vec();
+        if with_pid {
+            names.push("pid");
+        }
+        names
+    }
+}
+
+#[derive(Debug)]
+struct SetState {
+    /// Live workloads reported under this set.
+    live: usize,
+    /// When the last one ended (CLOCK_MONOTONIC ns).
+    idle_since_ns: Option<u64>,
+}
+
+/// The label sets in use, at most `max` of them plus the overflow set.
+#[derive(Debug)]
+pub struct LabelSets {
+    max: usize,
+    retire_after_ns: u64,
+    overflow: WorkloadLabels,
+    sets: BTreeMap<WorkloadLabels, SetState>,
+    /// Workloads put in the overflow set because the cap was reached.
+    pub overflowed: u64,
+}
+
+impl LabelSets {
+    pub fn new(max: usize, retire_after_ns: u64, with_pid: bool) -> Self {
+        Self {
+            max,
+            retire_after_ns,
+            overflow: WorkloadLabels::overflow(with_pid),
+            sets: BTreeMap::new(),
+            overflowed: 0,
+        }
+    }
+
+    /// A workload starts: returns the label set to report it under (its
+    /// own, or the overflow set when the cap is reached).
+    pub fn admit(&mut self, labels: WorkloadLabels) -> WorkloadLabels {
+        let own = self.sets.len() - usize::from(self.sets.contains_key(&self.overflow));
+        let labels = if self.sets.contains_key(&labels) || own < self.max {
+            labels
+        } else {
+            self.overflowed += 1;
+            self.overflow.clone()
+        };
+        let state = self.sets.entry(labels.clone()).or_insert(SetState {
+            live: 0,
+            idle_since_ns: None,
+        });
+        state.live += 1;
+        state.idle_since_ns = None;
+        labels
+    }
+
+    /// A workload reported under `labels` ended at `now_ns`.
+    pub fn release(&mut self, labels: &WorkloadLabels, now_ns: u64) {
+        if let Some(state) = self.sets.get_mut(labels) {
+            state.live = state.live.saturating_sub(1);
+            if state.live == 0 {
+                state.idle_since_ns = Some(now_ns);
+            }
+        }
+    }
+
+    /// Removes and returns the sets idle for the grace period: their series
+    /// are to be deleted.
+    pub fn retire(&mut self, now_ns: u64) -> Vec<WorkloadLabels> {
+        let grace = self.retire_after_ns;
+        let expired: Vec<WorkloadLabels> = self
+            .sets
+            .iter()
+            .filter(|(_, s)| {
+                s.idle_since_ns
+                    .is_some_and(|t| now_ns.saturating_sub(t) >= grace)
+            })
+            .map(|(l, _)| l.clone())
+            .collect();
+        for l in &expired {
+            self.sets.remove(l);
+        }
+        expired
+    }
+
+    /// Label sets in use (live or within their grace period).
+    pub fn len(&self) -> usize {
+        self.sets.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.sets.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn named(comm: &str) -> WorkloadLabels {
+        WorkloadLabels {
+            comm: comm.into(),
+            ..WorkloadLabels::default()
+        }
+    }
+
+    #[test]
+    fn caps_the_sets_and_counts_the_overflow() {
+        let mut sets = LabelSets::new(2, 10, false);
+        assert_eq!(sets.admit(named("a")), named("a"));
+        assert_eq!(sets.admit(named("b")), named("b"));
+        // A third name overflows; a known name does not.
+        assert_eq!(sets.admit(named("c")).comm, OVERFLOW_COMM);
+        assert_eq!(sets.admit(named("d")).comm, OVERFLOW_COMM);
+        assert_eq!(sets.admit(named("a")), named("a"));
+        assert_eq!(sets.overflowed, 2);
+        assert_eq!(sets.len(), 3);
+    }
+
+    #[test]
+    fn retires_a_set_only_after_its_last_workload_and_the_grace() {
+        let mut sets = LabelSets::new(8, 100, false);
+        let a = sets.admit(named("a"));
+        let a2 = sets.admit(named("a"));
+        sets.release(&a, 1_000);
+        assert!(sets.retire(5_000).is_empty(), "one workload still live");
+        sets.release(&a2, 2_000);
+        assert!(sets.retire(2_050).is_empty(), "within the grace period");
+        // A restart within the grace keeps the set.
+        let a3 = sets.admit(named("a"));
+        sets.release(&a3, 3_000);
+        assert!(sets.retire(3_099).is_empty());
+        assert_eq!(sets.retire(3_100), vec![named("a")]);
+        assert!(sets.is_empty());
+        // Retiring frees room under the cap.
+        let mut capped = LabelSets::new(1, 0, false);
+        let x = capped.admit(named("x"));
+        capped.release(&x, 0);
+        assert_eq!(capped.retire(0), vec![named("x")]);
+        assert_eq!(capped.admit(named("y")), named("y"));
+    }
+
+    #[test]
+    fn values_follow_the_names() {
+        let l = WorkloadLabels {
+            comm: "python3".into(),
+            container: "4f1c3c2a9e8b".into(),
+            pod: "vllm-0".into(),
+            namespace: "serving".into(),
+            pid: Some(42),
+        };
+        assert_eq!(WorkloadLabels::names(true).len(), l.values().len());
+        assert_eq!(l.values()[4], "42");
+        assert_eq!(WorkloadLabels::names(false), LABEL_NAMES.to_vec());
+        let own = WorkloadLabels::of_process(std::process::id(), false);
+        assert_eq!(
+            own.comm,
+            crate::targets::comm(std::process::id()).unwrap_or_default()
+        );
+        assert_eq!(own.pid, None);
+    }
+}

@@ -1,0 +1,13 @@
+//! Workloads: what the daemon discovers and names. A workload is a process
+//! tree serving inference (its root found by [`discover::workload_root`]),
+//! traced as one unit: its requests join only its own GPU episodes, and its
+//! series carry its labels ([`labels::WorkloadLabels`]).
+
+pub mod cgroup;
+pub mod config;
+pub mod discover;
+pub mod labels;
+
+pub use config::DaemonConfig;
+pub use discover::Filters;
+pub use labels::{LabelSets, WorkloadLabels};
