@@ -133,9 +133,14 @@ impl Tracer {
     /// unless a --listen is given) and waits until it reports `ready_after`
     /// "attached" lines (0: do not wait).
     pub fn start(args: &[String], ready_after: usize) -> Result<Self> {
+        Self::start_mode("attach", args, ready_after)
+    }
+
+    /// Like [`Tracer::start`], with the subcommand `mode` instead of `attach`.
+    pub fn start_mode(mode: &str, args: &[String], ready_after: usize) -> Result<Self> {
         let jsonl = crate::fixtures::temp_path("trace", "jsonl");
         let mut c = Command::new(tracer_bin()?);
-        c.arg("attach").args(args).arg("--jsonl").arg(&jsonl);
+        c.arg(mode).args(args).arg("--jsonl").arg(&jsonl);
         if !args.iter().any(|a| a == "--listen") {
             c.arg("--no-listen");
         }
