@@ -1,4 +1,5 @@
 pub mod demo;
 pub mod faults;
 pub mod fixtures;
+pub mod prometheus;
 pub mod tracer;

@@ -18,7 +18,8 @@ struct Cli {
 enum Task {
     /// Install what building and testing need (idempotent): the nightly's
     /// rust-src, bpf-linker built against the nightly's LLVM, the real
-    /// libcudart.so.12 and libnvidia-ml.so.1 used by the tests.
+    /// libcudart.so.12 and libnvidia-ml.so.1 used by the tests, nftables,
+    /// Debian's prometheus (server and promtool) and the deploy/ validators.
     Setup,
     /// Set up, build, and trace the bundled GPU-free workload; show the
     /// summary and what /metrics serves.

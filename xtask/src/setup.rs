@@ -36,6 +36,8 @@ pub fn setup() -> Result<()> {
     cudart()?;
     nvml()?;
     nftables()?;
+    prometheus()?;
+    validators()?;
     Ok(())
 }
 
@@ -189,22 +191,106 @@ fn nftables() -> Result<()> {
     if found {
         return Ok(());
     }
-    if output(Command::new("id").arg("-u"))?.trim() != "0" {
-        eprintln!(
-            "setup: nft missing; not root, so not installing nftables (the packet-loss tests run as root)"
-        );
+    if !can_install("nft missing (the packet-loss tests run as root)")? {
         return Ok(());
     }
     eprintln!("setup: installing nftables (nft, for the packet-loss tests) with apt-get");
+    apt_install(&["nftables"])?;
+    Ok(())
+}
+
+/// Whether packages can be installed (root); says why not when not.
+fn can_install(missing: &str) -> Result<bool> {
+    let root = output(Command::new("id").arg("-u"))?.trim() == "0";
+    if !root {
+        eprintln!("setup: {missing}; not root, so not installing it");
+    }
+    Ok(root)
+}
+
+fn on_path(tool: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// `apt-get install` of `packages`, with an `apt-get update` first only if
+/// the plain install fails (a fresh image's lists may be stale).
+fn apt_install(packages: &[&str]) -> Result<()> {
     let install = || {
         cmd(Command::new("apt-get")
-            .args(["install", "-y", "-q", "nftables"])
+            .args(["install", "-y", "-q", "--no-install-recommends"])
+            .args(packages)
             .env("DEBIAN_FRONTEND", "noninteractive"))
     };
     if install().is_err() {
         cmd(Command::new("apt-get").args(["update", "-q"]))?;
         install()?;
     }
+    Ok(())
+}
+
+/// Debian's `prometheus` (the server and `promtool`), for the tests that run
+/// a real Prometheus against the tracer and check deploy/prometheus/. The
+/// package would start a system service: a policy-rc.d forbids it during the
+/// install (one the machine already has is left alone), and a service that
+/// systemd started anyway is stopped and disabled. The tests start their own
+/// server on loopback.
+fn prometheus() -> Result<()> {
+    if on_path("prometheus") && on_path("promtool") {
+        return Ok(());
+    }
+    if !can_install("prometheus/promtool missing (the live Prometheus test runs as root)")? {
+        return Ok(());
+    }
+    eprintln!("setup: installing Debian's prometheus (server and promtool) with apt-get");
+    let policy = Path::new("/usr/sbin/policy-rc.d");
+    let ours = !policy.exists();
+    if ours {
+        fs::write(
+            policy,
+            "#!/bin/sh\n# ttft-trace setup: no service starts during its install\nexit 101\n",
+        )?;
+        fs::set_permissions(policy, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+    }
+    let installed = apt_install(&["prometheus"]);
+    if ours {
+        fs::remove_file(policy)?;
+    }
+    installed?;
+    if Path::new("/run/systemd/system").is_dir() {
+        let _ = cmd(Command::new("systemctl").args(["disable", "--now", "prometheus"]));
+    }
+    Ok(())
+}
+
+/// The offline validators of deploy/ (tests/deploy/requirements.txt, pinned)
+/// in a venv of the cache, so that the system's Python is left alone.
+pub fn validators() -> Result<()> {
+    let venv = cache().join("validators-venv");
+    let want = fs::read_to_string(repo_root()?.join("tests/deploy/requirements.txt"))?;
+    let stamp = venv.join("requirements.installed");
+    if fs::read_to_string(&stamp).is_ok_and(|have| have == want) {
+        return Ok(());
+    }
+    eprintln!(
+        "setup: installing the deploy/ validators into {}",
+        venv.display()
+    );
+    let _ = fs::remove_dir_all(&venv);
+    cmd(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
+    cmd(Command::new(venv.join("bin/python"))
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            "-r",
+        ])
+        .arg(repo_root()?.join("tests/deploy/requirements.txt")))?;
+    fs::write(&stamp, want)?;
     Ok(())
 }
 
