@@ -202,6 +202,25 @@ queueing_min_ns = 2000000000
     }
 
     #[test]
+    fn the_kubernetes_configmap_is_a_valid_config() {
+        let yaml = include_str!("../../../deploy/kubernetes/configmap.yaml");
+        let body = yaml
+            .split_once("config.toml: |\n")
+            .map(|(_, rest)| rest)
+            .expect("config.toml block");
+        let toml_text: String = body
+            .lines()
+            .map(|l| l.strip_prefix("    ").unwrap_or(l))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let cfg: DaemonConfig = toml::from_str(&toml_text).expect("the ConfigMap parses");
+        assert_eq!(cfg.discovery.ports, vec![8000]);
+        assert_eq!(cfg.labels.retire_after_s, 300.0);
+        cfg.filters().expect("filters compile");
+        cfg.listen_addr().expect("listen address");
+    }
+
+    #[test]
     fn bad_input_is_a_clear_error() {
         let err = toml::from_str::<DaemonConfig>("[labels]\nmax_set = 3\n").expect_err("typo");
         assert!(err.to_string().contains("max_set"), "{err}");
