@@ -99,7 +99,8 @@ fn daemon_finds_new_and_restarted_workloads_and_retires_them() -> Result<()> {
         return Ok(());
     };
     let addr = free_addr()?;
-    let mut tracer = Tracer::start_daemon(&daemon_args(addr, &[]))?;
+    // Only the fixture: other CUDA processes on the host stay out.
+    let mut tracer = Tracer::start_daemon(&daemon_args(addr, &["--comm", "^workload$"]))?;
     // Started after the daemon: found by the /proc scan, its library attached then.
     let first = paced(Variant::Linked, 60);
     let (spawned_a, truth_a) = run_paced(&first)?;
@@ -169,7 +170,10 @@ fn daemon_filters_and_caps_label_sets() -> Result<()> {
     // Cap of one label set: the second workload (another command name)
     // is reported as comm="_other" and counted.
     let addr = free_addr()?;
-    let tracer = Tracer::start_daemon(&daemon_args(addr, &["--max-label-sets", "1"]))?;
+    let tracer = Tracer::start_daemon(&daemon_args(
+        addr,
+        &["--max-label-sets", "1", "--comm", "^workload"],
+    ))?;
     let a = paced(Variant::Linked, 40).spawn_guarded()?;
     let b = paced(Variant::Hashed, 40).spawn_guarded()?;
     std::thread::sleep(Duration::from_millis(800));
@@ -219,8 +223,11 @@ fn daemon_follows_requests_of_a_server_started_after_it() -> Result<()> {
         return Ok(());
     };
     let addr = free_addr()?;
-    let mut tracer = Tracer::start_daemon(&daemon_args(addr, &[]))?;
-    let server = DemoServer::start(&["--output-tokens", "16"])?;
+    // The server's port, chosen now: the daemon follows only the workload
+    // that will listen on it (other CUDA processes on the host stay out).
+    let port = free_addr()?.port().to_string();
+    let mut tracer = Tracer::start_daemon(&daemon_args(addr, &["--only-port", &port]))?;
+    let server = DemoServer::start(&["--output-tokens", "16", "--port", &port])?;
     tracer.wait_for_stderr("following requests on port", 1, Duration::from_secs(30))?;
     let clients = loadgen(
         server.port,
@@ -235,6 +242,10 @@ fn daemon_follows_requests_of_a_server_started_after_it() -> Result<()> {
     )?;
     std::thread::sleep(Duration::from_millis(300));
     let body = http_get(addr, "/metrics")?;
+    // The server names its main thread, so this is its command name.
+    let comm = std::fs::read_to_string(format!("/proc/{}/comm", server.pid))?
+        .trim()
+        .to_string();
     server.stop()?;
     tracer.wait_for_stderr("retired the series", 1, Duration::from_secs(15))?;
     let after = http_get(addr, "/metrics")?;
@@ -247,16 +258,17 @@ fn daemon_follows_requests_of_a_server_started_after_it() -> Result<()> {
         .collect();
     assert_eq!(requests.len(), clients.len(), "every request seen");
     for r in &requests {
-        assert_eq!(r["workload"]["comm"], "python3", "{r}");
+        assert_eq!(r["workload"]["comm"], comm.as_str(), "{r}");
         assert!(
             r["ttft_ns"].is_u64() && r["gpu_ns"].is_u64(),
             "joined to its GPU work: {r}"
         );
     }
+    let label = format!("comm=\"{comm}\"");
     let count = series(
         &body,
         "ttft_trace_time_to_first_token_seconds_count",
-        "comm=\"python3\"",
+        &label,
     );
     assert_eq!(count.len(), 1, "{body}");
     assert!(
@@ -264,6 +276,6 @@ fn daemon_follows_requests_of_a_server_started_after_it() -> Result<()> {
         "{}",
         count[0]
     );
-    assert!(!after.contains("comm=\"python3\""), "retired:\n{after}");
+    assert!(!after.contains(&label), "retired:\n{after}");
     Ok(())
 }

@@ -38,7 +38,9 @@ fn launch_cost(root: &std::path::Path, traced: bool) -> Result<f64> {
     wait_stopped(pid)?;
     let mut tracer = start_tracer(
         root,
+        "attach",
         &["--pid".into(), pid.to_string(), "--no-listen".into()],
+        "attached",
     )?;
     signal(pid, "CONT")?;
     let out = child.wait_with_output()?;
@@ -82,6 +84,7 @@ fn event_rate(root: &std::path::Path, episodes: u32, ringbuf: u32) -> Result<(f6
     let jsonl = root.join("target/bench/rate.jsonl");
     let mut tracer = start_tracer(
         root,
+        "attach",
         &[
             "--pid".into(),
             pid.to_string(),
@@ -93,6 +96,7 @@ fn event_rate(root: &std::path::Path, episodes: u32, ringbuf: u32) -> Result<(f6
             "--jsonl".into(),
             jsonl.display().to_string(),
         ],
+        "attached",
     )?;
     let start = std::time::Instant::now();
     signal(pid, "CONT")?;

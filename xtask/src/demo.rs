@@ -57,12 +57,14 @@ pub fn signal(pid: u32, sig: &str) -> Result<()> {
     cmd(Command::new("kill").args([&format!("-{sig}"), &pid.to_string()]))
 }
 
-/// Starts `ttft-trace attach` and returns once it reports its probes
-/// attached; its stderr is echoed by a thread.
-pub fn start_tracer(root: &Path, args: &[String]) -> Result<Child> {
+/// Starts `ttft-trace <subcommand>` and returns once a line of its stderr
+/// contains `ready` (its probes attached, its target found); its stderr is
+/// echoed by a thread.
+pub fn start_tracer(root: &Path, subcommand: &str, args: &[String], ready: &str) -> Result<Child> {
     let bin = root.join("target/release/ttft-trace");
+    let ready = ready.to_string();
     let mut child = Command::new(&bin)
-        .arg("attach")
+        .arg(subcommand)
         .args(args)
         .stderr(Stdio::piped())
         .spawn()
@@ -72,14 +74,14 @@ pub fn start_tracer(root: &Path, args: &[String]) -> Result<Child> {
     thread::spawn(move || {
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
             eprintln!("{line}");
-            if line.contains("attached") {
+            if line.contains(&ready) {
                 let _ = tx.send(());
             }
         }
     });
     if rx.recv_timeout(Duration::from_secs(30)).is_err() {
         let _ = child.kill();
-        bail!("the tracer did not attach within 30 s");
+        bail!("the tracer did not report {subcommand:?} ready within 30 s");
     }
     // The runtime and the driver library report separately; let both land.
     thread::sleep(Duration::from_millis(200));
@@ -136,12 +138,16 @@ pub fn demo() -> Result<()> {
         .context("the demo server did not say where it listens")?
         .to_string();
     let addr = free_addr()?;
-    println!("== tracing the demo inference server (pid {pid}, port {port}) ==");
+    println!(
+        "== ttft-trace daemon: finding the demo inference server (pid {pid}, port {port}) by itself =="
+    );
     let tracer = start_tracer(
         &root,
+        "daemon",
         &[
-            "--pid".into(),
-            pid.to_string(),
+            // Only the demo: other CUDA processes on this host stay out.
+            "--only-port".into(),
+            port.clone(),
             "--listen".into(),
             addr.to_string(),
             "--interval".into(),
@@ -149,6 +155,7 @@ pub fn demo() -> Result<()> {
             "--jsonl".into(),
             out.join("trace.jsonl").display().to_string(),
         ],
+        "following requests on port",
     );
     let result = tracer.and_then(|mut tracer| {
         println!(

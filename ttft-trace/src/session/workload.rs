@@ -114,11 +114,15 @@ impl Workloads {
         self.member.get(&tgid).copied()
     }
 
-    /// Holds a connection's open event until its owner is known.
+    /// Holds a connection's open event until its owner is known. A new
+    /// connection may reuse the address of a closed socket whose last
+    /// events (the read of the client's EOF) came after its close: that old
+    /// binding is dropped here.
     pub fn hold_open(&mut self, ev: &ConnEvent) {
         if self.pending_opens.len() >= MAX_PENDING_OPENS {
             self.pending_opens.clear();
         }
+        self.conns.remove(&ev.sk);
         self.pending_opens.insert(ev.sk, *ev);
     }
 
@@ -222,6 +226,29 @@ mod tests {
         });
         assert!(ws.of_socket(0xdef, true).is_none());
         assert_eq!(ws.bind_socket(0xdef, 10), None);
+    }
+
+    #[test]
+    fn a_reused_socket_address_is_a_new_connection() {
+        let mut ws = Workloads::default();
+        ws.insert(w(10, "a"));
+        let open = ConnEvent {
+            sk: 0x7,
+            ..ConnEvent::default()
+        };
+        ws.hold_open(&open);
+        assert_eq!(ws.bind_socket(0x7, 10), Some(open));
+        assert!(ws.of_socket(0x7, true).is_some(), "closed");
+        // The server reads the client's EOF after the close: bound again.
+        assert_eq!(ws.bind_socket(0x7, 10), None);
+        // The address is reused by the next connection: its open is delivered.
+        let next = ConnEvent {
+            sk: 0x7,
+            t_ns: 99,
+            ..ConnEvent::default()
+        };
+        ws.hold_open(&next);
+        assert_eq!(ws.bind_socket(0x7, 10), Some(next));
     }
 
     #[test]
