@@ -15,6 +15,10 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "parsed once per run; boxing the attach options buys nothing"
+)]
 enum Command {
     /// Trace one process and its descendants.
     Attach {
@@ -73,6 +77,17 @@ enum Command {
         /// NVML sampling period in milliseconds.
         #[arg(long, value_name = "MS", default_value_t = 100)]
         nvml_period_ms: u64,
+    },
+    /// Preflight: can this host trace? Checks the kernel, tracefs, uprobes,
+    /// every tracepoint, loads the probes for real, capabilities and NVML;
+    /// exits non-zero when tracing cannot work.
+    Check {
+        /// Print one JSON object instead of the table.
+        #[arg(long)]
+        json: bool,
+        /// NVML library to try (default: libnvidia-ml.so.1 from the loader's path).
+        #[arg(long, value_name = "PATH")]
+        nvml_lib: Option<PathBuf>,
     },
 }
 
@@ -156,6 +171,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 }),
             };
             rt.block_on(ttft_trace::session::attach(cfg))?;
+            Ok(())
+        }
+        Command::Check { json, nvml_lib } => {
+            let report = ttft_trace::check::run(&ttft_trace::check::CheckConfig { nvml_lib });
+            if json {
+                println!("{}", report.to_json());
+            } else {
+                print!("{}", report.render());
+            }
+            anyhow::ensure!(report.can_trace(), "{}", report.summary());
             Ok(())
         }
     }
