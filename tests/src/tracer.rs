@@ -139,20 +139,7 @@ impl Tracer {
         if !args.iter().any(|a| a == "--listen") {
             c.arg("--no-listen");
         }
-        let mut child = c
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .context("starting ttft-trace")?;
-        let err = child.stderr.take().context("stderr")?;
-        let (tx, rx) = mpsc::channel();
-        thread::spawn(move || {
-            for line in BufReader::new(err).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
+        let (child, rx) = spawn_piped(&mut c)?;
         let mut t = Self {
             child: Some(child),
             stderr: rx,
@@ -248,6 +235,26 @@ impl Drop for Tracer {
             let _ = c.wait();
         }
     }
+}
+
+/// Spawns `c` with stdout and stderr piped; its stderr lines arrive on the
+/// receiver as they are written.
+pub fn spawn_piped(c: &mut Command) -> Result<(Child, mpsc::Receiver<String>)> {
+    let mut child = c
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting ttft-trace")?;
+    let err = child.stderr.take().context("stderr")?;
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    Ok((child, rx))
 }
 
 /// Runs `ttft-trace` to completion with `args` and returns (success, stderr):

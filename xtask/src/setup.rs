@@ -36,6 +36,7 @@ pub fn setup() -> Result<()> {
     cudart()?;
     nvml()?;
     nftables()?;
+    systemd_analyze()?;
     Ok(())
 }
 
@@ -179,11 +180,29 @@ fn nvml() -> Result<()> {
 }
 
 /// nftables (`nft`), for the tests' packet loss on a loopback port
-/// (`tests/src/faults.rs`): from apt when missing, with an `apt-get update`
-/// first only if the plain install fails (a fresh image's lists may be stale).
+/// (`tests/src/faults.rs`).
 fn nftables() -> Result<()> {
+    apt_tool("nft", "nftables", "nft, for the packet-loss tests")
+}
+
+/// systemd-analyze, for the test that verifies deploy/systemd/ttft-trace.service.
+fn systemd_analyze() -> Result<()> {
+    apt_tool(
+        "systemd-analyze",
+        "systemd",
+        "systemd-analyze, to verify the systemd unit",
+    )
+}
+
+/// Installs `package` from apt when `tool` is missing, with an `apt-get
+/// update` first only if the plain install fails (a fresh image's lists may be
+/// stale). Not root: says so and leaves it (the tests needing it run as root).
+fn apt_tool(tool: &str, package: &str, why: &str) -> Result<()> {
     let found = Command::new("sh")
-        .args(["-c", "command -v nft || test -x /usr/sbin/nft"])
+        .args([
+            "-c",
+            &format!("command -v {tool} || test -x /usr/sbin/{tool} || test -x /usr/bin/{tool}"),
+        ])
         .output()
         .is_ok_and(|o| o.status.success());
     if found {
@@ -191,14 +210,14 @@ fn nftables() -> Result<()> {
     }
     if output(Command::new("id").arg("-u"))?.trim() != "0" {
         eprintln!(
-            "setup: nft missing; not root, so not installing nftables (the packet-loss tests run as root)"
+            "setup: {tool} missing; not root, so not installing {package} (its tests run as root)"
         );
         return Ok(());
     }
-    eprintln!("setup: installing nftables (nft, for the packet-loss tests) with apt-get");
+    eprintln!("setup: installing {package} ({why}) with apt-get");
     let install = || {
         cmd(Command::new("apt-get")
-            .args(["install", "-y", "-q", "nftables"])
+            .args(["install", "-y", "-q", package])
             .env("DEBIAN_FRONTEND", "noninteractive"))
     };
     if install().is_err() {
