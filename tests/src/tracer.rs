@@ -162,20 +162,7 @@ impl Tracer {
                 "--no-listen"
             });
         }
-        let mut child = c
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .context("starting ttft-trace")?;
-        let err = child.stderr.take().context("stderr")?;
-        let (tx, rx) = mpsc::channel();
-        thread::spawn(move || {
-            for line in BufReader::new(err).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
+        let (child, rx) = spawn_piped(&mut c)?;
         Ok(Self {
             child: Some(child),
             stderr: rx,
@@ -264,6 +251,26 @@ impl Drop for Tracer {
             let _ = c.wait();
         }
     }
+}
+
+/// Spawns `c` with stdout and stderr piped; its stderr lines arrive on the
+/// receiver as they are written.
+pub fn spawn_piped(c: &mut Command) -> Result<(Child, mpsc::Receiver<String>)> {
+    let mut child = c
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting ttft-trace")?;
+    let err = child.stderr.take().context("stderr")?;
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    Ok((child, rx))
 }
 
 /// Runs `ttft-trace` to completion with `args` and returns (success, stderr):

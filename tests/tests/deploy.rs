@@ -283,7 +283,13 @@ fn configmap_holds_the_daemons_config_and_the_daemonset_mounts_what_it_needs() -
         json!(["daemon", "--config", "/etc/ttft-trace/config.toml"])
     );
     let caps = &c["securityContext"]["capabilities"]["add"];
-    for cap in ["BPF", "PERFMON", "SYS_PTRACE", "SYS_RESOURCE"] {
+    for cap in [
+        "SYS_ADMIN",
+        "BPF",
+        "PERFMON",
+        "SYS_PTRACE",
+        "DAC_READ_SEARCH",
+    ] {
         ensure!(
             caps.as_array().is_some_and(|a| a.contains(&json!(cap))),
             "{cap} in {caps}"

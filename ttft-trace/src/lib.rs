@@ -5,7 +5,9 @@
 //! episode), `record` (exact percentiles), `metrics` (Prometheus), `targets`
 //! (the traced process tree), `session` (the event loop tying them).
 
+pub mod caps;
 pub mod causes;
+pub mod check;
 pub mod clock;
 pub mod decode;
 pub mod episodes;

@@ -20,6 +20,10 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "parsed once per run; boxing the attach options buys nothing"
+)]
 enum Command {
     /// Trace one process and its descendants.
     Attach {
@@ -66,6 +70,17 @@ enum Command {
         label_pid: bool,
         #[command(flatten)]
         common: CommonArgs,
+    },
+    /// Preflight: can this host trace? Checks the kernel, tracefs, uprobes,
+    /// every tracepoint, loads the probes for real, capabilities and NVML;
+    /// exits non-zero when tracing cannot work.
+    Check {
+        /// Print one JSON object instead of the table.
+        #[arg(long)]
+        json: bool,
+        /// NVML library to try (default: libnvidia-ml.so.1 from the loader's path).
+        #[arg(long, value_name = "PATH")]
+        nvml_lib: Option<PathBuf>,
     },
     /// Trace every process on the host that maps a CUDA library, as it
     /// appears; serve their metrics, labelled by workload.
@@ -293,6 +308,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 trace,
             };
             rt.block_on(session::daemon(opts))?;
+            Ok(())
+        }
+        Command::Check { json, nvml_lib } => {
+            let report = ttft_trace::check::run(&ttft_trace::check::CheckConfig { nvml_lib });
+            if json {
+                println!("{}", report.to_json());
+            } else {
+                print!("{}", report.render());
+            }
+            anyhow::ensure!(report.can_trace(), "{}", report.summary());
             Ok(())
         }
     }

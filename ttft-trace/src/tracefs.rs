@@ -18,6 +18,11 @@ pub enum TracefsError {
          mount it with `mount -t tracefs nodev {TRACEFS}`"
     )]
     Mount(std::io::Error),
+    #[error(
+        "tracefs at {0} is not readable by this process (it is mode 0700, owned by root): \
+         run as root, or grant CAP_DAC_READ_SEARCH"
+    )]
+    Unreadable(String),
     #[error("tracepoint {0} not found in tracefs: this kernel lacks it ({1})")]
     NoTracepoint(String, std::io::Error),
     #[error("tracepoint {tracepoint} has no field `{field}` in its format file")]
@@ -30,8 +35,12 @@ pub enum TracefsError {
 /// the debugfs copy is there.
 pub fn root() -> Result<PathBuf, TracefsError> {
     for dir in [TRACEFS, DEBUGFS_TRACING] {
-        if Path::new(dir).join("events").is_dir() {
-            return Ok(PathBuf::from(dir));
+        match fs::metadata(Path::new(dir).join("events")) {
+            Ok(m) if m.is_dir() => return Ok(PathBuf::from(dir)),
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                return Err(TracefsError::Unreadable(dir.into()));
+            }
+            _ => {}
         }
     }
     mount_tracefs()?;

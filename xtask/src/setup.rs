@@ -38,6 +38,7 @@ pub fn setup() -> Result<()> {
     nftables()?;
     prometheus()?;
     validators()?;
+    systemd_analyze()?;
     Ok(())
 }
 
@@ -181,22 +182,39 @@ fn nvml() -> Result<()> {
 }
 
 /// nftables (`nft`), for the tests' packet loss on a loopback port
-/// (`tests/src/faults.rs`): from apt when missing, with an `apt-get update`
-/// first only if the plain install fails (a fresh image's lists may be stale).
+/// (`tests/src/faults.rs`).
 fn nftables() -> Result<()> {
+    apt_tool("nft", "nftables", "nft, for the packet-loss tests")
+}
+
+/// systemd-analyze, for the test that verifies deploy/systemd/ttft-trace.service.
+fn systemd_analyze() -> Result<()> {
+    apt_tool(
+        "systemd-analyze",
+        "systemd",
+        "systemd-analyze, to verify the systemd unit",
+    )
+}
+
+/// Installs `package` from apt when `tool` is missing, with an `apt-get
+/// update` first only if the plain install fails (a fresh image's lists may be
+/// stale). Not root: says so and leaves it (the tests needing it run as root).
+fn apt_tool(tool: &str, package: &str, why: &str) -> Result<()> {
     let found = Command::new("sh")
-        .args(["-c", "command -v nft || test -x /usr/sbin/nft"])
+        .args([
+            "-c",
+            &format!("command -v {tool} || test -x /usr/sbin/{tool} || test -x /usr/bin/{tool}"),
+        ])
         .output()
         .is_ok_and(|o| o.status.success());
     if found {
         return Ok(());
     }
-    if !can_install("nft missing (the packet-loss tests run as root)")? {
+    if !can_install(&format!("{tool} missing (its tests run as root)"))? {
         return Ok(());
     }
-    eprintln!("setup: installing nftables (nft, for the packet-loss tests) with apt-get");
-    apt_install(&["nftables"])?;
-    Ok(())
+    eprintln!("setup: installing {package} ({why}) with apt-get");
+    apt_install(&[package])
 }
 
 /// Whether packages can be installed (root); says why not when not.

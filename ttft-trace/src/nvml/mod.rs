@@ -15,7 +15,7 @@ mod throttle;
 mod timeline;
 
 use std::ffi::OsStr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use log::debug;
@@ -141,45 +141,31 @@ fn init_failure_reason(library: &str, e: &WrapperError) -> String {
     }
 }
 
-/// Loads NVML, registers the GPU metrics on `registry` and starts the sampler thread.
-///
-/// `Ok(Started::Unavailable(reason))` when NVML cannot be used (library missing, driver not
-/// loaded, no GPU); nothing is registered then. `Err` only for a bad configuration, metrics
-/// already registered on `registry`, or a thread that cannot start.
-pub fn start(cfg: &NvmlConfig, registry: &prometheus::Registry) -> Result<Started, NvmlError> {
-    if cfg.period.is_zero() {
-        return Err(NvmlError::Config("period must be above zero".into()));
-    }
-    let library = match &cfg.library_path {
+/// Loads and initialises NVML (`library_path`, else [`DEFAULT_LIBRARY`] from the loader's
+/// path) and lists the GPUs: (NVML, the library's name, the GPUs), or the one-line reason
+/// NVML cannot be used.
+fn open(library_path: Option<&Path>) -> Result<(Nvml, String, Vec<GpuInfo>), String> {
+    let library = match library_path {
         Some(p) => p.display().to_string(),
         None => DEFAULT_LIBRARY.to_string(),
     };
     let mut builder = Nvml::builder();
-    if let Some(p) = &cfg.library_path {
-        builder.lib_path(p.as_os_str());
-    } else {
-        builder.lib_path(OsStr::new(DEFAULT_LIBRARY));
-    }
-    let nvml = match builder.init() {
-        Ok(n) => n,
-        Err(e) => {
-            let reason = init_failure_reason(&library, &e);
-            debug!("{reason}");
-            return Ok(Started::Unavailable(reason));
-        }
-    };
+    builder.lib_path(library_path.map_or(OsStr::new(DEFAULT_LIBRARY), Path::as_os_str));
+    let nvml = builder
+        .init()
+        .map_err(|e| init_failure_reason(&library, &e))?;
     let count = match nvml.device_count() {
         Ok(0) => {
-            return Ok(Started::Unavailable(format!(
+            return Err(format!(
                 "NVML unavailable: {library} loaded, but it reports no NVIDIA GPU"
-            )));
+            ));
         }
         Ok(n) => n,
         Err(e) => {
             let code = nvml_code(&e).unwrap_or("error");
-            return Ok(Started::Unavailable(format!(
+            return Err(format!(
                 "NVML unavailable: {library} loaded, but nvmlDeviceGetCount_v2 returned {code} ({e})"
-            )));
+            ));
         }
     };
     let mut gpus = Vec::with_capacity(count as usize);
@@ -196,6 +182,30 @@ pub fn start(cfg: &NvmlConfig, registry: &prometheus::Registry) -> Result<Starte
         };
         gpus.push(GpuInfo { index, uuid, name });
     }
+    Ok((nvml, library, gpus))
+}
+
+/// What `ttft-trace check` reports of NVML: the library and its GPUs, or why not.
+pub fn probe(library_path: Option<&Path>) -> Result<(String, Vec<GpuInfo>), String> {
+    open(library_path).map(|(_, library, gpus)| (library, gpus))
+}
+
+/// Loads NVML, registers the GPU metrics on `registry` and starts the sampler thread.
+///
+/// `Ok(Started::Unavailable(reason))` when NVML cannot be used (library missing, driver not
+/// loaded, no GPU); nothing is registered then. `Err` only for a bad configuration, metrics
+/// already registered on `registry`, or a thread that cannot start.
+pub fn start(cfg: &NvmlConfig, registry: &prometheus::Registry) -> Result<Started, NvmlError> {
+    if cfg.period.is_zero() {
+        return Err(NvmlError::Config("period must be above zero".into()));
+    }
+    let (nvml, library, gpus) = match open(cfg.library_path.as_deref()) {
+        Ok(opened) => opened,
+        Err(reason) => {
+            debug!("{reason}");
+            return Ok(Started::Unavailable(reason));
+        }
+    };
 
     let period_ns = u64::try_from(cfg.period.as_nanos()).unwrap_or(u64::MAX);
     let history_ns = u64::try_from(cfg.history.as_nanos()).unwrap_or(u64::MAX);

@@ -157,6 +157,8 @@ pub struct Scan {
     pub libraries: Vec<Arc<CudaLibrary>>,
     /// Every mapped file that was looked at (for the "nothing found" error).
     pub searched: Vec<PathBuf>,
+    /// Mapped files this process may not open (permission denied).
+    pub denied: Vec<PathBuf>,
 }
 
 /// Scans processes' mappings, remembering what each file (by device and
@@ -181,6 +183,11 @@ impl Scanner {
                             // A file we cannot open now (gone, permissions) is
                             // not remembered: a later scan tries again.
                             log::debug!("skipping {}: {e}", mapped.path.display());
+                            if let LibraryError::Io(_, io) = &e
+                                && io.kind() == std::io::ErrorKind::PermissionDenied
+                            {
+                                scan.denied.push(mapped.path.clone());
+                            }
                             continue;
                         }
                     };

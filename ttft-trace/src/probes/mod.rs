@@ -1,6 +1,7 @@
 //! Loading the eBPF object, attaching its programs, and reading its maps.
 
 pub mod libraries;
+mod selftest;
 pub mod symbols;
 
 use std::{
@@ -32,8 +33,17 @@ pub enum ProbeError {
          rebuild without it"
     )]
     NoObject,
-    #[error("ttft-trace must run as root (it loads eBPF programs and attaches uprobes)")]
-    NotRoot,
+    #[error("{0}")]
+    Capabilities(String),
+    #[error(
+        "creating a uprobe on {path} was refused ({source}): {}",
+        crate::caps::missing_message(*caps, &[crate::caps::UPROBES])
+    )]
+    UprobeDenied {
+        path: PathBuf,
+        caps: crate::caps::CapSet,
+        source: std::io::Error,
+    },
     #[error(transparent)]
     Tracefs(#[from] TracefsError),
     #[error("loading the eBPF programs into the kernel failed: {0}")]
@@ -80,8 +90,8 @@ pub struct Probes {
     attached: HashMap<(u64, u64), Attached>,
 }
 
-/// Tracepoints and the programs attached to them.
-const TRACEPOINTS: &[(&str, &str, &str)] = &[
+/// Tracepoints and the programs attached to them: (program, category, name).
+pub const TRACEPOINTS: &[(&str, &str, &str)] = &[
     ("sched_process_fork", "sched", "sched_process_fork"),
     ("sched_process_exit", "sched", "sched_process_exit"),
     ("inet_sock_set_state", "sock", "inet_sock_set_state"),
@@ -104,7 +114,7 @@ const TRACEPOINTS: &[(&str, &str, &str)] = &[
 ];
 
 /// Reads the tracepoint offsets the probes need from tracefs.
-fn tracepoint_offsets() -> Result<TracepointOffsets, TracefsError> {
+pub fn tracepoint_offsets() -> Result<TracepointOffsets, TracefsError> {
     let root = tracefs::root()?;
     let fork = Format::read(&root, "sched", "sched_process_fork")?;
     let exit = Format::read(&root, "sched", "sched_process_exit")?;
@@ -175,9 +185,12 @@ impl Probes {
         if OBJECT.is_empty() {
             return Err(ProbeError::NoObject);
         }
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            return Err(ProbeError::NotRoot);
+        let caps = crate::caps::CapSet::effective().unwrap_or_default();
+        let missing = crate::caps::missing(caps, crate::caps::LOAD);
+        if !missing.is_empty() {
+            return Err(ProbeError::Capabilities(crate::caps::missing_message(
+                caps, &missing,
+            )));
         }
         let offsets = tracepoint_offsets()?;
         // Wake the reader early only when an eighth of the buffer is used;
@@ -236,6 +249,8 @@ impl Probes {
         for (sym, offset) in &lib.symbols {
             match self.attach_symbol(sym, *offset, lib) {
                 Ok(()) => report.symbols += 1,
+                // Every other symbol would fail the same way: say why, once.
+                Err(e @ ProbeError::UprobeDenied { .. }) => return Err(e),
                 Err(e) => report.failed.push((sym.name.to_string(), e.to_string())),
             }
         }
@@ -254,7 +269,7 @@ impl Probes {
         let entry = uprobe(&mut self.ebpf, sym.program)?;
         let link = entry
             .attach(offset, &lib.open_path, UProbeScope::AllProcesses)
-            .map_err(|e| ProbeError::Program(sym.program, e))?;
+            .map_err(|e| uprobe_error(sym.program, &lib.path, e))?;
         if !sym.needs_return {
             return Ok(());
         }
@@ -263,7 +278,7 @@ impl Probes {
         if let Err(e) = ret.attach(offset, &lib.open_path, UProbeScope::AllProcesses) {
             let entry = uprobe(&mut self.ebpf, sym.program)?;
             let _ = entry.detach(link);
-            return Err(ProbeError::Program(ret_name, e));
+            return Err(uprobe_error(ret_name, &lib.path, e));
         }
         Ok(())
     }
@@ -438,6 +453,26 @@ fn remove_key<V: aya::Pod>(
         }
         Err(e) => Err(ProbeError::Map(name, e)),
     }
+}
+
+/// A uprobe attach error; a permission error of perf_event_open names the
+/// capability the kernel wants.
+fn uprobe_error(
+    program: &'static str,
+    path: &std::path::Path,
+    e: aya::programs::ProgramError,
+) -> ProbeError {
+    if let aya::programs::ProgramError::SyscallError(aya::sys::SyscallError { call, io_error }) = &e
+        && *call == "perf_event_open"
+        && matches!(io_error.raw_os_error(), Some(libc::EACCES | libc::EPERM))
+    {
+        return ProbeError::UprobeDenied {
+            path: path.to_path_buf(),
+            caps: crate::caps::CapSet::effective().unwrap_or_default(),
+            source: std::io::Error::from_raw_os_error(io_error.raw_os_error().unwrap_or(0)),
+        };
+    }
+    ProbeError::Program(program, e)
 }
 
 fn uprobe<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut UProbe, ProbeError> {

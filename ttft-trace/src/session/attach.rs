@@ -59,13 +59,25 @@ impl Session {
     async fn wait_for_library(&mut self, cfg: &AttachConfig) -> Result<()> {
         if !cfg.wait {
             let mut searched = BTreeSet::new();
+            let mut denied = BTreeSet::new();
             let mut processes = 0;
             for pid in self.live_processes()? {
                 processes += 1;
                 if let Ok(scan) = self.scanner.scan(pid) {
                     searched.extend(scan.searched);
+                    denied.extend(scan.denied);
                 }
             }
+            let denied = if denied.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "\n{} of them could not be opened (permission denied): tracing another \
+                     user's process needs CAP_SYS_PTRACE (for /proc/PID/root), and files in \
+                     directories closed to this process need CAP_DAC_READ_SEARCH.",
+                    denied.len()
+                )
+            };
             let list: Vec<String> = searched
                 .iter()
                 .map(|p| format!("  {}", p.display()))
@@ -73,7 +85,7 @@ impl Session {
             bail!(
                 "pid {} ({} process(es) with descendants) maps no library that defines the CUDA \
                  runtime or driver entry points (cudaLaunchKernel, cudaGraphLaunch, \
-                 cuLaunchKernel) in .dynsym or .symtab; searched {} mapped ELF file(s):\n{}\n\
+                 cuLaunchKernel) in .dynsym or .symtab; searched {} mapped ELF file(s):\n{}{denied}\n\
                  Use --wait to wait for one to be loaded, or --cuda-lib PATH to name one.",
                 cfg.pid,
                 processes,
