@@ -502,6 +502,8 @@ impl Session {
         match decode(bytes) {
             Ok(Event::Conn(ev)) => self.requests.on_conn(&ev),
             Ok(Event::Sock(ev)) => self.requests.on_sock(&ev),
+            // Read by the request correlator from the next commit on.
+            Ok(Event::Segment(_)) => {}
             Ok(Event::Sched(ev)) => self.signals.on_sched(&ev),
             Ok(Event::Tcp(ev)) => {
                 self.signal_metrics.tcp_event(ev.what);
