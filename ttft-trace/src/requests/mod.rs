@@ -84,6 +84,7 @@
 
 mod connection;
 mod correlator;
+mod delivery;
 mod http;
 mod join;
 mod metrics;

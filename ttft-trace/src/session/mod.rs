@@ -112,9 +112,6 @@ struct Session {
     causes: CauseConfig,
     cause_metrics: CauseMetrics,
     cause_summary: CauseSummary,
-    /// Finished requests waiting for late signals (a retransmit of their
-    /// first token comes after it), released at the time given.
-    held: Vec<(u64, RequestRecord)>,
     traced_since_ns: u64,
 }
 
@@ -186,7 +183,6 @@ pub async fn attach(cfg: AttachConfig) -> Result<Stop> {
         causes: cfg.causes.clone(),
         cause_metrics,
         cause_summary: CauseSummary::new(5),
-        held: Vec::new(),
         traced_since_ns: monotonic_ns(),
     };
     if let Some(nvml_cfg) = &cfg.nvml {
@@ -251,8 +247,7 @@ pub async fn attach(cfg: AttachConfig) -> Result<Stop> {
     let elapsed = s.elapsed_since_start();
     let lost = s.metrics.events_lost();
     let flushed = s.requests.flush();
-    s.finish_requests(flushed);
-    s.release_requests(monotonic_ns(), true);
+    s.finish_requests(flushed, monotonic_ns());
     println!(
         "{}",
         summary::final_block(
@@ -312,24 +307,11 @@ impl Session {
         Ok(())
     }
 
-    /// Holds finished requests until late signals can have arrived.
-    fn finish_requests(&mut self, finished: Vec<RequestRecord>) {
+    /// Attributes, logs, records and exports finished requests (the
+    /// correlator holds each until the client acknowledged its first token,
+    /// so the retransmits before that have arrived).
+    fn finish_requests(&mut self, finished: Vec<RequestRecord>, now_ns: u64) {
         for record in finished {
-            let release = record.ttft_ns.map_or(0, |ttft| {
-                self.causes.network_window_end_ns(record.t_arrive_ns, ttft)
-            });
-            self.held.push((release, record));
-        }
-    }
-
-    /// Attributes, logs, records and exports the held requests whose time
-    /// has come (all of them with `all`).
-    fn release_requests(&mut self, now_ns: u64, all: bool) {
-        let (ready, held): (Vec<_>, Vec<_>) = std::mem::take(&mut self.held)
-            .into_iter()
-            .partition(|(release, _)| all || *release <= now_ns);
-        self.held = held;
-        for (_, record) in ready {
             self.requests_total += 1;
             self.request_metrics.observe(&record);
             self.request_figures.record(&record);
@@ -337,7 +319,6 @@ impl Session {
                 &record,
                 &self.signals,
                 self.gpu.as_ref(),
-                &self.causes,
                 self.traced_since_ns,
             );
             let attribution = attribute(&evidence, &self.causes);
@@ -502,8 +483,7 @@ impl Session {
         match decode(bytes) {
             Ok(Event::Conn(ev)) => self.requests.on_conn(&ev),
             Ok(Event::Sock(ev)) => self.requests.on_sock(&ev),
-            // Read by the request correlator from the next commit on.
-            Ok(Event::Segment(_)) => {}
+            Ok(Event::Segment(ev)) => self.requests.on_segment(&ev),
             Ok(Event::Sched(ev)) => self.signals.on_sched(&ev),
             Ok(Event::Tcp(ev)) => {
                 self.signal_metrics.tcp_event(ev.what);
@@ -553,8 +533,7 @@ impl Session {
         }
         let now = monotonic_ns();
         let finished = self.requests.drain_finished(now);
-        self.finish_requests(finished);
-        self.release_requests(now, false);
+        self.finish_requests(finished, now);
     }
 
     /// Reads the kernel's counters and statistics into the metrics; forgets
