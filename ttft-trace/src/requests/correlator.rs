@@ -42,7 +42,7 @@ pub struct CorrelatorConfig {
     pub episode_history_ns: u64,
     pub episode_cap: usize,
     /// A request whose first token is not yet acknowledged by the client
-    /// (see [`super::delivery`]) is held up to this long after the first
+    /// (see `requests/delivery.rs`) is held up to this long after the first
     /// token, then reported without a delivery time. 5 s covers Linux's
     /// 200 ms minimum retransmission timeout doubled four times.
     pub ack_wait_ns: u64,
