@@ -9,7 +9,17 @@ pub struct ConnState {
     pub sends_since_recv: u32,
     /// Whether the close was reported already.
     pub closed: u32,
+    /// `snd_una` at the last `tcp_probe` on the socket.
+    pub probe_snd_una: u32,
+    pub _pad: u32,
+    /// Time of the last `tcp_probe` on the socket (0: none yet).
+    pub probe_t_ns: u64,
 }
+
+const _: () = {
+    assert!(core::mem::size_of::<ConnState>() == 24);
+    assert!(core::mem::offset_of!(ConnState, probe_t_ns) == 16);
+};
 
 /// The user buffer of a send syscall in progress.
 #[repr(C)]

@@ -8,6 +8,8 @@ pub const EVENT_EPISODE: u32 = 1;
 pub const EVENT_CONN: u32 = 2;
 /// Tag of [`SockEvent`].
 pub const EVENT_SOCK: u32 = 3;
+/// Tag of [`SegmentEvent`] (4 to 6 are the signals' events).
+pub const EVENT_SEGMENT: u32 = 7;
 
 /// An episode used the CUDA runtime API (libcudart).
 pub const API_RUNTIME: u32 = 1;
@@ -158,6 +160,57 @@ impl SockEvent {
         &self.tail[..(self.tail_len as usize).min(TAIL_BYTES)]
     }
 }
+
+/// [`SegmentEvent::flags`]: the segment carries bytes from the client (a
+/// request's, on an HTTP/1.1 connection).
+pub const SEGMENT_DATA: u32 = 1;
+/// [`SegmentEvent::flags`]: `snd_una` moved since the previous segment on
+/// the socket: that segment acknowledged the bytes up to `snd_una`.
+pub const SEGMENT_ACKED: u32 = 2;
+
+/// An incoming segment on a followed server connection, from
+/// `tcp:tcp_probe`, sent only when it carries data or when `snd_una` moved
+/// since the previous one (pure ACKs that acknowledge nothing new are
+/// dropped in the kernel).
+///
+/// `tcp_probe` fires at the start of `tcp_rcv_established`, before the
+/// segment is processed: its `snd_una` is the state the *previous* segment
+/// left. So an advance first seen here was made by the previous segment,
+/// which arrived at `t_prev_ns`: with [`SEGMENT_ACKED`], the bytes before
+/// `snd_una` were acknowledged at `t_prev_ns`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SegmentEvent {
+    /// [`EVENT_SEGMENT`].
+    pub kind: u32,
+    /// [`SEGMENT_DATA`] | [`SEGMENT_ACKED`].
+    pub flags: u32,
+    /// The socket's kernel address, as in [`ConnEvent`].
+    pub sk: u64,
+    /// This segment's `tcp_probe` (`bpf_ktime_get_ns`).
+    pub t_ns: u64,
+    /// The previous segment's `tcp_probe` on the socket (0: none seen).
+    pub t_prev_ns: u64,
+    /// First byte not yet acknowledged, before this segment is processed.
+    pub snd_una: u32,
+    /// Next byte to send: with [`SEGMENT_DATA`] on an idle HTTP/1.1
+    /// connection, the sequence number the response will start at.
+    pub snd_nxt: u32,
+    /// Smoothed round-trip time, microseconds (the tracepoint's `srtt`,
+    /// already `srtt_us >> 3`).
+    pub srtt_us: u32,
+    /// Payload bytes of this segment.
+    pub data_len: u32,
+}
+
+const _: () = {
+    assert!(core::mem::size_of::<SegmentEvent>() == 48);
+    assert!(core::mem::align_of::<SegmentEvent>() == 8);
+    assert!(core::mem::offset_of!(SegmentEvent, sk) == 8);
+    assert!(core::mem::offset_of!(SegmentEvent, t_prev_ns) == 24);
+    assert!(core::mem::offset_of!(SegmentEvent, snd_una) == 32);
+    assert!(core::mem::offset_of!(SegmentEvent, data_len) == 44);
+};
 
 const _: () = {
     assert!(core::mem::size_of::<ConnEvent>() == 72);

@@ -19,7 +19,8 @@ pub use counters::{Direction, GpuCounters, Stat};
 pub use episode::{Completion, ThreadState};
 pub use event::{
     API_DRIVER, API_RUNTIME, CONN_CLOSE, CONN_OPEN, ConnEvent, EVENT_CONN, EVENT_EPISODE,
-    EVENT_SOCK, EpisodeEvent, SOCK_RECV, SOCK_SEND, SockEvent,
+    EVENT_SEGMENT, EVENT_SOCK, EpisodeEvent, SEGMENT_ACKED, SEGMENT_DATA, SOCK_RECV, SOCK_SEND,
+    SegmentEvent, SockEvent,
 };
 pub use offsets::TracepointOffsets;
 
@@ -32,6 +33,7 @@ mod pod {
     unsafe impl aya::Pod for crate::EpisodeEvent {}
     unsafe impl aya::Pod for crate::ConnEvent {}
     unsafe impl aya::Pod for crate::SockEvent {}
+    unsafe impl aya::Pod for crate::SegmentEvent {}
     unsafe impl aya::Pod for crate::signals::SchedEvent {}
     unsafe impl aya::Pod for crate::signals::TcpEvent {}
     unsafe impl aya::Pod for crate::signals::CopyEvent {}

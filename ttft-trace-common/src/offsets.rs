@@ -44,6 +44,12 @@ pub struct TracepointOffsets {
     pub retransmit_sk: u32,
     pub reset_received_sk: u32,
     pub reset_sent_sk: u32,
+    /// `tcp:tcp_probe` fields.
+    pub probe_sk: u32,
+    pub probe_data_len: u32,
+    pub probe_snd_nxt: u32,
+    pub probe_snd_una: u32,
+    pub probe_srtt: u32,
 }
 
 /// Offset value meaning "this field does not exist on this kernel".

@@ -16,6 +16,8 @@ mod process;
 mod sched;
 #[cfg(target_arch = "bpf")]
 mod sock;
+#[cfg(target_arch = "bpf")]
+mod tcp;
 
 #[cfg(target_arch = "bpf")]
 #[panic_handler]

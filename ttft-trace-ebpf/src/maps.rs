@@ -102,6 +102,11 @@ pub static OFFSETS: TracepointOffsets = TracepointOffsets {
     retransmit_sk: 0,
     reset_received_sk: 0,
     reset_sent_sk: 0,
+    probe_sk: 0,
+    probe_data_len: 0,
+    probe_snd_nxt: 0,
+    probe_snd_una: 0,
+    probe_srtt: 0,
 };
 
 /// Scheduler intervals shorter than this are only summed, not sent.

@@ -33,13 +33,13 @@ const MSG_PEEK: i32 = 2;
 const MAX_IOV: u64 = 8;
 
 #[inline(always)]
-fn now_ns() -> u64 {
+pub(crate) fn now_ns() -> u64 {
     // SAFETY: plain helper call.
     unsafe { bpf_ktime_get_ns() }
 }
 
 #[inline(always)]
-fn read<T>(ctx: &TracePointContext, offset: u32) -> Option<T> {
+pub(crate) fn read<T>(ctx: &TracePointContext, offset: u32) -> Option<T> {
     // SAFETY: offsets come from this kernel's tracefs format files.
     unsafe { ctx.read_at::<T>(offset as usize) }.ok()
 }

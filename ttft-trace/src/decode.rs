@@ -3,7 +3,8 @@
 
 use thiserror::Error;
 use ttft_trace_common::{
-    ConnEvent, EVENT_CONN, EVENT_EPISODE, EVENT_SOCK, EpisodeEvent, SockEvent,
+    ConnEvent, EVENT_CONN, EVENT_EPISODE, EVENT_SEGMENT, EVENT_SOCK, EpisodeEvent, SegmentEvent,
+    SockEvent,
     process::{DiscoverEvent, EVENT_DISCOVER},
     signals::{CopyEvent, EVENT_COPY, EVENT_SCHED, EVENT_TCP, SchedEvent, TcpEvent},
 };
@@ -23,6 +24,7 @@ pub enum Event {
     Conn(ConnEvent),
     /// Boxed: a send's captured bytes make it several times larger.
     Sock(Box<SockEvent>),
+    Segment(SegmentEvent),
     Sched(SchedEvent),
     Tcp(TcpEvent),
     Copy(CopyEvent),
@@ -39,6 +41,7 @@ pub fn decode(bytes: &[u8]) -> Result<Event, DecodeError> {
         EVENT_EPISODE => read_pod::<EpisodeEvent>(bytes).map(Event::Episode),
         EVENT_CONN => read_pod::<ConnEvent>(bytes).map(Event::Conn),
         EVENT_SOCK => read_pod::<SockEvent>(bytes).map(|e| Event::Sock(Box::new(e))),
+        EVENT_SEGMENT => read_pod::<SegmentEvent>(bytes).map(Event::Segment),
         EVENT_SCHED => read_pod::<SchedEvent>(bytes).map(Event::Sched),
         EVENT_TCP => read_pod::<TcpEvent>(bytes).map(Event::Tcp),
         EVENT_COPY => read_pod::<CopyEvent>(bytes).map(Event::Copy),
@@ -138,6 +141,29 @@ mod tests {
         assert_eq!(back.head(), b"HTTP/1.1");
         assert_eq!(back.tail(), b"0\r\n\r\n");
         assert_eq!(decode(&bytes[..100]), Err(DecodeError::Short(100)));
+    }
+
+    #[test]
+    fn segment_event_round_trips() {
+        let seg = SegmentEvent {
+            kind: EVENT_SEGMENT,
+            flags: ttft_trace_common::SEGMENT_DATA | ttft_trace_common::SEGMENT_ACKED,
+            sk: 0xffff_8880_1234_5678,
+            t_ns: 2_000,
+            t_prev_ns: 1_000,
+            snd_una: 0xfffffff0,
+            snd_nxt: 0x10,
+            srtt_us: 21,
+            data_len: 2027,
+        };
+        let bytes = encode(&seg);
+        assert_eq!(bytes.len(), 48);
+        assert_eq!(decode(&bytes), Ok(Event::Segment(seg)));
+        // Field placement as the kernel writes it (little-endian host).
+        assert_eq!(&bytes[24..32], &1_000u64.to_ne_bytes());
+        assert_eq!(&bytes[32..36], &0xffff_fff0u32.to_ne_bytes());
+        assert_eq!(&bytes[44..48], &2027u32.to_ne_bytes());
+        assert_eq!(decode(&bytes[..47]), Err(DecodeError::Short(47)));
     }
 
     #[test]

@@ -54,9 +54,9 @@ pub const UNEXPLAINED: &str = "unexplained";
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Cause {
     pub class: CauseClass,
-    /// Time this cause explains, never more than the TTFT judged (for `network`, the part of
-    /// the client's estimated TTFT beyond the server's). Causes may overlap: their sum can
-    /// exceed TTFT.
+    /// Time this cause explains, never more than the TTFT judged (for `network`, the first
+    /// token's delivery beyond one round trip, never more than the client's TTFT estimate).
+    /// Causes may overlap: their sum can exceed TTFT.
     pub explained_ns: u64,
     /// The numbers the rule read (`_ns` durations, `_ratio` shares, counts), and for causes
     /// involving the GPU the NVML throttle reasons seen.
@@ -66,19 +66,20 @@ pub struct Cause {
 /// The verdict on one request.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Attribution {
-    /// TTFT, or the client's estimated TTFT, exceeded the slow threshold: causes were sought.
+    /// TTFT, or the client's TTFT estimate, exceeded the slow threshold: causes were sought.
     pub slow: bool,
     /// The measured (server-side) TTFT exceeded the slow threshold: what
     /// `ttft_trace_slo_violations_total` counts, consistent with the TTFT histogram.
     pub slo_violation: bool,
-    /// The client's TTFT as estimated from retransmits, when it is later than the server's.
-    pub client_ttft_estimate_ns: Option<u64>,
     /// Ordered by explained time, longest first. Empty on a slow request: unexplained.
     pub causes: Vec<Cause>,
     /// The measured TTFT that was judged (already in the request line, so not serialised);
     /// `None` for a request that was not judged.
     #[serde(skip)]
     pub ttft_ns: Option<u64>,
+    /// The client's TTFT estimate that was judged with it (in the request line too).
+    #[serde(skip)]
+    pub client_ttft_estimate_ns: Option<u64>,
 }
 
 impl Attribution {
@@ -87,9 +88,11 @@ impl Attribution {
         self.slow && self.causes.is_empty()
     }
 
-    /// The TTFT the slow threshold was compared with: the client's estimate when there is one.
+    /// The TTFT the slow threshold was compared with: the later of the server's and the
+    /// client's estimate.
     pub fn judged_ttft_ns(&self) -> Option<u64> {
-        self.client_ttft_estimate_ns.or(self.ttft_ns)
+        let ttft = self.ttft_ns?;
+        Some(ttft.max(self.client_ttft_estimate_ns.unwrap_or(0)))
     }
 
     /// The `cause` label values this request counts under: one per cause, or `unexplained`.

@@ -9,8 +9,9 @@ const MIB: u64 = 1 << 20;
 #[derive(Debug, Clone, PartialEq, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct CauseConfig {
-    /// A request whose TTFT exceeds this is slow (and an SLO violation). 350 ms: the usual
-    /// P99 TTFT objective of interactive serving.
+    /// A request whose TTFT exceeds this is an SLO violation, and slow; so is one whose
+    /// client TTFT estimate exceeds it. 350 ms: the usual P99 TTFT objective of interactive
+    /// serving.
     pub slow_ttft_ns: u64,
     /// `queueing` needs at least this long from arrival to the first launch of the request's
     /// GPU work. 2 s: the design's threshold for scheduler starvation.
@@ -31,13 +32,12 @@ pub struct CauseConfig {
     /// ... or on at least this much CPU-stage time (on CPU or blocked) that fits in the GPU's
     /// idle gap before the request's work.
     pub cpu_min_stage_ns: u64,
-    /// Retransmits up to this long after the first token can still be the first token's own
-    /// (or earlier bytes'), and then extend the client's TTFT estimate. 0, off, by default:
-    /// the segment a retransmit carries is not seen, and in a test with 20 % loss on the
-    /// server's sends, 15 of 16 requests were estimated slow while their client measured
-    /// under 350 ms (retransmits of later chunks). 3 s covers Linux's 200 ms minimum RTO
-    /// doubled four times, for those who accept the over-estimate.
-    pub network_horizon_ns: u64,
+    /// `network` fires when the first token took at least this long beyond one smoothed
+    /// round trip to be acknowledged by the client (ACK time − send − SRTT), with a
+    /// retransmit on the connection meanwhile. 100 ms: loss repaired by a timeout costs at
+    /// least Linux's 200 ms minimum RTO, and a fast retransmit on a path slow enough to
+    /// matter costs a round trip or more; a delayed ACK alone (40 ms minimum) stays below.
+    pub network_min_delivery_ns: u64,
     /// `gpu_memory` fires when NVML memory used reaches this share of total. 0.95, not 0.9:
     /// engines that pre-allocate the KV cache sit at 0.90-0.93 by design (vLLM's default
     /// `gpu_memory_utilization` is 0.9), so 0.9 would mark every request.
@@ -67,22 +67,11 @@ impl Default for CauseConfig {
             batching_min_gpu_blocked_share: 0.5,
             cpu_min_runq_ns: 50 * MS,
             cpu_min_stage_ns: 100 * MS,
-            network_horizon_ns: 0,
+            network_min_delivery_ns: 100 * MS,
             gpu_memory_share: 0.95,
             swap_min_bytes: 256 * MIB,
             cold_start_window_ns: 0,
             load_min_bytes: 1024 * MIB,
         }
-    }
-}
-
-impl CauseConfig {
-    /// The last moment a retransmit can still count for a request that arrived at
-    /// `t_arrive_ns` with this TTFT: collect its connection's retransmits up to here, and
-    /// attribute it no earlier (for a short response, that is after its end).
-    pub fn network_window_end_ns(&self, t_arrive_ns: u64, ttft_ns: u64) -> u64 {
-        t_arrive_ns
-            .saturating_add(ttft_ns)
-            .saturating_add(self.network_horizon_ns)
     }
 }

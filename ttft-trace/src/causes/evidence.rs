@@ -3,18 +3,16 @@
 //!
 //! Windows, with `t_gpu_start = t_arrive + queue` and `t_first_token = t_arrive + TTFT`:
 //! *TTFT window* `[t_arrive, t_first_token]`, *queue window* `[t_arrive, t_gpu_start]`,
-//! *request window* `[t_arrive, t_done]`. A signal is the part of it that overlaps its window.
+//! *request window* `[t_arrive, t_done]`, *delivery window* `[t_arrive, max(t_first_token,
+//! t_first_token_acked)]`. A signal is the part of it that overlaps its window.
 
 use serde::Serialize;
 
 use crate::nvml::WindowReadings;
 
-#[cfg(doc)]
-use super::CauseConfig;
 use crate::requests::{Figure, RequestRecord};
 
-/// Retransmit times kept per request: the earliest ones are those that can delay the first
-/// token, so later ones are only counted.
+/// Retransmit times kept per request (the earliest ones; later ones are only counted).
 pub const RETRANSMIT_TIMES_CAP: usize = 64;
 
 /// The request's own figures, as the rules need them. Build with `From<&RequestRecord>`.
@@ -31,6 +29,12 @@ pub struct RequestTimes {
     pub gpu_steps_waited: Option<u32>,
     /// Time of the queue window covered by no episode.
     pub gpu_idle_before_start_ns: Option<u64>,
+    /// When the client acknowledged the first token, and the socket's smoothed RTT then;
+    /// `None` when not seen.
+    pub t_first_token_acked_ns: Option<u64>,
+    pub srtt_ns: Option<u64>,
+    /// The client's TTFT as the socket sees it (request segment in to first token acked).
+    pub client_ttft_estimate_ns: Option<u64>,
 }
 
 impl From<&RequestRecord> for RequestTimes {
@@ -47,6 +51,9 @@ impl From<&RequestRecord> for RequestTimes {
             gpu_ns: r.gpu_ns,
             gpu_steps_waited: r.gpu_steps_waited,
             gpu_idle_before_start_ns: r.gpu_idle_before_start_ns,
+            t_first_token_acked_ns: r.t_first_token_acked_ns,
+            srtt_ns: r.srtt_ns,
+            client_ttft_estimate_ns: r.client_ttft_estimate_ns,
         }
     }
 }
@@ -55,6 +62,13 @@ impl RequestTimes {
     /// End of the queue window, when the request's GPU work is known.
     pub fn t_gpu_start_ns(&self) -> Option<u64> {
         self.queue_ns.map(|q| self.t_arrive_ns + q)
+    }
+
+    /// End of the delivery window: the first token's ACK, or the first token when the ACK
+    /// was not seen (or, ACKed within its own send, stamped a little before its return).
+    pub fn t_delivered_ns(&self) -> Option<u64> {
+        let ft = self.t_arrive_ns.saturating_add(self.ttft_ns?);
+        Some(self.t_first_token_acked_ns.map_or(ft, |a| a.max(ft)))
     }
 }
 
@@ -85,9 +99,8 @@ pub struct Evidence {
     /// Blocked off-CPU time in the queue window of the GPU thread that blocked longest
     /// (the maximum over GPU threads, not their sum).
     pub gpu_thread_blocked_ns: u64,
-    /// `tcp:tcp_retransmit_skb` on the request's own socket from `t_arrive` to
-    /// [`CauseConfig::network_window_end_ns`] (past `t_done` for a short response: the
-    /// repair of its last bytes comes after it).
+    /// `tcp:tcp_retransmit_skb` on the request's own socket in the delivery window (arrival
+    /// to the client's ACK of the first token).
     pub retransmits: u32,
     /// Their times, ascending, the earliest [`RETRANSMIT_TIMES_CAP`] only; fill with
     /// [`Evidence::add_retransmit`].

@@ -5,10 +5,10 @@
 //!
 //! A request is judged only when it has a TTFT that counts (the one the TTFT histogram
 //! records). It is an **SLO violation** when TTFT > `slow_ttft` (350 ms), and **slow** when
-//! TTFT or the client's estimated TTFT (see `network`) exceeds `slow_ttft`. Only slow requests
-//! get causes. Every rule is tried; each that fires gives a cause with the time it explains
-//! (never more than TTFT; for `network` never more than the estimate beyond TTFT) and the
-//! numbers it read. Causes may overlap, so their times need not add up to TTFT. They are
+//! TTFT or the client's TTFT estimate (first token acknowledged − request segment arrived, see
+//! `crate::requests`) exceeds `slow_ttft`. Only slow requests get causes. Every rule is tried;
+//! each that fires gives a cause with the time it explains (never more than TTFT; for `network`
+//! never more than the client's estimate) and the numbers it read. Causes may overlap, so their times need not add up to TTFT. They are
 //! listed longest first. A slow request with no rule firing is `unexplained`.
 //!
 //! Windows: *queue* = arrival to the first launch of the request's GPU work; *TTFT* = arrival
@@ -19,7 +19,7 @@
 //! | `queueing` | queue ≥ `queueing_min` (2 s), at least one other GPU step completed in the TTFT window, and the GPU was busy for ≥ `queueing_min_busy_share` (0.5) of the queue | the busy part of the queue |
 //! | `batching` | GPU idle ≥ `batching_min_idle` (100 ms), CPU-stage time (on CPU + blocked) < `batching_max_cpu_share` (0.5) of the idle, and the GPU thread blocked ≥ `batching_min_gpu_blocked_share` (0.5) of the idle | idle − CPU-stage time |
 //! | `cpu` | run-queue delay of the tree's threads in the TTFT window ≥ `cpu_min_runq` (50 ms), or min(CPU-stage time, GPU idle) ≥ `cpu_min_stage` (100 ms) | the run-queue delay plus that CPU-stage time (each part only if it passed its threshold) |
-//! | `network` | a retransmit on the request's own connection between arrival and `network_horizon` (3 s) after the first token | client TTFT estimate − TTFT |
+//! | `network` | the client acknowledged the first token ≥ `network_min_delivery` (100 ms) beyond one smoothed RTT after its send, and the request's own connection retransmitted between arrival and that ACK | the delivery delay: ACK − send − SRTT |
 //! | `gpu_memory` | NVML memory used ≥ `gpu_memory_share` (0.95) of total in the TTFT window, or copies of ≥ 1 MiB between host and device in it add up to ≥ `swap_min_bytes` (256 MiB) (not counted in a cold start) | the GPU part of TTFT plus the first-to-last span of the large copies made during the queue (not in a cold start) |
 //! | `cold_start` | the GPU process's first-ever episode fell in the TTFT window, or it started < `cold_start_window` (60 s) before arrival | queue + GPU part (the whole TTFT without a breakdown) |
 //!
@@ -29,14 +29,11 @@
 //! # Where the rules can be fooled
 //!
 //! - **Network.** Server-side TTFT ends when the first token is handed to the kernel; loss
-//!   delays its *delivery*, which no server-side probe sees. The client's TTFT is estimated as
-//!   max(TTFT, last retransmit within the horizon − arrival): TCP delivers in order, so the
-//!   token waits for the repair of any byte before it. This is an upper bound: the last
-//!   retransmit may carry a later chunk, or be spurious (the data arrived, its ACK was lost).
-//!   Retransmits before the first token do not lengthen the server's TTFT (a send returns
-//!   once the bytes are in the socket buffer), so they explain no server time; the cause is
-//!   still listed with 0 explained. Loss of the client's own segments (the request itself) is
-//!   repaired by the client and is invisible here. A reset alone is not a cause: a client that
+//!   delays its *delivery*, which shows only as the client's late ACK of it. The estimate
+//!   assumes HTTP/1.1 request/response on the connection. A late ACK without a retransmit (a
+//!   client that reads late or delays its ACK, a full receive window, jitter) is not named
+//!   network. Loss of the client's own segments (the request itself) is repaired by the client
+//!   and is seen only as a later request segment. A reset alone is not a cause: a client that
 //!   gives up on a slow response resets too; resets are shown in the evidence.
 //! - **CPU.** Run-queue delay and CPU-stage time are summed over threads and are not tied to
 //!   the request: on a busy server other requests' work counts too. That is why stage time

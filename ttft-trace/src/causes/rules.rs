@@ -20,16 +20,15 @@ pub fn attribute(ev: &Evidence, cfg: &CauseConfig) -> Attribution {
     let Some(ttft) = ev.request.ttft_ns else {
         return Attribution::default();
     };
-    let delivery = Delivery::of(ev, cfg, ttft);
-    let client_ttft = delivery.as_ref().map_or(ttft, |d| d.client_ttft_ns);
+    let client_ttft = ev.request.client_ttft_estimate_ns;
     let slo_violation = ttft > cfg.slow_ttft_ns;
-    let slow = slo_violation || client_ttft > cfg.slow_ttft_ns;
+    let slow = slo_violation || client_ttft.is_some_and(|c| c > cfg.slow_ttft_ns);
     let mut verdict = Attribution {
         slow,
         slo_violation,
-        client_ttft_estimate_ns: (client_ttft > ttft).then_some(client_ttft),
         causes: Vec::new(),
         ttft_ns: Some(ttft),
+        client_ttft_estimate_ns: client_ttft,
     };
     if !slow {
         return verdict;
@@ -40,7 +39,7 @@ pub fn attribute(ev: &Evidence, cfg: &CauseConfig) -> Attribution {
         queueing(ev, cfg, ttft),
         batching(ev, cfg, ttft),
         cpu(ev, cfg, ttft),
-        delivery.map(|d| d.cause(ev, ttft)),
+        network(ev, cfg),
         gpu_memory(ev, cfg, ttft, is_cold),
         cold,
     ]
@@ -173,47 +172,28 @@ fn cpu(ev: &Evidence, cfg: &CauseConfig, ttft: u64) -> Option<Cause> {
     Some(cause(CauseClass::Cpu, (runq + stage).min(ttft), e))
 }
 
-/// Loss on the request's own connection, and what it may have added to the client's TTFT.
-struct Delivery {
-    /// Retransmits in `[t_arrive, t_first_token + horizon]`.
-    retransmits: u32,
-    last_after_arrive_ns: u64,
-    client_ttft_ns: u64,
-}
-
-impl Delivery {
-    fn of(ev: &Evidence, cfg: &CauseConfig, ttft: u64) -> Option<Self> {
-        let t0 = ev.request.t_arrive_ns;
-        let horizon_end = cfg.network_window_end_ns(t0, ttft);
-        let relevant = || {
-            ev.retransmit_times_ns
-                .iter()
-                .filter(move |&&t| (t0..=horizon_end).contains(&t))
-        };
-        let last_after_arrive_ns = relevant().max()? - t0;
-        Some(Self {
-            retransmits: u32::try_from(relevant().count()).unwrap_or(u32::MAX),
-            last_after_arrive_ns,
-            // TCP delivers in order: the first token reaches the client no earlier than the
-            // repair of any byte before it. Upper bound: the last retransmit is taken to be
-            // such a repair, though it may be of a later chunk or spurious (an ACK was lost).
-            client_ttft_ns: ttft.max(last_after_arrive_ns),
-        })
+/// Loss on the request's own connection that held back the first token's delivery: the
+/// client acknowledged it late (beyond one smoothed round trip), and the connection
+/// retransmitted meanwhile.
+fn network(ev: &Evidence, cfg: &CauseConfig) -> Option<Cause> {
+    let r = &ev.request;
+    let acked = r.t_first_token_acked_ns?;
+    let sent = r.t_arrive_ns.saturating_add(r.ttft_ns?);
+    let delivery = acked.saturating_sub(sent);
+    let srtt = r.srtt_ns.unwrap_or(0);
+    let late = delivery.saturating_sub(srtt);
+    if late < cfg.network_min_delivery_ns || ev.retransmits == 0 {
+        return None;
     }
-
-    fn cause(self, ev: &Evidence, ttft: u64) -> Cause {
-        let e = EvidenceMap::from([
-            ("retransmits", self.retransmits.into()),
-            ("retransmits_total", ev.retransmits.into()),
-            ("resets", ev.resets.into()),
-            (
-                "last_retransmit_after_arrive_ns",
-                self.last_after_arrive_ns.into(),
-            ),
-            ("client_ttft_estimate_ns", self.client_ttft_ns.into()),
-        ]);
-        cause(CauseClass::Network, self.client_ttft_ns - ttft, e)
-    }
+    let e = EvidenceMap::from([
+        ("first_token_delivery_ns", delivery.into()),
+        ("srtt_ns", srtt.into()),
+        ("retransmits", ev.retransmits.into()),
+        ("resets", ev.resets.into()),
+        ("client_ttft_estimate_ns", r.client_ttft_estimate_ns.into()),
+    ]);
+    let client = r.client_ttft_estimate_ns.unwrap_or(late);
+    Some(cause(CauseClass::Network, late.min(client), e))
 }
 
 /// GPU memory pressure: memory near full, or swap-like copy traffic while the request waited.

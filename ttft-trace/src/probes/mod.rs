@@ -111,6 +111,7 @@ pub const TRACEPOINTS: &[(&str, &str, &str)] = &[
     ("tcp_retransmit_skb", "tcp", "tcp_retransmit_skb"),
     ("tcp_receive_reset", "tcp", "tcp_receive_reset"),
     ("tcp_send_reset", "tcp", "tcp_send_reset"),
+    ("tcp_probe", "tcp", "tcp_probe"),
 ];
 
 /// Reads the tracepoint offsets the probes need from tracefs.
@@ -131,6 +132,7 @@ pub fn tracepoint_offsets() -> Result<TracepointOffsets, TracefsError> {
     let retransmit = Format::read(&root, "tcp", "tcp_retransmit_skb")?;
     let reset_received = Format::read(&root, "tcp", "tcp_receive_reset")?;
     let reset_sent = Format::read(&root, "tcp", "tcp_send_reset")?;
+    let probe = Format::read(&root, "tcp", "tcp_probe")?;
     let offsets = TracepointOffsets {
         fork_child_pid: fork.offset("child_pid")?,
         exit_group_dead: exit.optional_offset("group_dead").unwrap_or(ABSENT),
@@ -158,6 +160,11 @@ pub fn tracepoint_offsets() -> Result<TracepointOffsets, TracefsError> {
         retransmit_sk: retransmit.offset("skaddr")?,
         reset_received_sk: reset_received.offset("skaddr")?,
         reset_sent_sk: reset_sent.offset("skaddr")?,
+        probe_sk: probe.offset("skaddr")?,
+        probe_data_len: probe.offset("data_len")?,
+        probe_snd_nxt: probe.offset("snd_nxt")?,
+        probe_snd_una: probe.offset("snd_una")?,
+        probe_srtt: probe.offset("srtt")?,
     };
     if wakeup_new.offset("pid")? != offsets.wakeup_pid {
         return Err(TracefsError::Parse(

@@ -3,13 +3,14 @@
 //! what ends a request early (close, pipelining, idleness, exit).
 
 use std::{
-    collections::VecDeque,
+    collections::{HashMap, VecDeque},
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
 };
 
-use ttft_trace_common::{ConnEvent, SockEvent};
+use ttft_trace_common::{ConnEvent, SegmentEvent, SockEvent};
 
 use super::{
+    delivery::{self, AckTracker, Delivery, RequestSegment},
     http::{self, Head},
     join::Join,
     record::Outcome,
@@ -51,6 +52,8 @@ pub(crate) struct Request {
     pub tgid: u32,
     pub tid: u32,
     pub t_arrive: u64,
+    /// The request's first TCP segment, when `tcp_probe` saw it.
+    pub segment: Option<RequestSegment>,
     pub bytes_in: u64,
     /// Every byte sent while this request was current (interim responses
     /// included).
@@ -73,6 +76,16 @@ pub(crate) struct Request {
 impl Request {
     pub fn t_first_token(&self) -> Option<u64> {
         self.response.as_ref().and_then(|r| r.t_first_token)
+    }
+
+    /// Whether the server has begun answering: bytes received from now on
+    /// are a new request.
+    fn answered(&self) -> bool {
+        if self.pipelined {
+            self.t_last_send.is_some()
+        } else {
+            self.response.is_some()
+        }
     }
 }
 
@@ -133,6 +146,9 @@ pub(crate) struct Outbox {
     pub pipelined: u64,
     pub sends_without_request: u64,
     pub socket_errors: u64,
+    /// First-token deliveries by `(sk, request index)`, of requests in flight
+    /// or finished, until their record is made.
+    pub deliveries: HashMap<(u64, u32), Delivery>,
 }
 
 impl Outbox {
@@ -149,8 +165,11 @@ impl Outbox {
         if cause == Cause::Idle {
             request.notes.push("end_by_idle");
         }
-        if self.finished.len() >= self.max_finished.max(1) {
-            self.finished.pop_front();
+        if self.finished.len() >= self.max_finished.max(1)
+            && let Some(dropped) = self.finished.pop_front()
+        {
+            let r = &dropped.request;
+            self.deliveries.remove(&(r.conn.sk, r.index));
             self.finished_dropped += 1;
         }
         let outcome = outcome(&request, cause);
@@ -165,6 +184,7 @@ pub(crate) struct Connection {
     current: Option<Request>,
     pub last_event_ns: u64,
     itl_cap: usize,
+    acks: AckTracker,
 }
 
 impl Connection {
@@ -175,6 +195,7 @@ impl Connection {
             current: None,
             last_event_ns: t_ns,
             itl_cap,
+            acks: AckTracker::default(),
         }
     }
 
@@ -191,12 +212,7 @@ impl Connection {
         let Some(mut req) = self.current.take() else {
             return self.start(ev, n, false);
         };
-        let answered = if req.pipelined {
-            req.t_last_send.is_some()
-        } else {
-            req.response.is_some()
-        };
-        if !answered {
+        if !req.answered() {
             // More of the same request (a body in several reads, or the
             // body after `100 Continue`).
             req.bytes_in += n;
@@ -254,23 +270,52 @@ impl Connection {
         }
         if let (false, Some(t)) = (had_token, req.t_first_token()) {
             out.first_token(t, self.info.sk, req.index);
+            if let Some(seg) = req.segment {
+                let end = delivery::first_token_end(seg, req.bytes_out);
+                let d = self.acks.first_token(req.index, end);
+                out.deliveries.insert((self.info.sk, req.index), d);
+            }
         }
         if req.response.as_ref().map(Response::end) == Some(End::Complete) {
             self.finish_current(Cause::Ended, out);
         }
     }
 
+    /// An incoming TCP segment: a request's first bytes, or an ACK that may
+    /// cover a first token.
+    pub fn on_segment(&mut self, ev: &SegmentEvent, out: &mut Outbox) {
+        self.last_event_ns = self.last_event_ns.max(ev.t_ns);
+        let idle = self.current.as_ref().is_none_or(Request::answered);
+        for (index, ack) in self.acks.on_segment(ev, idle) {
+            // Absent: the request was reported already (it waited too long).
+            if let Some(d) = out.deliveries.get_mut(&(self.info.sk, index)) {
+                *d = Delivery::Acked(ack);
+            }
+        }
+    }
+
     /// The connection closed (or the client sent EOF).
     pub fn close(&mut self, out: &mut Outbox) {
-        self.finish_current(Cause::Closed, out);
+        self.end(Cause::Closed, out);
     }
 
     pub fn exit(&mut self, out: &mut Outbox) {
-        self.finish_current(Cause::Exit, out);
+        self.end(Cause::Exit, out);
     }
 
     pub fn evict(&mut self, out: &mut Outbox) {
-        self.finish_current(Cause::Evicted, out);
+        self.end(Cause::Evicted, out);
+    }
+
+    /// The connection is gone: its request in flight finishes, and first
+    /// tokens not acknowledged yet never will be (where the probe sees it).
+    fn end(&mut self, cause: Cause, out: &mut Outbox) {
+        self.finish_current(cause, out);
+        for index in self.acks.give_up() {
+            if let Some(d) = out.deliveries.get_mut(&(self.info.sk, index)) {
+                *d = Delivery::Unknown;
+            }
+        }
     }
 
     /// Ends a response whose end the framing cannot tell (or a pipelined
@@ -309,6 +354,7 @@ impl Connection {
             tgid: ev.tgid,
             tid: ev.tid,
             t_arrive: ev.t_ns,
+            segment: self.acks.start_request(ev.t_ns),
             bytes_in: bytes,
             bytes_out: 0,
             response: None,

@@ -10,11 +10,12 @@ use std::{
 
 use serde::Serialize;
 use ttft_trace_common::{
-    CONN_CLOSE, CONN_OPEN, ConnEvent, EpisodeEvent, SOCK_RECV, SOCK_SEND, SockEvent,
+    CONN_CLOSE, CONN_OPEN, ConnEvent, EpisodeEvent, SOCK_RECV, SOCK_SEND, SegmentEvent, SockEvent,
 };
 
 use super::{
     connection::{ConnInfo, Connection, Outbox},
+    delivery::Delivery,
     join::EpisodeHistory,
     record::RequestRecord,
 };
@@ -40,6 +41,11 @@ pub struct CorrelatorConfig {
     /// the start of its join window.
     pub episode_history_ns: u64,
     pub episode_cap: usize,
+    /// A request whose first token is not yet acknowledged by the client
+    /// (see `requests/delivery.rs`) is held up to this long after the first
+    /// token, then reported without a delivery time. 5 s covers Linux's
+    /// 200 ms minimum retransmission timeout doubled four times.
+    pub ack_wait_ns: u64,
     /// A connection with no event for this long is dropped (its close was
     /// probably lost).
     pub conn_idle_ns: u64,
@@ -61,6 +67,7 @@ impl Default for CorrelatorConfig {
             join_grace_ns: 50 * MS,
             episode_history_ns: 60 * S,
             episode_cap: 100_000,
+            ack_wait_ns: 5 * S,
             conn_idle_ns: 600 * S,
             response_quiet_ns: 5 * S,
             max_connections: 65_536,
@@ -106,6 +113,7 @@ pub struct CorrelatorStats {
 enum Pending {
     Conn(ConnEvent),
     Sock(Box<SockEvent>),
+    Segment(SegmentEvent),
 }
 
 /// A held event, ordered by time, then by arrival.
@@ -176,6 +184,10 @@ impl Correlator {
         self.hold(ev.t_ns, Pending::Sock(Box::new(*ev)));
     }
 
+    pub fn on_segment(&mut self, ev: &SegmentEvent) {
+        self.hold(ev.t_ns, Pending::Segment(*ev));
+    }
+
     pub fn on_episode(&mut self, ev: &EpisodeEvent) {
         self.episodes.insert(ev);
     }
@@ -194,8 +206,11 @@ impl Correlator {
             self.sweep(watermark);
             self.next_sweep_ns = now_ns.saturating_add(SWEEP_EVERY_NS);
         }
-        let grace = self.cfg.join_grace_ns;
-        let ready = self.emit(|t_first_token| t_first_token.saturating_add(grace) <= now_ns);
+        let (grace, ack_wait) = (self.cfg.join_grace_ns, self.cfg.ack_wait_ns);
+        let ready = self.emit(|t_first_token, waiting_for_ack| {
+            t_first_token.saturating_add(grace) <= now_ns
+                && (!waiting_for_ack || t_first_token.saturating_add(ack_wait) <= now_ns)
+        });
         self.episodes.prune(now_ns);
         ready
     }
@@ -211,7 +226,7 @@ impl Correlator {
             conn.exit(&mut self.out);
         }
         self.out.first_tokens.clear();
-        self.emit(|_| true)
+        self.emit(|_, _| true)
     }
 
     pub fn stats(&self) -> CorrelatorStats {
@@ -252,6 +267,10 @@ impl Correlator {
         match held.event {
             Pending::Conn(ev) => self.apply_conn(&ev),
             Pending::Sock(ev) => self.apply_sock(&ev),
+            Pending::Segment(ev) => match self.conns.get_mut(&ev.sk) {
+                Some(conn) => conn.on_segment(&ev, &mut self.out),
+                None => self.stats.unknown_conn_events += 1,
+            },
         }
     }
 
@@ -325,22 +344,32 @@ impl Correlator {
     }
 
     /// Records for the finished requests that `due` (given the first-token
-    /// time) says are ready; requests without a first token are always ready.
-    fn emit(&mut self, due: impl Fn(u64) -> bool) -> Vec<RequestRecord> {
+    /// time, and whether the client's ACK of it is still awaited) says are
+    /// ready; requests without a first token are always ready.
+    fn emit(&mut self, due: impl Fn(u64, bool) -> bool) -> Vec<RequestRecord> {
         let mut ready = Vec::new();
         let mut waiting = VecDeque::new();
-        for mut f in self.out.finished.drain(..) {
+        for mut f in std::mem::take(&mut self.out.finished) {
+            let key = (f.request.conn.sk, f.request.index);
+            let awaited = matches!(
+                self.out.deliveries.get(&key),
+                Some(Delivery::Waiting { .. })
+            );
             let t_first_token = f.request.t_first_token();
-            if !t_first_token.is_none_or(&due) {
+            if !t_first_token.is_none_or(|t| due(t, awaited)) {
                 waiting.push_back(f);
                 continue;
             }
+            let acked = match self.out.deliveries.remove(&key) {
+                Some(Delivery::Acked(ack)) => Some(ack),
+                _ => None,
+            };
             let join = f
                 .request
                 .join
                 .take()
                 .or_else(|| t_first_token.map(|t| self.episodes.join(f.request.t_arrive, t)));
-            ready.push(RequestRecord::new(&f, join.as_ref()));
+            ready.push(RequestRecord::new(&f, join.as_ref(), acked.as_ref()));
         }
         self.out.finished = waiting;
         ready

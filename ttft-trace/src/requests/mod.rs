@@ -41,6 +41,10 @@
 //!   egress = D2H done to `t_first_token`. The three add up to TTFT
 //!   exactly. No episode in the window (a cached response, GPU work not
 //!   traced): no breakdown, note `no_gpu_episode`.
+//! - **Client TTFT estimate**: first token acknowledged by the client −
+//!   the request's first segment arrived, from `tcp:tcp_probe` on the same
+//!   socket (see `requests/delivery.rs`); `None` when either was not seen. A request
+//!   is held up to `ack_wait_ns` for that ACK.
 //! - `gpu_steps_waited`: episodes completed in `[t_arrive, t_first_token]`;
 //!   `gpu_idle_before_start_ns`: time in `[t_arrive, t_gpu_start]` covered
 //!   by no episode's `[launch, D2H done]`.
@@ -84,6 +88,7 @@
 
 mod connection;
 mod correlator;
+mod delivery;
 mod http;
 mod join;
 mod metrics;

@@ -3,7 +3,7 @@
 
 use serde::{Serialize, Serializer};
 
-use super::{connection::Finished, join::Join, response::Framing};
+use super::{connection::Finished, delivery::Ack, join::Join, response::Framing};
 
 /// How a request ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -124,10 +124,21 @@ pub struct RequestRecord {
     /// 0 for the first request on the connection (since tracing began).
     pub request_index: u32,
     pub t_arrive_ns: u64,
+    /// Arrival of the request's first TCP segment (`tcp:tcp_probe`), before
+    /// the server's receive returned.
+    pub t_request_segment_ns: Option<u64>,
     pub t_first_byte_ns: Option<u64>,
     pub t_first_token_ns: Option<u64>,
     pub t_done_ns: Option<u64>,
     pub ttft_ns: Option<u64>,
+    /// When the client acknowledged the first token's last byte (the ACK's
+    /// arrival at the server; see `requests::delivery`).
+    pub t_first_token_acked_ns: Option<u64>,
+    /// The client's TTFT as the server's socket sees it:
+    /// `t_first_token_acked − t_request_segment`.
+    pub client_ttft_estimate_ns: Option<u64>,
+    /// The socket's smoothed round-trip time at that ACK.
+    pub srtt_ns: Option<u64>,
     pub queue_ns: Option<u64>,
     pub gpu_ns: Option<u64>,
     pub egress_ns: Option<u64>,
@@ -158,7 +169,7 @@ pub struct RequestRecord {
 }
 
 impl RequestRecord {
-    pub(crate) fn new(f: &Finished, join: Option<&Join>) -> Self {
+    pub(crate) fn new(f: &Finished, join: Option<&Join>, acked: Option<&Ack>) -> Self {
         let req = &f.request;
         let resp = req.response.as_ref();
         let t_arrive = req.t_arrive;
@@ -181,6 +192,12 @@ impl RequestRecord {
                 notes.push("itl_truncated");
             }
         }
+        // Acknowledged without a first token cannot happen; keep both or neither.
+        let acked = acked.filter(|_| t_first_token.is_some());
+        let segment = req.segment;
+        let client_ttft = acked
+            .zip(segment)
+            .map(|(a, s)| a.t_ns.saturating_sub(s.t_ns));
         let episode = join.and_then(|j| j.episode);
         let breakdown = episode.zip(t_first_token).map(|(e, ft)| {
             // Joined a batch already running: the wait for the GPU is 0 and
@@ -208,10 +225,14 @@ impl RequestRecord {
             server_port: req.conn.server.port(),
             request_index: req.index,
             t_arrive_ns: t_arrive,
+            t_request_segment_ns: segment.map(|s| s.t_ns),
             t_first_byte_ns: resp.map(|r| r.t_first_byte),
             t_first_token_ns: t_first_token,
             t_done_ns: t_done,
             ttft_ns: ttft,
+            t_first_token_acked_ns: acked.map(|a| a.t_ns),
+            client_ttft_estimate_ns: client_ttft,
+            srtt_ns: acked.map(|a| a.srtt_ns),
             queue_ns: breakdown.map(|b| b.0),
             gpu_ns: breakdown.map(|b| b.1),
             egress_ns: breakdown.map(|b| b.2),

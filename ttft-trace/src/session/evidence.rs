@@ -2,7 +2,7 @@
 //! what the attribution rules read.
 
 use crate::{
-    causes::{CauseConfig, Evidence, RequestTimes},
+    causes::{Evidence, RequestTimes},
     nvml::Sampler,
     requests::RequestRecord,
     signals::SignalStore,
@@ -25,7 +25,6 @@ pub fn gather(
     record: &RequestRecord,
     store: &SignalStore,
     gpu: Option<&Sampler>,
-    cfg: &CauseConfig,
     traced_since_ns: u64,
 ) -> Evidence {
     let mut ev = Evidence::new(RequestTimes::from(record));
@@ -34,6 +33,7 @@ pub fn gather(
         return ev;
     };
     let ft = a.saturating_add(ttft);
+    let delivered = ev.request.t_delivered_ns().unwrap_or(ft);
     let runq = store.runq_in(a, ft, |_| true);
     ev.runq_ns = runq.total_ns;
     ev.runq_max_ns = runq.max_ns;
@@ -58,7 +58,7 @@ pub fn gather(
         ev.large_copy_queue_span_ns = store.copies_in(a, qe).span_ns;
     }
     if let Some(sk) = socket(record) {
-        for e in store.tcp_events_in(sk, a, cfg.network_window_end_ns(a, ttft)) {
+        for e in store.tcp_events_in(sk, a, delivered) {
             if e.what == TCP_RETRANSMIT {
                 ev.add_retransmit(e.t_ns);
             } else {

@@ -142,9 +142,6 @@ struct Session {
     causes: CauseConfig,
     cause_metrics: CauseMetrics,
     cause_summary: CauseSummary,
-    /// Finished requests (with their workload) waiting for late signals (a
-    /// retransmit of their first token comes after it), released at the time given.
-    held: Vec<(u64, u32, RequestRecord)>,
     /// Processes announced by the kernel (daemon mode), to consider.
     announced: Vec<u32>,
     /// Daemon mode only.
@@ -224,7 +221,6 @@ impl Session {
             causes: cfg.causes.clone(),
             cause_metrics,
             cause_summary: CauseSummary::new(5),
-            held: Vec::new(),
             announced: Vec::new(),
             discovery: None,
             traced_since_ns: monotonic_ns(),
@@ -323,27 +319,11 @@ impl Session {
         Ok(())
     }
 
-    /// Holds finished requests until late signals can have arrived.
-    fn finish_requests(&mut self, root: u32, finished: Vec<RequestRecord>) {
+    /// Attributes, logs, records and exports finished requests of workload
+    /// `root` (the correlator holds each until the client acknowledged its
+    /// first token, so the retransmits before that have arrived).
+    fn finish_requests(&mut self, root: u32, finished: Vec<RequestRecord>, now_ns: u64) {
         for record in finished {
-            let release = record.ttft_ns.map_or(0, |ttft| {
-                self.causes.network_window_end_ns(record.t_arrive_ns, ttft)
-            });
-            self.held.push((release, root, record));
-        }
-    }
-
-    /// Attributes, logs, records and exports the held requests whose time
-    /// has come (all of them with `all`; with `only`, those of one workload).
-    fn release_requests(&mut self, now_ns: u64, all: bool, only: Option<u32>) {
-        let (ready, held): (Vec<_>, Vec<_>) =
-            std::mem::take(&mut self.held)
-                .into_iter()
-                .partition(|(release, root, _)| {
-                    only.is_none_or(|o| o == *root) && (all || *release <= now_ns)
-                });
-        self.held = held;
-        for (_, root, record) in ready {
             let Some(w) = self.workloads.by_root.get(&root) else {
                 continue;
             };
@@ -351,13 +331,8 @@ impl Session {
             self.requests_total += 1;
             self.request_metrics.observe(&record, &values);
             self.request_figures.record(&record);
-            let evidence = evidence::gather(
-                &record,
-                &w.signals,
-                self.gpu.as_ref(),
-                &self.causes,
-                self.traced_since_ns,
-            );
+            let evidence =
+                evidence::gather(&record, &w.signals, self.gpu.as_ref(), self.traced_since_ns);
             let attribution = attribute(&evidence, &self.causes);
             self.cause_metrics.observe(&attribution, &values);
             self.cause_summary.record(&attribution, || {
@@ -457,8 +432,7 @@ impl Session {
             return;
         };
         let flushed = w.correlator.flush();
-        self.finish_requests(root, flushed);
-        self.release_requests(now, true, Some(root));
+        self.finish_requests(root, flushed, now);
         let members: Vec<u32> = self.workloads.members(root).collect();
         for tgid in members {
             if let Err(e) = self.probes.forget_announced(tgid) {
@@ -552,12 +526,22 @@ impl Session {
                 let Some(root) = self.workloads.of_process(ev.tgid, lookup).map(|w| w.root) else {
                     return;
                 };
-                let open = self.workloads.bind_socket(ev.sk, root);
+                let held = self.workloads.bind_socket(ev.sk, root);
                 if let Some(w) = self.workloads.of_socket(ev.sk, false) {
-                    if let Some(open) = open {
-                        w.correlator.on_conn(&open);
+                    if let Some(held) = held {
+                        if let Some(open) = held.open {
+                            w.correlator.on_conn(&open);
+                        }
+                        for seg in &held.segments {
+                            w.correlator.on_segment(seg);
+                        }
                     }
                     w.correlator.on_sock(&ev);
+                }
+            }
+            Ok(Event::Segment(ev)) => {
+                if let Some(w) = self.workloads.route_segment(&ev) {
+                    w.correlator.on_segment(&ev);
                 }
             }
             Ok(Event::Sched(ev)) => {
@@ -629,10 +613,9 @@ impl Session {
         for root in roots {
             if let Some(w) = self.workloads.by_root.get_mut(&root) {
                 let finished = w.correlator.drain_finished(now);
-                self.finish_requests(root, finished);
+                self.finish_requests(root, finished, now);
             }
         }
-        self.release_requests(now, false, None);
     }
 
     /// Reads the kernel's counters and statistics into the metrics; forgets
@@ -808,10 +791,9 @@ impl Session {
         for root in roots {
             if let Some(w) = self.workloads.by_root.get_mut(&root) {
                 let flushed = w.correlator.flush();
-                self.finish_requests(root, flushed);
+                self.finish_requests(root, flushed, monotonic_ns());
             }
         }
-        self.release_requests(monotonic_ns(), true, None);
         println!(
             "{}",
             summary::final_block(

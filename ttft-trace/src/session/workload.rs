@@ -6,13 +6,14 @@
 //! Events name a process (`tgid`) or a socket (`sk`). A process's workload
 //! is the value the kernel keeps for it in TRACKED (children inherit it); a
 //! socket's is that of the first process seen receiving or sending on it.
-//! The open event of a connection comes from softirq context with no
-//! process, so it is held until the connection's first socket event says
-//! whose it is (two containers may listen on the same port number).
+//! The open event of a connection and its segments (`tcp_probe`) come from
+//! softirq context with no process, so they are held until the
+//! connection's first socket event says whose it is (two containers may
+//! listen on the same port number).
 
 use std::collections::{BTreeMap, HashMap};
 
-use ttft_trace_common::ConnEvent;
+use ttft_trace_common::{ConnEvent, SegmentEvent};
 
 use crate::{
     requests::{Correlator, CorrelatorConfig},
@@ -23,6 +24,17 @@ use crate::{
 /// Connection opens waiting for their first socket event, at most this
 /// many (opens on followed ports that no traced process ever reads).
 const MAX_PENDING_OPENS: usize = 65536;
+/// Segments held per connection before its first socket event (the
+/// request's own, normally one or two).
+const MAX_HELD_SEGMENTS: usize = 16;
+
+/// What a connection brings before its owner is known, to be delivered in
+/// order once it is.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Unbound {
+    pub open: Option<ConnEvent>,
+    pub segments: Vec<SegmentEvent>,
+}
 
 /// One traced process tree.
 pub struct Workload {
@@ -61,7 +73,7 @@ pub struct Workloads {
     member: HashMap<u32, u32>,
     /// sk -> workload.
     conns: HashMap<u64, u32>,
-    pending_opens: HashMap<u64, ConnEvent>,
+    pending: HashMap<u64, Unbound>,
     /// Events of processes or sockets of no known workload (dropped).
     pub unrouted: u64,
 }
@@ -119,27 +131,46 @@ impl Workloads {
     /// events (the read of the client's EOF) came after its close: that old
     /// binding is dropped here.
     pub fn hold_open(&mut self, ev: &ConnEvent) {
-        if self.pending_opens.len() >= MAX_PENDING_OPENS {
-            self.pending_opens.clear();
+        if self.pending.len() >= MAX_PENDING_OPENS {
+            self.pending.clear();
         }
         self.conns.remove(&ev.sk);
-        self.pending_opens.insert(ev.sk, *ev);
+        self.pending.insert(
+            ev.sk,
+            Unbound {
+                open: Some(*ev),
+                segments: Vec::new(),
+            },
+        );
+    }
+
+    /// The workload of a segment's socket; a segment of a connection whose
+    /// owner is not known yet is held with its open event.
+    pub fn route_segment(&mut self, ev: &SegmentEvent) -> Option<&mut Workload> {
+        if let Some(root) = self.conns.get(&ev.sk).copied() {
+            return self.by_root.get_mut(&root);
+        }
+        match self.pending.get_mut(&ev.sk) {
+            Some(u) if u.segments.len() < MAX_HELD_SEGMENTS => u.segments.push(*ev),
+            _ => self.unrouted += 1,
+        }
+        None
     }
 
     /// Binds socket `sk` to workload `root` on its first socket event;
-    /// returns the held open event to deliver first, if any.
-    pub fn bind_socket(&mut self, sk: u64, root: u32) -> Option<ConnEvent> {
+    /// returns what was held for it, to deliver first.
+    pub fn bind_socket(&mut self, sk: u64, root: u32) -> Option<Unbound> {
         if self.conns.contains_key(&sk) {
             return None;
         }
         self.conns.insert(sk, root);
-        self.pending_opens.remove(&sk)
+        self.pending.remove(&sk)
     }
 
     /// The workload of socket `sk`; `closing` forgets the socket.
     pub fn of_socket(&mut self, sk: u64, closing: bool) -> Option<&mut Workload> {
         let root = if closing {
-            self.pending_opens.remove(&sk);
+            self.pending.remove(&sk);
             self.conns.remove(&sk)
         } else {
             self.conns.get(&sk).copied()
@@ -214,7 +245,20 @@ mod tests {
         };
         ws.hold_open(&open);
         assert!(ws.of_socket(0xabc, false).is_none(), "owner not known yet");
-        assert_eq!(ws.bind_socket(0xabc, 20), Some(open));
+        let seg = SegmentEvent {
+            sk: 0xabc,
+            t_ns: 5,
+            ..SegmentEvent::default()
+        };
+        assert!(ws.route_segment(&seg).is_none(), "held");
+        assert_eq!(
+            ws.bind_socket(0xabc, 20),
+            Some(Unbound {
+                open: Some(open),
+                segments: vec![seg],
+            })
+        );
+        assert_eq!(ws.route_segment(&seg).map(|w| w.root), Some(20));
         assert_eq!(ws.bind_socket(0xabc, 10), None, "bound once");
         assert_eq!(ws.of_socket(0xabc, false).map(|w| w.root), Some(20));
         assert_eq!(ws.of_socket(0xabc, true).map(|w| w.root), Some(20));
@@ -237,7 +281,10 @@ mod tests {
             ..ConnEvent::default()
         };
         ws.hold_open(&open);
-        assert_eq!(ws.bind_socket(0x7, 10), Some(open));
+        assert!(
+            ws.bind_socket(0x7, 10)
+                .is_some_and(|u| u.open == Some(open))
+        );
         assert!(ws.of_socket(0x7, true).is_some(), "closed");
         // The server reads the client's EOF after the close: bound again.
         assert_eq!(ws.bind_socket(0x7, 10), None);
@@ -248,7 +295,10 @@ mod tests {
             ..ConnEvent::default()
         };
         ws.hold_open(&next);
-        assert_eq!(ws.bind_socket(0x7, 10), Some(next));
+        assert!(
+            ws.bind_socket(0x7, 10)
+                .is_some_and(|u| u.open == Some(next))
+        );
     }
 
     #[test]

@@ -23,7 +23,17 @@ fn slow_request() -> Evidence {
         gpu_ns: Some(ms(450)),
         gpu_steps_waited: Some(1),
         gpu_idle_before_start_ns: Some(ms(50)),
+        ..RequestTimes::default()
     })
+}
+
+/// The client acknowledged the first token `after` it was sent, with this smoothed RTT; the
+/// client's estimate follows (the request segment taken to arrive at `t_arrive`).
+fn acked(ev: &mut Evidence, after: u64, srtt: u64) {
+    let ttft = ev.request.ttft_ns.expect("a TTFT");
+    ev.request.t_first_token_acked_ns = Some(T0 + ttft + after);
+    ev.request.client_ttft_estimate_ns = Some(ttft + after);
+    ev.request.srtt_ns = Some(srtt);
 }
 
 fn judge(ev: &Evidence) -> Attribution {

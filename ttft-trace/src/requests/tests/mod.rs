@@ -2,6 +2,7 @@
 //! requests the correlator must make of them. They are the specification.
 
 mod bounds;
+mod delivery;
 mod http1;
 mod join;
 mod output;
@@ -9,8 +10,8 @@ mod output;
 use std::collections::HashMap;
 
 use ttft_trace_common::{
-    CONN_CLOSE, CONN_OPEN, ConnEvent, EVENT_CONN, EVENT_EPISODE, EpisodeEvent, SOCK_RECV,
-    SOCK_SEND, SockEvent,
+    CONN_CLOSE, CONN_OPEN, ConnEvent, EVENT_CONN, EVENT_EPISODE, EVENT_SEGMENT, EpisodeEvent,
+    SEGMENT_ACKED, SEGMENT_DATA, SOCK_RECV, SOCK_SEND, SegmentEvent, SockEvent,
     event::{HEAD_BYTES, HEAD_SENDS, TAIL_BYTES},
 };
 
@@ -29,6 +30,17 @@ pub(super) const GPU_PID: u32 = 77;
 pub(super) struct Wire {
     pub c: Correlator,
     sends_since_recv: HashMap<u64, u32>,
+    seq: HashMap<u64, Seq>,
+}
+
+/// A server socket's send sequence space, as `tcp_probe` reads it, and the
+/// kernel probe's per-socket memory of the previous segment.
+#[derive(Debug, Default)]
+struct Seq {
+    snd_nxt: u32,
+    snd_una: u32,
+    /// (time, snd_una) at the previous probe.
+    last: Option<(u64, u32)>,
 }
 
 impl Wire {
@@ -40,6 +52,7 @@ impl Wire {
         Self {
             c: Correlator::new(cfg),
             sends_since_recv: HashMap::new(),
+            seq: HashMap::new(),
         }
     }
 
@@ -73,6 +86,57 @@ impl Wire {
     pub fn send(&mut self, sk: u64, t: u64, data: &[u8]) {
         let ev = self.send_event(sk, t, data);
         self.c.on_sock(&ev);
+        if let Some(q) = self.seq.get_mut(&sk) {
+            q.snd_nxt = q.snd_nxt.wrapping_add(data.len() as u32);
+        }
+    }
+
+    /// Follows the socket's sequence numbers from `isn` (sends advance
+    /// `snd_nxt`; [`Wire::segment`] makes the probe's events).
+    pub fn seq_from(&mut self, sk: u64, isn: u32) {
+        self.seq.insert(
+            sk,
+            Seq {
+                snd_nxt: isn,
+                snd_una: isn,
+                last: None,
+            },
+        );
+    }
+
+    /// A segment from the client arriving at `t` with `data_len` bytes and
+    /// acknowledging every byte sent so far, turned into what the kernel
+    /// probe sends: it sees the state before the segment is processed.
+    pub fn segment(&mut self, sk: u64, t: u64, data_len: u32) {
+        let q = self.seq.get_mut(&sk).expect("seq_from first");
+        let mut flags = 0;
+        if data_len > 0 {
+            flags |= SEGMENT_DATA;
+        }
+        let t_prev = match q.last {
+            Some((t_prev, una)) if una != q.snd_una => {
+                flags |= SEGMENT_ACKED;
+                t_prev
+            }
+            Some((t_prev, _)) => t_prev,
+            None => 0,
+        };
+        let ev = SegmentEvent {
+            kind: EVENT_SEGMENT,
+            flags,
+            sk,
+            t_ns: t,
+            t_prev_ns: t_prev,
+            snd_una: q.snd_una,
+            snd_nxt: q.snd_nxt,
+            srtt_us: 50,
+            data_len,
+        };
+        q.last = Some((t, q.snd_una));
+        q.snd_una = q.snd_nxt;
+        if flags != 0 {
+            self.c.on_segment(&ev);
+        }
     }
 
     pub fn send_event(&mut self, sk: u64, t: u64, data: &[u8]) -> SockEvent {

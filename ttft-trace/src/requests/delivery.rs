@@ -1,0 +1,146 @@
+//! When the first token reached the client: TCP sequence numbers of the
+//! server's own socket (from `tcp:tcp_probe`, see
+//! [`ttft_trace_common::SegmentEvent`]) matched against the response bytes
+//! the server sent.
+//!
+//! - The request's first segment carries the socket's `snd_nxt`: on an
+//!   HTTP/1.1 connection the client sends a request only once it has the
+//!   whole previous response, so every byte sent before was transmitted,
+//!   and the response starts at that sequence number.
+//! - The first token's last byte is then `snd_nxt + bytes sent up to and
+//!   including the first-token send` (interim responses and headers count:
+//!   they are bytes of the stream).
+//! - The client acknowledged it at the first ACK whose `snd_una` reaches
+//!   past that byte (compared modulo 2^32, as TCP does).
+//!
+//! Client TTFT ≈ first token acknowledged − request segment arrived: the
+//! two one-way trips (request in, ACK out) stand for the client's two
+//! (request out, token in). A client that delays its ACK (up to 40-200 ms
+//! on Linux, when no later chunk prompts one) makes it read late; a lost
+//! ACK is replaced by the next one, later still.
+
+use std::collections::VecDeque;
+
+use ttft_trace_common::{SEGMENT_ACKED, SEGMENT_DATA, SegmentEvent};
+
+/// ACKs remembered per connection, for a first token registered after the
+/// ACK that covers it was applied (both can fall in one socket-lock release).
+const RECENT_ACKS: usize = 8;
+
+/// Whether sequence number `a` is at or after `b`, modulo 2^32 (the
+/// kernel's `!before(a, b)`): true when `a - b` wraps to less than 2^31.
+pub(crate) fn seq_at_or_after(a: u32, b: u32) -> bool {
+    a.wrapping_sub(b) < 1 << 31
+}
+
+/// An acknowledgement: the bytes before `snd_una` reached the client and
+/// it said so at `t_ns`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Ack {
+    pub t_ns: u64,
+    pub snd_una: u32,
+    /// Smoothed RTT of the socket then, in ns.
+    pub srtt_ns: u64,
+}
+
+/// The request's first segment, as `tcp_probe` saw it arrive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RequestSegment {
+    pub t_ns: u64,
+    /// The sequence number the response starts at.
+    pub snd_nxt: u32,
+}
+
+/// What is known of the first token's delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Delivery {
+    /// Sent, not yet acknowledged; its last byte is `end_seq - 1`.
+    Waiting {
+        end_seq: u32,
+    },
+    Acked(Ack),
+    /// The connection ended before an ACK was seen.
+    Unknown,
+}
+
+/// Per connection: the next request's first segment, recent ACKs and the
+/// first tokens waiting for theirs.
+#[derive(Debug, Default)]
+pub(crate) struct AckTracker {
+    next_request: Option<RequestSegment>,
+    recent: VecDeque<Ack>,
+    /// `(request index, end_seq)` in sending order.
+    waiting: VecDeque<(u32, u32)>,
+}
+
+impl AckTracker {
+    /// Applies one segment; returns the waiting first tokens it acknowledged
+    /// (by request index). `idle` says whether a data segment can start a
+    /// request now (no request, or its response has begun); data while a
+    /// request is still being received is more of that request.
+    pub fn on_segment(&mut self, ev: &SegmentEvent, idle: bool) -> Vec<(u32, Ack)> {
+        let mut acked = Vec::new();
+        if ev.flags & SEGMENT_ACKED != 0 {
+            let ack = Ack {
+                t_ns: ev.t_prev_ns,
+                snd_una: ev.snd_una,
+                srtt_ns: u64::from(ev.srtt_us) * 1_000,
+            };
+            if self.recent.len() >= RECENT_ACKS {
+                self.recent.pop_front();
+            }
+            self.recent.push_back(ack);
+            while let Some(&(index, end_seq)) = self.waiting.front() {
+                if !seq_at_or_after(ack.snd_una, end_seq) {
+                    break;
+                }
+                self.waiting.pop_front();
+                acked.push((index, ack));
+            }
+        }
+        if ev.flags & SEGMENT_DATA != 0 && idle && self.next_request.is_none() {
+            self.next_request = Some(RequestSegment {
+                t_ns: ev.t_ns,
+                snd_nxt: ev.snd_nxt,
+            });
+        }
+        acked
+    }
+
+    /// The first segment of a request whose first receive returned at
+    /// `t_arrive`; None when none was seen since the last request began (a
+    /// lost event, or a connection open before the probe): never the
+    /// previous request's.
+    pub fn start_request(&mut self, t_arrive: u64) -> Option<RequestSegment> {
+        self.next_request.take().filter(|s| s.t_ns <= t_arrive)
+    }
+
+    /// The first token of request `index` was sent, its last byte ending at
+    /// `end_seq`: acknowledged already, or now waiting.
+    pub fn first_token(&mut self, index: u32, end_seq: u32) -> Delivery {
+        if let Some(ack) = self
+            .recent
+            .iter()
+            .find(|a| seq_at_or_after(a.snd_una, end_seq))
+        {
+            return Delivery::Acked(*ack);
+        }
+        self.waiting.push_back((index, end_seq));
+        Delivery::Waiting { end_seq }
+    }
+
+    /// The connection ended: the first tokens still waiting will not be
+    /// acknowledged where the probe sees it.
+    pub fn give_up(&mut self) -> impl Iterator<Item = u32> + '_ {
+        self.recent.clear();
+        self.next_request = None;
+        self.waiting.drain(..).map(|(index, _)| index)
+    }
+}
+
+/// The first token's last byte + 1: the response's start plus every byte
+/// sent for the request up to and including the first-token send.
+pub(crate) fn first_token_end(seg: RequestSegment, bytes_out: u64) -> u32 {
+    // Sequence numbers wrap modulo 2^32: the truncation is the arithmetic.
+    seg.snd_nxt.wrapping_add(bytes_out as u32)
+}

@@ -1,0 +1,195 @@
+//! When the client acknowledged the first token: the server socket's
+//! sequence numbers (`tcp_probe`) against the response bytes sent.
+
+use super::*;
+use crate::requests::delivery::seq_at_or_after;
+
+const SK: u64 = 0x2000;
+const US: u64 = 1_000;
+
+/// A streamed request whose first segment arrives at `t0 - 100 µs`: headers
+/// at +10 ms, the first token at +100 ms (acknowledged `ack_after` later),
+/// more at +120 ms, the end at +150 ms; every other send acknowledged 20 µs
+/// after it.
+fn streamed(w: &mut Wire, t0: u64, ack_after: u64) {
+    w.segment(SK, t0 - 100 * US, 300);
+    w.recv(SK, t0, 300);
+    w.send(SK, t0 + ms(10), SSE_HEADERS);
+    w.segment(SK, t0 + ms(10) + 20 * US, 0);
+    w.send(SK, t0 + ms(100), &sse_chunk("Hel"));
+    w.segment(SK, t0 + ms(100) + ack_after, 0);
+    w.send(
+        SK,
+        t0 + ms(120).max(ms(100) + ack_after + US),
+        &sse_chunk("lo"),
+    );
+    w.segment(SK, t0 + ms(120).max(ms(100) + ack_after + US) + 20 * US, 0);
+    w.send(
+        SK,
+        t0 + ms(150).max(ms(100) + ack_after + 2 * US),
+        &sse_done(),
+    );
+    w.segment(
+        SK,
+        t0 + ms(150).max(ms(100) + ack_after + 2 * US) + 20 * US,
+        0,
+    );
+}
+
+/// A request whose segment arrives 100 µs before its receive at `t0`,
+/// answered whole at `t_send`.
+fn answered(w: &mut Wire, t0: u64, t_send: u64) {
+    w.segment(SK, t0 - 100 * US, 300);
+    w.recv(SK, t0, 300);
+    w.send(SK, t_send, &json_response("200 OK", "{}"));
+}
+
+fn wire(isn: u32) -> Wire {
+    let mut w = Wire::new();
+    w.open(SK, ms(999));
+    w.seq_from(SK, isn);
+    w
+}
+
+#[test]
+fn sequence_numbers_compare_modulo_2_32() {
+    assert!(seq_at_or_after(10, 10));
+    assert!(seq_at_or_after(11, 10));
+    assert!(!seq_at_or_after(9, 10));
+    assert!(seq_at_or_after(5, u32::MAX - 5), "past the wrap");
+    assert!(!seq_at_or_after(u32::MAX - 5, 5));
+}
+
+#[test]
+fn the_ack_time_is_the_previous_segments() {
+    // The advance past the first token shows at the segment after the ACK
+    // (the probe reads snd_una before processing): the ACK's own time counts.
+    let mut w = wire(1_000);
+    streamed(&mut w, ms(1000), 20 * US);
+    let r = w.one(ms(3000));
+    assert_eq!(r.ttft_ns, Some(ms(100)));
+    assert_eq!(r.t_request_segment_ns, Some(ms(1000) - 100 * US));
+    assert_eq!(r.t_first_token_acked_ns, Some(ms(1100) + 20 * US));
+    assert_eq!(r.client_ttft_estimate_ns, Some(ms(100) + 120 * US));
+    assert_eq!(r.srtt_ns, Some(50 * US));
+}
+
+#[test]
+fn a_late_ack_makes_the_estimate_late() {
+    let mut w = wire(1_000);
+    streamed(&mut w, ms(1000), ms(400));
+    let r = w.one(ms(3000));
+    assert_eq!(r.ttft_ns, Some(ms(100)));
+    assert_eq!(r.t_first_token_acked_ns, Some(ms(1500)));
+    assert_eq!(r.client_ttft_estimate_ns, Some(ms(500) + 100 * US));
+}
+
+#[test]
+fn sequence_numbers_wrap() {
+    // The first token's last byte lies past 2^32.
+    let mut w = wire(u32::MAX - 40);
+    streamed(&mut w, ms(1000), ms(7));
+    let r = w.one(ms(3000));
+    assert_eq!(r.t_first_token_acked_ns, Some(ms(1107)));
+}
+
+#[test]
+fn a_keep_alive_request_counts_from_its_own_segment() {
+    let mut w = wire(77);
+    streamed(&mut w, ms(1000), 20 * US);
+    streamed(&mut w, ms(2000), ms(300));
+    let v = w.drain(ms(5000));
+    assert_eq!(v.len(), 2);
+    assert_eq!(v[1].request_index, 1);
+    assert_eq!(v[1].t_request_segment_ns, Some(ms(2000) - 100 * US));
+    assert_eq!(v[1].t_first_token_acked_ns, Some(ms(2400)));
+    assert_eq!(v[0].t_first_token_acked_ns, Some(ms(1100) + 20 * US));
+}
+
+#[test]
+fn a_request_without_its_own_segment_has_no_estimate() {
+    let mut w = wire(5);
+    // A request body in two segments and two receives: the second segment is
+    // more of the same request, not the next one's start.
+    w.segment(SK, ms(1000) - 100 * US, 1000);
+    w.recv(SK, ms(1000), 1000);
+    w.segment(SK, ms(1001), 500);
+    w.recv(SK, ms(1001) + 50 * US, 500);
+    w.send(SK, ms(1050), &json_response("200 OK", "{}"));
+    w.segment(SK, ms(1050) + 20 * US, 0);
+    // The next request's segment was lost (ring buffer full): its ACKs still
+    // come, but there is no start to count from.
+    w.recv(SK, ms(2000), 300);
+    w.send(SK, ms(2050), &json_response("200 OK", "{}"));
+    w.segment(SK, ms(2050) + 20 * US, 0);
+    w.segment(SK, ms(2060), 0);
+    let v = w.drain(ms(5000));
+    assert_eq!(v.len(), 2);
+    assert_eq!(v[0].t_request_segment_ns, Some(ms(1000) - 100 * US));
+    assert_eq!(v[0].bytes_in, 1500);
+    assert_eq!(v[1].t_request_segment_ns, None, "never the previous one's");
+    assert_eq!(v[1].t_first_token_acked_ns, None);
+    assert_eq!(v[1].client_ttft_estimate_ns, None);
+}
+
+#[test]
+fn a_first_token_acknowledged_before_its_send_returned_counts() {
+    // Loopback: the client's ACKs are processed inside the server's send
+    // (socket backlog at release), stamped before the send returns.
+    let mut w = wire(1_000);
+    answered(&mut w, ms(1000), ms(1080));
+    w.segment(SK, ms(1080) - 30 * US, 0);
+    w.segment(SK, ms(1080) - 10 * US, 0);
+    let r = w.one(ms(3000));
+    assert_eq!(r.t_first_token_acked_ns, Some(ms(1080) - 30 * US));
+    assert_eq!(r.client_ttft_estimate_ns, Some(ms(80) + 70 * US));
+}
+
+#[test]
+fn the_record_waits_for_the_ack_then_gives_up() {
+    let mut w = wire(1_000);
+    answered(&mut w, ms(1000), ms(1080));
+    // Ended, joined, but not acknowledged yet: held.
+    assert!(w.drain(ms(2000)).is_empty());
+    // The ACK (seen at the next segment) releases it.
+    w.segment(SK, ms(2100), 0);
+    w.segment(SK, ms(2200), 0);
+    let r = w.one(ms(2300));
+    assert_eq!(r.t_first_token_acked_ns, Some(ms(2100)));
+
+    // Never acknowledged: reported after the wait, without a delivery.
+    answered(&mut w, ms(3000) + 100 * US, ms(3080));
+    let wait = CorrelatorConfig::default().ack_wait_ns;
+    assert!(w.drain(ms(3080) + wait - 1).is_empty());
+    let r = w.one(ms(3080) + wait);
+    assert_eq!(r.request_index, 1);
+    assert_eq!(r.t_first_token_acked_ns, None);
+    // Its ACK after all, too late: nothing more, nothing kept.
+    w.segment(SK, ms(3080) + wait + ms(1), 0);
+    w.segment(SK, ms(3080) + wait + ms(2), 0);
+    assert!(w.drain(ms(3080) + wait + ms(100)).is_empty());
+}
+
+#[test]
+fn a_close_ends_the_wait() {
+    let mut w = wire(1_000);
+    answered(&mut w, ms(1000), ms(1080));
+    w.close(SK, ms(1090));
+    let r = w.one(ms(2000));
+    assert_eq!(r.t_first_token_acked_ns, None);
+    assert_eq!(r.client_ttft_estimate_ns, None);
+}
+
+#[test]
+fn without_segment_events_nothing_waits() {
+    // A kernel without the probe (or events lost): requests as before.
+    let mut w = Wire::new();
+    w.open(SK, 0);
+    w.recv(SK, ms(1000), 300);
+    w.send(SK, ms(1080), &json_response("200 OK", "{}"));
+    let r = w.one(ms(1200));
+    assert_eq!(
+        (r.t_request_segment_ns, r.t_first_token_acked_ns),
+        (None, None)
+    );
+}
