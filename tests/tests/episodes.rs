@@ -380,9 +380,10 @@ fn interrupt_prints_final_summary_and_serves_metrics() -> Result<()> {
     let body = http_get(port, "/metrics")?;
     for needle in [
         "ttft_trace_launch_to_first_d2h_seconds_bucket",
-        "ttft_trace_cuda_kernel_launches_total",
-        "ttft_trace_cuda_graph_launches_total 0",
-        "ttft_trace_cuda_memcpy_bytes_total{direction=\"d2h\"}",
+        // Per-workload series carry the workload's labels.
+        "ttft_trace_cuda_kernel_launches_total{comm=\"workload\",",
+        "ttft_trace_cuda_graph_launches_total{comm=\"workload\",container=\"\",namespace=\"\",pod=\"\"} 0",
+        "ttft_trace_cuda_memcpy_bytes_total{comm=\"workload\",container=\"\",direction=\"d2h\",",
         "ttft_trace_events_lost_total 0",
         "ttft_trace_build_info",
     ] {

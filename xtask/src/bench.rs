@@ -150,8 +150,27 @@ pub fn bench() -> Result<()> {
         "userspace pipeline: {} episode events/s on one core ({} ns each: decode, record, JSONL, histograms)",
         pipeline["events_per_s"], pipeline["ns_per_event"]
     );
+    let discovery = crate::run::output(Command::new("cargo").current_dir(&root).args([
+        "bench",
+        "-q",
+        "-p",
+        "ttft-trace",
+        "--bench",
+        "discovery",
+    ]))?;
+    let discovery: Value = serde_json::from_str(discovery.lines().last().unwrap_or("{}"))?;
+    println!(
+        "daemon discovery: a /proc pass over {} processes takes {:.1} ms warm ({:.0} µs each; {:.1} ms cold, every file inspected once)",
+        discovery["processes"],
+        discovery["warm_pass_ms"].as_f64().unwrap_or(f64::NAN),
+        discovery["warm_us_per_process"]
+            .as_f64()
+            .unwrap_or(f64::NAN),
+        discovery["cold_pass_ms"].as_f64().unwrap_or(f64::NAN),
+    );
     let results = json!({
         "userspace_pipeline": pipeline,
+        "daemon_discovery": discovery,
         "launch_ns_untraced": u, "launch_ns_traced": t, "launch_ns_added": t - u,
         "runs_untraced": untraced, "runs_traced": traced, "event_rate": rates,
     });
