@@ -5,12 +5,7 @@
 //! server). Filters decide; the workload's root is found; the loaded
 //! programs start following it, with no reload.
 
-use std::{
-    collections::{HashMap, HashSet},
-    path::PathBuf,
-    sync::Arc,
-    time::Duration,
-};
+use std::{collections::HashSet, path::PathBuf, sync::Arc, time::Duration};
 
 use anyhow::{Context as _, Result};
 
@@ -39,9 +34,6 @@ pub(super) struct Discovery {
     filters: Filters,
     /// The daemon and its ancestors.
     excluded: HashSet<u32>,
-    /// Processes the comm/cgroup filters turned down, with their start time
-    /// (a reused pid is a new process).
-    rejected: HashMap<u32, Option<u64>>,
 }
 
 pub async fn daemon(opts: DaemonOptions) -> Result<Stop> {
@@ -49,7 +41,6 @@ pub async fn daemon(opts: DaemonOptions) -> Result<Stop> {
     s.discovery = Some(Discovery {
         filters: opts.filters.clone(),
         excluded: discover::self_and_ancestors(),
-        rejected: HashMap::new(),
     });
     for path in &opts.cuda_libs {
         let lib = libraries::inspect(path, path)?.with_context(|| {
@@ -72,8 +63,10 @@ pub async fn daemon(opts: DaemonOptions) -> Result<Stop> {
 }
 
 impl Session {
-    /// One pass over /proc: every untraced process that maps a CUDA library
-    /// is considered.
+    /// One pass over /proc: every untraced process that passes the comm and
+    /// cgroup filters (cheap: two small files) and maps a CUDA library (a
+    /// read of its /proc/PID/maps) is considered. Nothing is remembered of
+    /// a process turned down: a shell may exec the server later.
     pub(super) fn discover(&mut self) -> Result<()> {
         let tracked: HashSet<u32> = self
             .probes
@@ -82,7 +75,7 @@ impl Session {
             .map(|(id, _)| id)
             .collect();
         for pid in discover::processes() {
-            if pid <= 1 || tracked.contains(&pid) || self.skipped(pid) {
+            if pid <= 1 || tracked.contains(&pid) || self.skipped(pid) || self.rejected(pid) {
                 continue;
             }
             let Ok(scan) = self.scanner.scan(pid) else {
@@ -100,7 +93,7 @@ impl Session {
     /// The processes the kernel announced since the last call.
     pub(super) fn consider_announced(&mut self) -> Result<()> {
         for pid in std::mem::take(&mut self.announced) {
-            if self.probes.workload_of(pid)?.is_some() || self.skipped(pid) {
+            if self.probes.workload_of(pid)?.is_some() || self.skipped(pid) || self.rejected(pid) {
                 continue;
             }
             let Ok(scan) = self.scanner.scan(pid) else {
@@ -112,29 +105,33 @@ impl Session {
         Ok(())
     }
 
-    /// Our own processes, and those the filters turned down before.
+    /// The daemon itself and its ancestors.
     fn skipped(&self, pid: u32) -> bool {
-        let Some(d) = &self.discovery else {
-            return true;
-        };
-        d.excluded.contains(&pid)
-            || d.rejected
-                .get(&pid)
-                .is_some_and(|&start| start == targets::start_time_ns(pid))
+        self.discovery
+            .as_ref()
+            .is_none_or(|d| d.excluded.contains(&pid))
     }
 
-    /// Decides on `pid`, which maps `libs`: filters, then the workload it
+    /// Whether the comm or cgroup filter turns `pid` down now.
+    fn rejected(&self, pid: u32) -> bool {
+        let Some(why) = self
+            .discovery
+            .as_ref()
+            .and_then(|d| d.filters.reject_process(pid))
+        else {
+            return false;
+        };
+        log::trace!("not tracing pid {pid}: {why}");
+        true
+    }
+
+    /// Decides on `pid`, which passed the filters and maps `libs`: the workload it
     /// belongs to (an existing one, or a new one rooted at its topmost
     /// serving ancestor), then probes and tracking.
     fn consider(&mut self, pid: u32, libs: Vec<Arc<CudaLibrary>>) -> Result<()> {
-        let Some(d) = self.discovery.as_mut() else {
+        let Some(d) = self.discovery.as_ref() else {
             return Ok(());
         };
-        if let Some(why) = d.filters.reject_process(pid) {
-            log::debug!("not tracing pid {pid}: {why}");
-            d.rejected.insert(pid, targets::start_time_ns(pid));
-            return Ok(());
-        }
         let excluded = d.excluded.clone();
         let filters = d.filters.clone();
         let scanner = &mut self.scanner;
