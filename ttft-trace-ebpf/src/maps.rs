@@ -34,6 +34,12 @@ pub static THREADS: LruHashMap<u32, ThreadState> = LruHashMap::with_max_entries(
 pub static COUNTERS: LruPerCpuHashMap<u32, GpuCounters> =
     LruPerCpuHashMap::with_max_entries(1024, 0);
 
+/// Traced processes that have exited: tgid -> workload id, so that
+/// userspace can still route the events they sent just before exiting
+/// (read from the ring buffer after the exit). LRU: bounded.
+#[map]
+pub static EXITED: LruHashMap<u32, u32> = LruHashMap::with_max_entries(4096, 0);
+
 /// Untraced processes already announced to userspace (daemon mode), so
 /// that each is announced once: tgid -> time announced. LRU: bounded.
 #[map]

@@ -7,7 +7,7 @@ use aya_ebpf::{
 };
 use ttft_trace_common::offsets::ABSENT;
 
-use crate::maps::{THREADS, TRACKED, is_tracked, offsets, workload_of};
+use crate::maps::{EXITED, THREADS, TRACKED, is_tracked, offsets, workload_of};
 
 /// `sched:sched_process_fork`: runs in the parent's context, so the parent
 /// process is the current tgid (the tracepoint's `parent_pid` is the forking
@@ -46,6 +46,9 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
         let _ = TRACKED.remove(tid);
     }
     if group_dead {
+        if let Some(workload) = workload_of(tgid) {
+            let _ = EXITED.insert(tgid, workload, 0);
+        }
         let _ = TRACKED.remove(tgid);
     }
     0

@@ -342,18 +342,29 @@ impl Probes {
         Ok(map.iter().filter_map(Result::ok).collect())
     }
 
-    /// The workload of one tracked id, if it is tracked.
+    /// The workload of a tracked id, if it is tracked now.
+    pub fn tracked_workload(&self, id: u32) -> Result<Option<u32>, ProbeError> {
+        self.lookup_workload("TRACKED", id)
+    }
+
+    /// The workload an event's process belongs to: tracked now, or a traced
+    /// process that has exited (its last events may still be in the ring
+    /// buffer when its exit removed it from TRACKED).
     pub fn workload_of(&self, id: u32) -> Result<Option<u32>, ProbeError> {
-        let map: BpfHashMap<_, u32, u32> = BpfHashMap::try_from(
-            self.ebpf
-                .map("TRACKED")
-                .ok_or(ProbeError::Missing("TRACKED"))?,
-        )
-        .map_err(|e| ProbeError::Map("TRACKED", e))?;
+        match self.lookup_workload("TRACKED", id)? {
+            Some(w) => Ok(Some(w)),
+            None => self.lookup_workload("EXITED", id),
+        }
+    }
+
+    fn lookup_workload(&self, name: &'static str, id: u32) -> Result<Option<u32>, ProbeError> {
+        let map: BpfHashMap<_, u32, u32> =
+            BpfHashMap::try_from(self.ebpf.map(name).ok_or(ProbeError::Missing(name))?)
+                .map_err(|e| ProbeError::Map(name, e))?;
         match map.get(&id, 0) {
             Ok(w) => Ok(Some(w)),
             Err(aya::maps::MapError::KeyNotFound) => Ok(None),
-            Err(e) => Err(ProbeError::Map("TRACKED", e)),
+            Err(e) => Err(ProbeError::Map(name, e)),
         }
     }
 

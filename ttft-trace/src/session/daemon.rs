@@ -93,7 +93,10 @@ impl Session {
     /// The processes the kernel announced since the last call.
     pub(super) fn consider_announced(&mut self) -> Result<()> {
         for pid in std::mem::take(&mut self.announced) {
-            if self.probes.workload_of(pid)?.is_some() || self.skipped(pid) || self.rejected(pid) {
+            if self.probes.tracked_workload(pid)?.is_some()
+                || self.skipped(pid)
+                || self.rejected(pid)
+            {
                 continue;
             }
             let Ok(scan) = self.scanner.scan(pid) else {
@@ -139,7 +142,7 @@ impl Session {
             scanner.scan(p).is_ok_and(|s| !s.libraries.is_empty())
                 || !ports::listening_ports(&[p]).is_empty()
         });
-        if let Some(existing) = self.probes.workload_of(root)?
+        if let Some(existing) = self.probes.tracked_workload(root)?
             && self.workloads.by_root.contains_key(&existing)
         {
             self.probes.track(pid, existing)?;

@@ -738,6 +738,9 @@ impl Session {
                 _ = rescan.tick() => {
                     let live = self.attach_new_libraries()?;
                     self.read_counters(&live)?;
+                    // What the exited processes sent before exiting belongs
+                    // to their workloads: read it before ending them.
+                    self.drain(ring.get_mut());
                     let remaining = self.end_workloads(&live);
                     self.retire_labels();
                     if discovery.is_none() && remaining == 0 {
