@@ -273,12 +273,23 @@ fn a_gpu_worker_started_after_attach_is_followed() -> Result<()> {
         .max()
         .context("attach time")?;
     let mut after_attach = 0;
+    let episode_pids: Vec<u64> = out
+        .lines
+        .iter()
+        .filter(|l| l["type"] == "episode")
+        .filter_map(|l| l["pid"].as_u64())
+        .collect();
+    let context = format!(
+        "episode pids {episode_pids:?}; totals {}; tracer stderr:\n{}",
+        out.totals().cloned().unwrap_or_default(),
+        out.stderr
+    );
     for (_, t) in pairs {
         assert_eq!(t["outcome"], "ok");
         let joined = t["gpu_pid"].is_u64() && t["gpu_pid"] != t["pid"];
         if t["t_arrive_ns"].as_u64().context("arrive")? > attached_ns {
             after_attach += 1;
-            assert!(joined, "{t}");
+            assert!(joined, "{t}\n{context}");
         } else {
             eprintln!("request arrived before the attach: joined to the engine: {joined}");
         }

@@ -508,6 +508,7 @@ impl Session {
             "kernel_launches": t.kernel_launches, "graph_launches": t.graph_launches,
             "memcpy_bytes": bytes, "memcpy_calls": calls, "events_lost": lost,
             "requests": self.requests_total, "request_stats": stats,
+            "unrouted_events": self.workloads.unrouted,
         });
         let _ = writeln!(w, "{line}");
     }
