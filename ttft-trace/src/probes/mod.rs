@@ -266,26 +266,35 @@ impl Probes {
     }
 
     /// Entry and (where needed) return probe of one symbol: both or neither,
-    /// since the runtime nesting depth counts entries against returns.
+    /// since the runtime nesting depth counts entries against returns. The
+    /// return probe goes first: a call that enters between the two attaches
+    /// then shows only its return, which the depth ignores, whereas an
+    /// entry without its return would leave the thread's depth raised for
+    /// good and every later runtime call taken for a nested one (attaching
+    /// takes long while another tracer detaches: the kernel serialises it).
     fn attach_symbol(
         &mut self,
         sym: &symbols::ProbedSymbol,
         offset: u64,
         lib: &CudaLibrary,
     ) -> Result<(), ProbeError> {
+        let ret_link = if sym.needs_return {
+            let ret_name = sym.api.return_program();
+            let ret = uprobe(&mut self.ebpf, ret_name)?;
+            let link = ret
+                .attach(offset, &lib.open_path, UProbeScope::AllProcesses)
+                .map_err(|e| uprobe_error(ret_name, &lib.path, e))?;
+            Some((ret_name, link))
+        } else {
+            None
+        };
         let entry = uprobe(&mut self.ebpf, sym.program)?;
-        let link = entry
-            .attach(offset, &lib.open_path, UProbeScope::AllProcesses)
-            .map_err(|e| uprobe_error(sym.program, &lib.path, e))?;
-        if !sym.needs_return {
-            return Ok(());
-        }
-        let ret_name = sym.api.return_program();
-        let ret = uprobe(&mut self.ebpf, ret_name)?;
-        if let Err(e) = ret.attach(offset, &lib.open_path, UProbeScope::AllProcesses) {
-            let entry = uprobe(&mut self.ebpf, sym.program)?;
-            let _ = entry.detach(link);
-            return Err(uprobe_error(ret_name, &lib.path, e));
+        if let Err(e) = entry.attach(offset, &lib.open_path, UProbeScope::AllProcesses) {
+            if let Some((ret_name, link)) = ret_link {
+                let ret = uprobe(&mut self.ebpf, ret_name)?;
+                let _ = ret.detach(link);
+            }
+            return Err(uprobe_error(sym.program, &lib.path, e));
         }
         Ok(())
     }
