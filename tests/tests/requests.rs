@@ -295,7 +295,7 @@ fn a_gpu_worker_started_after_attach_is_followed() -> Result<()> {
         }
     }
     assert!(
-        after_attach >= 3,
+        after_attach >= 2,
         "{after_attach} requests after the attach"
     );
     Ok(())
