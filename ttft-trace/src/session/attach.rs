@@ -2,10 +2,10 @@
 
 use std::{collections::BTreeSet, path::PathBuf, time::Duration, time::Instant};
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Result, bail};
 
 use super::{Session, Stop, TraceConfig};
-use crate::{probes::libraries, targets};
+use crate::targets;
 
 /// How often `--wait` looks for a CUDA library to appear.
 const WAIT_POLL: Duration = Duration::from_millis(10);
@@ -32,16 +32,7 @@ pub async fn attach(cfg: AttachConfig) -> Result<Stop> {
     );
     let (mut s, listener) = Session::start(&cfg.trace, false)?;
     s.add_workload(cfg.pid)?;
-    for path in &cfg.cuda_libs {
-        let lib = libraries::inspect(path, path)?.with_context(|| {
-            format!(
-                "{} defines none of the CUDA entry points ttft-trace probes \
-                 (cudaLaunchKernel, cudaGraphLaunch or cuLaunchKernel)",
-                path.display()
-            )
-        })?;
-        s.attach(&lib)?;
-    }
+    s.attach_named(&cfg.cuda_libs)?;
     s.attach_new_libraries()?;
     // Ports first: with --wait, the first request may be what makes the
     // server load its CUDA library (a lazily started engine process).

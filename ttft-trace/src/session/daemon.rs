@@ -7,12 +7,12 @@
 
 use std::{collections::HashSet, path::PathBuf, sync::Arc, time::Duration};
 
-use anyhow::{Context as _, Result};
+use anyhow::Result;
 
 use super::{Session, Stop, TraceConfig};
 use crate::{
     ports,
-    probes::libraries::{self, CudaLibrary},
+    probes::libraries::CudaLibrary,
     targets,
     workloads::{
         Filters,
@@ -42,15 +42,7 @@ pub async fn daemon(opts: DaemonOptions) -> Result<Stop> {
         filters: opts.filters.clone(),
         excluded: discover::self_and_ancestors(),
     });
-    for path in &opts.cuda_libs {
-        let lib = libraries::inspect(path, path)?.with_context(|| {
-            format!(
-                "{} defines none of the CUDA entry points ttft-trace probes",
-                path.display()
-            )
-        })?;
-        s.attach(&lib)?;
-    }
+    s.attach_named(&opts.cuda_libs)?;
     s.discover()?;
     s.follow_ports(&opts.trace.ports)?;
     log::info!(
@@ -135,13 +127,18 @@ impl Session {
         let Some(d) = self.discovery.as_ref() else {
             return Ok(());
         };
-        let excluded = d.excluded.clone();
-        let filters = d.filters.clone();
         let scanner = &mut self.scanner;
-        let root = workload_root(pid, &excluded, |p| {
+        let root = workload_root(pid, &d.excluded, |p| {
             scanner.scan(p).is_ok_and(|s| !s.libraries.is_empty())
                 || !ports::listening_ports(&[p]).is_empty()
         });
+        // Not remembered when refused: a server often listens only after
+        // loading its model.
+        let listens_as_asked = d.filters.ports.is_empty() || {
+            let mut members = vec![root];
+            members.extend(targets::descendants(root));
+            d.filters.accepts_ports(&ports::listening_ports(&members))
+        };
         if let Some(existing) = self.probes.tracked_workload(root)?
             && self.workloads.by_root.contains_key(&existing)
         {
@@ -152,14 +149,9 @@ impl Session {
             }
             return Ok(());
         }
-        if !filters.ports.is_empty() {
-            let mut members = vec![root];
-            members.extend(targets::descendants(root));
-            // Not remembered: a server often listens only after loading its model.
-            if !filters.accepts_ports(&ports::listening_ports(&members)) {
-                log::debug!("not tracing pid {root} yet: it listens on none of the ports");
-                return Ok(());
-            }
+        if !listens_as_asked {
+            log::debug!("not tracing pid {root} yet: it listens on none of the ports");
+            return Ok(());
         }
         for lib in &libs {
             self.attach_found(lib);

@@ -45,7 +45,7 @@ use crate::{
     ports,
     probes::{
         Attached, LoadConfig, Probes,
-        libraries::{CudaLibrary, Scanner},
+        libraries::{self, CudaLibrary, Scanner},
         symbols::Api,
     },
     record::LatencyRecorder,
@@ -287,6 +287,22 @@ impl Session {
     fn attach(&mut self, lib: &CudaLibrary) -> Result<()> {
         if let Some(a) = self.probes.attach_library(lib)? {
             self.report_attach(&a);
+        }
+        Ok(())
+    }
+
+    /// Attaches the probes to libraries named by `--cuda-lib`: a path that is
+    /// no CUDA library is the user's error.
+    fn attach_named(&mut self, paths: &[PathBuf]) -> Result<()> {
+        for path in paths {
+            let lib = libraries::inspect(path, path)?.with_context(|| {
+                format!(
+                    "{} defines none of the CUDA entry points ttft-trace probes \
+                     (cudaLaunchKernel, cudaGraphLaunch or cuLaunchKernel)",
+                    path.display()
+                )
+            })?;
+            self.attach(&lib)?;
         }
         Ok(())
     }
