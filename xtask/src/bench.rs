@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 
 use crate::{
     demo::{build_all, signal, start_tracer, wait_stopped},
-    run::repo_root,
+    process::{output, repo_root},
 };
 
 const LAUNCHES: u32 = 200_000;
@@ -137,7 +137,7 @@ pub fn bench() -> Result<()> {
         );
         rates.push(json!({"episodes": episodes, "ringbuf_bytes": ringbuf, "offered_per_s": rate, "seen": seen, "lost": lost}));
     }
-    let pipeline = crate::run::output(Command::new("cargo").current_dir(&root).args([
+    let pipeline = output(Command::new("cargo").current_dir(&root).args([
         "bench",
         "-q",
         "-p",
@@ -150,7 +150,7 @@ pub fn bench() -> Result<()> {
         "userspace pipeline: {} episode events/s on one core ({} ns each: decode, record, JSONL, histograms)",
         pipeline["events_per_s"], pipeline["ns_per_event"]
     );
-    let discovery = crate::run::output(Command::new("cargo").current_dir(&root).args([
+    let discovery = output(Command::new("cargo").current_dir(&root).args([
         "bench",
         "-q",
         "-p",

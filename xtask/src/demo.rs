@@ -14,7 +14,7 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::run::{cmd, repo_root};
+use crate::process::{cmd, repo_root};
 
 /// Builds the daemon (release) and the fixtures.
 pub fn build_all(root: &Path) -> Result<()> {

@@ -2,6 +2,7 @@
 
 mod bench;
 mod demo;
+mod process;
 mod run;
 mod setup;
 

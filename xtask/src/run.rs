@@ -1,40 +1,10 @@
-//! Running commands, and the `test` task.
+//! The `test` and `lint-ebpf` tasks.
 
-use std::{
-    path::PathBuf,
-    process::{Command, Stdio},
-};
+use std::process::Command;
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::Result;
 
-/// Runs a command with inherited output; fails on a non-zero exit.
-pub fn cmd(c: &mut Command) -> Result<()> {
-    let status = c.status().with_context(|| format!("running {c:?}"))?;
-    if !status.success() {
-        bail!("{c:?} failed: {status}");
-    }
-    Ok(())
-}
-
-/// Runs a command and returns its stdout; stderr passes through.
-pub fn output(c: &mut Command) -> Result<String> {
-    let out = c
-        .stderr(Stdio::inherit())
-        .output()
-        .with_context(|| format!("running {c:?}"))?;
-    if !out.status.success() {
-        bail!("{c:?} failed: {}", out.status);
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-pub fn repo_root() -> Result<PathBuf> {
-    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    manifest
-        .parent()
-        .map(PathBuf::from)
-        .context("xtask has no parent directory")
-}
+use crate::process::{cmd, repo_root};
 
 /// Every test: the workspace's cargo tests (fixtures required, so that a
 /// missing one fails instead of skipping) and the demo server's own tests.

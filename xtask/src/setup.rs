@@ -8,7 +8,7 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::run::{cmd, output, repo_root};
+use crate::process::{cmd, output, repo_root};
 
 pub const BPF_LINKER_VERSION: &str = "0.13.0";
 /// The CUDA runtime wheel whose real libcudart.so.12 the tests probe.

@@ -13,7 +13,7 @@ use super::{
     delivery::{self, AckTracker, Delivery, RequestSegment},
     http::{self, Head},
     join::Join,
-    record::Outcome,
+    outcome::Outcome,
     response::{self, End, Outgoing, Response},
 };
 

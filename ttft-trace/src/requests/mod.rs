@@ -92,13 +92,15 @@ mod delivery;
 mod http;
 mod join;
 mod metrics;
+mod outcome;
 mod record;
 mod response;
 mod summary;
 
 pub use correlator::{Correlator, CorrelatorConfig, CorrelatorStats};
 pub use metrics::RequestMetrics;
-pub use record::{Figure, Outcome, RequestRecord};
+pub use outcome::Outcome;
+pub use record::{Figure, RequestRecord};
 pub use response::Framing;
 pub use summary::RequestRecorders;
 

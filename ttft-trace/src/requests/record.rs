@@ -3,70 +3,7 @@
 
 use serde::{Serialize, Serializer};
 
-use super::{connection::Finished, delivery::Ack, join::Join, response::Framing};
-
-/// How a request ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Outcome {
-    /// A whole response with a status below 400.
-    Ok,
-    /// A whole response with status 400 or above.
-    ErrorStatus,
-    /// The connection closed (FIN or RST either way, or the client's EOF)
-    /// while the framing said the response was still going.
-    ClosedMidResponse,
-    /// The connection closed before any response byte was sent.
-    ClosedBeforeResponse,
-    /// HTTP/1.1 pipelining: the client sent a request before the previous
-    /// response ended. Both requests get this outcome; their responses
-    /// cannot be told apart from send sizes alone.
-    PipelinedUnsupported,
-    /// Still in flight when tracing stopped.
-    InFlightAtExit,
-    /// Its connection was dropped to bound memory (idle too long without a
-    /// close, usually a lost close event).
-    Evicted,
-}
-
-impl Outcome {
-    pub const ALL: [Outcome; 7] = [
-        Self::Ok,
-        Self::ErrorStatus,
-        Self::ClosedMidResponse,
-        Self::ClosedBeforeResponse,
-        Self::PipelinedUnsupported,
-        Self::InFlightAtExit,
-        Self::Evicted,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Ok => "ok",
-            Self::ErrorStatus => "error_status",
-            Self::ClosedMidResponse => "closed_mid_response",
-            Self::ClosedBeforeResponse => "closed_before_response",
-            Self::PipelinedUnsupported => "pipelined_unsupported",
-            Self::InFlightAtExit => "in_flight_at_exit",
-            Self::Evicted => "evicted",
-        }
-    }
-
-    /// Whether the time to the first token (and its breakdown and the gaps
-    /// between chunks) is a real serving figure: the response started
-    /// normally, whether or not it ended.
-    fn first_token_counts(self) -> bool {
-        matches!(
-            self,
-            Self::Ok | Self::ClosedMidResponse | Self::InFlightAtExit
-        )
-    }
-}
-
-impl Serialize for Outcome {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(self.name())
-    }
-}
+use super::{connection::Finished, delivery::Ack, join::Join, outcome::Outcome, response::Framing};
 
 /// The figures kept per request, for histograms and percentiles.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,8 +52,9 @@ pub struct RequestRecord {
     /// Process and thread that received the request's first bytes.
     pub pid: u32,
     pub tid: u32,
-    /// The socket's kernel address, the connection's key.
-    pub conn: String,
+    /// The socket's kernel address, the connection's key (hex in JSON).
+    #[serde(rename = "conn", serialize_with = "hex")]
+    pub sk: u64,
     pub client_addr: String,
     pub client_port: u16,
     pub server_addr: String,
@@ -218,7 +156,7 @@ impl RequestRecord {
             kind: "request",
             pid: req.tgid,
             tid: req.tid,
-            conn: format!("{:#x}", req.conn.sk),
+            sk: req.conn.sk,
             client_addr: req.conn.client.ip().to_string(),
             client_port: req.conn.client.port(),
             server_addr: req.conn.server.ip().to_string(),
@@ -284,4 +222,9 @@ impl RequestRecord {
                     .map(|&gap| (Figure::Itl, gap)),
             )
     }
+}
+
+/// A socket key as JSON shows it: `"0x…"`.
+fn hex<S: Serializer>(sk: &u64, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(&format_args!("{sk:#x}"))
 }

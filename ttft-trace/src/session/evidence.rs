@@ -14,11 +14,6 @@ use ttft_trace_common::signals::{SCHED_BLOCKED, TCP_RETRANSMIT};
 /// for the stall to count (tokenizing ends, the request joins the next step).
 const STALL_HANDOFF_NS: u64 = 100_000_000;
 
-/// The request's connection key, back from its hex form.
-fn socket(record: &RequestRecord) -> Option<u64> {
-    u64::from_str_radix(record.conn.trim_start_matches("0x"), 16).ok()
-}
-
 /// Evidence for `record`; `traced_since_ns` is when tracing began (a
 /// process started before it has no known first episode).
 pub fn gather(
@@ -57,13 +52,11 @@ pub fn gather(
             store.max_thread_overlap(SCHED_BLOCKED, a, qe, |e| store.is_gpu_thread(e.tid));
         ev.large_copy_queue_span_ns = store.copies_in(a, qe).span_ns;
     }
-    if let Some(sk) = socket(record) {
-        for e in store.tcp_events_in(sk, a, delivered) {
-            if e.what == TCP_RETRANSMIT {
-                ev.add_retransmit(e.t_ns);
-            } else {
-                ev.resets += 1;
-            }
+    for e in store.tcp_events_in(record.sk, a, delivered) {
+        if e.what == TCP_RETRANSMIT {
+            ev.add_retransmit(e.t_ns);
+        } else {
+            ev.resets += 1;
         }
     }
     let copies = store.copies_in(a, ft);

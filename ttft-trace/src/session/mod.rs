@@ -361,13 +361,11 @@ impl Session {
                 continue;
             };
             let end = record.t_done_ns.unwrap_or(now_ns);
-            let tcp_retransmits = u64::from_str_radix(record.conn.trim_start_matches("0x"), 16)
-                .map_or(0, |sk| {
-                    w.signals
-                        .tcp_events_in(sk, record.t_arrive_ns, end)
-                        .filter(|e| e.what == TCP_RETRANSMIT)
-                        .count()
-                });
+            let tcp_retransmits = w
+                .signals
+                .tcp_events_in(record.sk, record.t_arrive_ns, end)
+                .filter(|e| e.what == TCP_RETRANSMIT)
+                .count();
             let line = RequestLine {
                 record: &record,
                 workload: &w.labels,

@@ -19,10 +19,7 @@ fn idle_connections_are_evicted() {
     let r = w.one(ms(9 * MIN + 100));
     assert_eq!(r.outcome, Outcome::Ok);
     let r = w.one(ms(11 * MIN));
-    assert_eq!(
-        (r.outcome, r.request_index, r.conn.as_str()),
-        (Outcome::Evicted, 0, "0x1")
-    );
+    assert_eq!((r.outcome, r.request_index, r.sk), (Outcome::Evicted, 0, 1));
     let s = w.c.stats();
     assert_eq!(
         (s.connections, s.connections_evicted),

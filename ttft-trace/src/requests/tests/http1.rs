@@ -353,9 +353,8 @@ fn two_interleaved_connections() {
     let rs = w.drain(ms(2000));
     assert_eq!(rs.len(), 2);
     let by = |sk: u64| {
-        let id = format!("{sk:#x}");
         rs.iter()
-            .find(|r| r.conn == id)
+            .find(|r| r.sk == sk)
             .expect("request of the connection")
     };
     let (ra, rb) = (by(a), by(b));

@@ -36,10 +36,7 @@ fn three_requests() -> Vec<RequestRecord> {
 #[test]
 fn one_jsonl_line_per_request() {
     let rs = three_requests();
-    let r = rs
-        .iter()
-        .find(|r| r.conn == "0x1")
-        .expect("the streamed one");
+    let r = rs.iter().find(|r| r.sk == 1).expect("the streamed one");
     let json = serde_json::to_string(r).expect("json");
     assert!(
         json.starts_with("{\"type\":\"request\",\"pid\":10,\"tid\":11,"),

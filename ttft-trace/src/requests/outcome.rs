@@ -1,0 +1,67 @@
+//! How a request ended: decided by the connection's state machine,
+//! reported in each request's record and counted by outcome.
+
+use serde::{Serialize, Serializer};
+
+/// How a request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// A whole response with a status below 400.
+    Ok,
+    /// A whole response with status 400 or above.
+    ErrorStatus,
+    /// The connection closed (FIN or RST either way, or the client's EOF)
+    /// while the framing said the response was still going.
+    ClosedMidResponse,
+    /// The connection closed before any response byte was sent.
+    ClosedBeforeResponse,
+    /// HTTP/1.1 pipelining: the client sent a request before the previous
+    /// response ended. Both requests get this outcome; their responses
+    /// cannot be told apart from send sizes alone.
+    PipelinedUnsupported,
+    /// Still in flight when tracing stopped.
+    InFlightAtExit,
+    /// Its connection was dropped to bound memory (idle too long without a
+    /// close, usually a lost close event).
+    Evicted,
+}
+
+impl Outcome {
+    pub const ALL: [Outcome; 7] = [
+        Self::Ok,
+        Self::ErrorStatus,
+        Self::ClosedMidResponse,
+        Self::ClosedBeforeResponse,
+        Self::PipelinedUnsupported,
+        Self::InFlightAtExit,
+        Self::Evicted,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::ErrorStatus => "error_status",
+            Self::ClosedMidResponse => "closed_mid_response",
+            Self::ClosedBeforeResponse => "closed_before_response",
+            Self::PipelinedUnsupported => "pipelined_unsupported",
+            Self::InFlightAtExit => "in_flight_at_exit",
+            Self::Evicted => "evicted",
+        }
+    }
+
+    /// Whether the time to the first token (and its breakdown and the gaps
+    /// between chunks) is a real serving figure: the response started
+    /// normally, whether or not it ended.
+    pub(super) fn first_token_counts(self) -> bool {
+        matches!(
+            self,
+            Self::Ok | Self::ClosedMidResponse | Self::InFlightAtExit
+        )
+    }
+}
+
+impl Serialize for Outcome {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
