@@ -1,7 +1,17 @@
-//! Prometheus metrics and the /metrics endpoint.
+//! Prometheus metrics and the /metrics endpoint: the GPU episode and CUDA
+//! counter families here, the request, cause and host signal families in
+//! the submodules.
 //!
 //! Base units, `_total` counters, histograms rather than percentile gauges,
 //! and low-cardinality labels only (never a pid, request or kernel name).
+
+mod causes;
+mod requests;
+mod signals;
+
+pub use causes::CauseMetrics;
+pub use requests::RequestMetrics;
+pub use signals::SignalMetrics;
 
 use std::net::{SocketAddr, TcpListener};
 

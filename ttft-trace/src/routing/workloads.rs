@@ -1,7 +1,7 @@
-//! Routing events to workloads. One set of eBPF programs feeds every
-//! workload through one ring buffer; each workload has its own request
-//! correlator and signal store, so that its requests join only its own GPU
-//! episodes and scheduler signals.
+//! The workloads and the maps from processes and sockets to them. One set
+//! of eBPF programs feeds every workload through one ring buffer; each
+//! workload has its own request correlator and signal store, so that its
+//! requests join only its own GPU episodes and scheduler signals.
 //!
 //! Events name a process (`tgid`) or a socket (`sk`). A process's workload
 //! is the value the kernel keeps for it in TRACKED (children inherit it); a
@@ -91,9 +91,16 @@ impl Workloads {
         }
     }
 
-    /// Forgets a process (exited, its last counters read).
+    /// Forgets a process that exited, its last counters read: its
+    /// signals, and its membership unless it is a workload's root (whose
+    /// id stays until the workload ends).
     pub fn forget_process(&mut self, tgid: u32) {
-        self.member.remove(&tgid);
+        if let Some(w) = self.root_of(tgid).and_then(|r| self.by_root.get_mut(&r)) {
+            w.signals.forget_process(tgid);
+        }
+        if !self.by_root.contains_key(&tgid) {
+            self.member.remove(&tgid);
+        }
     }
 
     /// The workload of `tgid`: known, or asked of the kernel with `lookup`.
