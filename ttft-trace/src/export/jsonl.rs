@@ -1,12 +1,15 @@
 //! The JSONL log: one line per probed library, GPU episode and request, and
 //! a totals line at the end. One writer, one error policy: a failed write
 //! is logged once and counted (`ttft_trace_jsonl_write_errors_total`), and
-//! tracing goes on.
+//! tracing goes on. The file is opened for append (a restarted daemon adds
+//! to it), created mode 0640 (request lines name clients), and reopened on
+//! SIGHUP so that logrotate can move it away.
 
 use std::{
-    fs::File,
+    fs::{File, OpenOptions},
     io::{BufWriter, Write},
-    path::Path,
+    os::unix::fs::OpenOptionsExt,
+    path::{Path, PathBuf},
 };
 
 use prometheus::{IntCounter, Registry};
@@ -62,6 +65,7 @@ pub struct Totals<'a> {
 
 pub struct Jsonl {
     out: Option<BufWriter<File>>,
+    path: Option<PathBuf>,
     errors: IntCounter,
 }
 
@@ -73,15 +77,39 @@ impl Jsonl {
             "Writes to the JSONL file that failed (the line is lost; tracing goes on)",
         )?;
         registry.register(Box::new(errors.clone()))?;
-        Ok(Self { out: None, errors })
+        Ok(Self {
+            out: None,
+            path: None,
+            errors,
+        })
     }
 
-    /// Creates the file; lines are written from now on.
+    /// Opens the file for append (created 0640); lines are written from
+    /// now on.
     pub fn open(&mut self, path: &Path) -> anyhow::Result<()> {
         use anyhow::Context as _;
-        let file = File::create(path).with_context(|| format!("creating {}", path.display()))?;
+        let file = OpenOptions::new()
+            .append(true)
+            .create(true)
+            .mode(0o640)
+            .open(path)
+            .with_context(|| format!("opening {}", path.display()))?;
         self.out = Some(BufWriter::new(file));
+        self.path = Some(path.to_path_buf());
         Ok(())
+    }
+
+    /// Flushes and reopens the file by its path (after logrotate moved
+    /// it). A failure is logged; lines then go to the old file.
+    pub fn reopen(&mut self) {
+        let Some(path) = self.path.clone() else {
+            return;
+        };
+        self.flush();
+        match self.open(&path) {
+            Ok(()) => log::info!("reopened {}", path.display()),
+            Err(e) => log::warn!("reopening the JSONL file: {e:#}"),
+        }
     }
 
     fn write(&mut self, value: &impl Serialize) {
@@ -197,8 +225,52 @@ mod tests {
     }
 
     #[test]
+    fn appended_created_0640_and_reopened_after_a_move() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("ttft-jsonl-rotate-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("requests.jsonl");
+        std::fs::write(&path, "{\"earlier\":1}\n").expect("an earlier run's file");
+        let registry = Registry::new();
+        let mut j = Jsonl::new(&registry).expect("counter");
+        j.open(&path).expect("open");
+        j.write(&json!({"n": 1}));
+        // logrotate moves the file away, then signals.
+        let rotated = dir.join("requests.jsonl.1");
+        std::fs::rename(&path, &rotated).expect("rotate");
+        j.reopen();
+        j.write(&json!({"n": 2}));
+        j.flush();
+        let old = std::fs::read_to_string(&rotated).expect("rotated");
+        assert_eq!(
+            old, "{\"earlier\":1}\n{\"n\":1}\n",
+            "appended, not truncated"
+        );
+        assert_eq!(std::fs::read_to_string(&path).expect("new"), "{\"n\":2}\n");
+        let mode = std::fs::metadata(&path).expect("meta").permissions().mode();
+        assert_eq!(
+            mode & 0o777,
+            0o640 & !umask(),
+            "created 0640 (less the umask)"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// This process's umask, as /proc tells it (setting it to read it
+    /// would race with the other tests' files).
+    fn umask() -> u32 {
+        let status = std::fs::read_to_string("/proc/self/status").expect("status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("Umask:"))
+            .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
+            .expect("Umask line")
+    }
+
+    #[test]
     fn lines_reach_the_file() {
         let path = std::env::temp_dir().join(format!("ttft-jsonl-{}.jsonl", std::process::id()));
+        let _ = std::fs::remove_file(&path);
         let registry = Registry::new();
         let mut j = Jsonl::new(&registry).expect("counter");
         j.open(&path).expect("create");

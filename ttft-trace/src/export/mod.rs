@@ -9,7 +9,7 @@ mod series;
 pub mod summary;
 mod terminal;
 
-use std::path::Path;
+use std::{collections::VecDeque, path::Path};
 
 use ttft_trace_common::GpuCounters;
 
@@ -22,12 +22,30 @@ use crate::{
 use jsonl::{Jsonl, Totals};
 use terminal::Terminal;
 
+/// Ended workloads whose request statistics are kept for the totals line;
+/// older ones are dropped (a daemon sees servers restart for months).
+const MAX_ENDED_STATS: usize = 1024;
+
 pub struct Sinks {
     pub series: Series,
     jsonl: Jsonl,
     terminal: Terminal,
     /// Request statistics of workloads that ended, for the totals line.
-    ended_stats: Vec<(u32, CorrelatorStats)>,
+    ended_stats: VecDeque<(u32, CorrelatorStats)>,
+    ended_stats_dropped: u64,
+    /// What the correlators of ended workloads dropped, per table.
+    ended_drops: [u64; 4],
+}
+
+/// What a request correlator drops to stay bounded, as the `table` label
+/// of `ttft_trace_table_evictions_total` names it.
+fn correlator_drops(s: &CorrelatorStats) -> [(&'static str, u64); 4] {
+    [
+        ("connections_refused", s.connections_refused),
+        ("connections_idle", s.connections_evicted),
+        ("held_gpu_episodes", s.episodes_dropped),
+        ("finished_requests", s.requests_dropped),
+    ]
 }
 
 /// How tracing ended, for the last summary and the totals line.
@@ -51,14 +69,21 @@ impl Sinks {
             series,
             jsonl,
             terminal: Terminal::default(),
-            ended_stats: Vec::new(),
+            ended_stats: VecDeque::new(),
+            ended_stats_dropped: 0,
+            ended_drops: [0; 4],
         })
     }
 
-    /// Creates the JSONL file (once the probes are loaded, so that a run
-    /// that cannot trace leaves an earlier file alone).
+    /// Opens the JSONL file (once the probes are loaded, so that a run
+    /// that cannot trace does not create it).
     pub fn open_jsonl(&mut self, path: &Path) -> anyhow::Result<()> {
         self.jsonl.open(path)
+    }
+
+    /// SIGHUP: the JSONL file is reopened (log rotation).
+    pub fn reopen_jsonl(&mut self) {
+        self.jsonl.reopen();
     }
 
     /// Names a new workload and creates its series.
@@ -76,7 +101,17 @@ impl Sinks {
     /// retirement grace period, its request statistics wait for the totals.
     pub fn workload_ended(&mut self, w: &Workload, now_ns: u64) {
         log::info!("workload pid {} ({}) has exited", w.root, w.labels.comm);
-        self.ended_stats.push((w.root, w.correlator.stats()));
+        if self.ended_stats.len() >= MAX_ENDED_STATS {
+            self.ended_stats.pop_front();
+            self.ended_stats_dropped += 1;
+            self.series
+                .evictions("ended_workload_stats", self.ended_stats_dropped);
+        }
+        let stats = w.correlator.stats();
+        for (sum, (_, n)) in self.ended_drops.iter_mut().zip(correlator_drops(&stats)) {
+            *sum += n;
+        }
+        self.ended_stats.push_back((w.root, stats));
         self.series.release(&w.labels, now_ns);
     }
 
@@ -106,6 +141,21 @@ impl Sinks {
         self.jsonl.attached(a);
     }
 
+    /// Exports what the correlators dropped so far: those of ended
+    /// workloads and of the `live` ones.
+    pub fn correlator_drops(&self, live: impl Iterator<Item = CorrelatorStats>) {
+        let mut totals = self.ended_drops;
+        for stats in live {
+            for (sum, (_, n)) in totals.iter_mut().zip(correlator_drops(&stats)) {
+                *sum += n;
+            }
+        }
+        let tables = correlator_drops(&CorrelatorStats::default()).map(|(table, _)| table);
+        for (table, total) in tables.into_iter().zip(totals) {
+            self.series.evictions(table, total);
+        }
+    }
+
     pub fn kernel(&self, k: &KernelStats) {
         self.series.kernel(k);
     }
@@ -129,7 +179,7 @@ impl Sinks {
                 end.decode_errors
             );
         }
-        let mut stats = std::mem::take(&mut self.ended_stats);
+        let mut stats: Vec<_> = std::mem::take(&mut self.ended_stats).into();
         stats.extend(end.live_stats);
         let (episodes_ok, episodes_failed) = self.terminal.episodes();
         self.jsonl.totals(&Totals {

@@ -106,6 +106,11 @@ impl Series {
             .set_kernel_stats(k.events_lost, k.thread_state_dropped);
     }
 
+    /// Sets the eviction total of a bounded table.
+    pub fn evictions(&self, table: &str, total: u64) {
+        self.core.set_evictions(table, total);
+    }
+
     pub fn traced(&self, processes: usize, runtime_libs: usize, driver_libs: usize) {
         self.core.set_traced(processes, runtime_libs, driver_libs);
     }

@@ -39,6 +39,12 @@ const LARGE_COPY_BYTES: u64 = 1 << 20;
 /// How often the ring buffer is drained when the kernel has not woken us
 /// (it does so only when the buffer fills past a threshold).
 const DRAIN: Duration = Duration::from_millis(50);
+/// Most records routed per turn of the loop (a few milliseconds of work),
+/// so that a flood of events never keeps signals and timers waiting.
+const DRAIN_BATCH: usize = 16384;
+/// Turns of draining after the stop: what the kernel sent before it, not
+/// a flood that goes on after.
+const FINAL_DRAIN_TURNS: usize = 16;
 
 /// Why tracing stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,11 +107,17 @@ impl Session {
         }
     }
 
-    /// Routes everything in the ring buffer, then the requests finished by
-    /// now, through the judge to the sinks; then considers the processes
-    /// the kernel announced (daemon mode).
-    fn drain(&mut self, ring: &mut RingBuf<MapData>) -> Result<()> {
-        while let Some(item) = ring.next() {
+    /// Routes up to [`DRAIN_BATCH`] records of the ring buffer, then the
+    /// requests finished by now, through the judge to the sinks; then
+    /// considers the processes the kernel announced (daemon mode). Returns
+    /// whether the ring buffer was emptied.
+    fn drain(&mut self, ring: &mut RingBuf<MapData>) -> Result<bool> {
+        let mut emptied = false;
+        for _ in 0..DRAIN_BATCH {
+            let Some(item) = ring.next() else {
+                emptied = true;
+                break;
+            };
             // Copy out so the ring slot is released before processing.
             let owned = item.to_vec();
             drop(item);
@@ -116,7 +128,7 @@ impl Session {
         self.dispatch();
         self.tracking.consider_announced()?;
         self.apply_changes();
-        Ok(())
+        Ok(emptied)
     }
 
     /// New libraries, the kernel's counters, ended workloads and retired
@@ -124,9 +136,16 @@ impl Session {
     fn rescan(&mut self, ring: &mut RingBuf<MapData>) -> Result<usize> {
         let scan = self.tracking.rescan()?;
         self.apply_changes();
+        let ws = &mut self.router.workloads;
         for (pid, root) in &scan.live {
-            self.router.workloads.learn(*pid, *root);
+            ws.learn(*pid, *root);
         }
+        ws.prune(&scan.live.iter().map(|(pid, _)| *pid).collect());
+        let series = &self.sinks.series;
+        series.evictions("pending_connection_opens", ws.pending_opens_dropped);
+        series.evictions("bound_sockets", ws.bound_sockets_dropped);
+        self.sinks
+            .correlator_drops(self.router.stats().map(|(_, s)| s));
         self.sinks
             .series
             .traced(scan.live.len(), scan.runtime_libs, scan.driver_libs);
@@ -189,15 +208,21 @@ impl Session {
         discover.tick().await;
         let mut sigterm = tokio::signal::unix::signal(SignalKind::terminate())?;
         let mut sigint = tokio::signal::unix::signal(SignalKind::interrupt())?;
+        let mut sighup = tokio::signal::unix::signal(SignalKind::hangup())?;
         let deadline = cfg.duration.map(|d| tokio::time::Instant::now() + d);
         let stop = loop {
             tokio::select! {
                 guard = ring.readable_mut() => {
                     let mut guard = guard.context("polling the ring buffer")?;
-                    self.drain(guard.get_inner_mut())?;
-                    guard.clear_ready();
+                    // Still ready when records remain: the next turn goes
+                    // on with them, after whatever else is due.
+                    if self.drain(guard.get_inner_mut())? {
+                        guard.clear_ready();
+                    }
                 }
-                _ = drain.tick() => self.drain(ring.get_mut())?,
+                _ = drain.tick() => {
+                    self.drain(ring.get_mut())?;
+                }
                 _ = rescan.tick() => {
                     let remaining = self.rescan(ring.get_mut())?;
                     if self.tracking.ends_with_last_workload() && remaining == 0 {
@@ -212,13 +237,19 @@ impl Session {
                     self.started.elapsed().as_secs_f64(),
                     self.tracking.counter_totals(),
                 ),
+                _ = sighup.recv() => self.sinks.reopen_jsonl(),
                 _ = sigterm.recv() => break Stop::Signal,
                 _ = sigint.recv() => break Stop::Signal,
                 _ = sleep_until(deadline) => break Stop::Duration,
             }
         };
+        log::info!("stopping ({stop:?}): reading what the kernel sent before");
         // Whatever the kernel sent before the stop still counts.
-        self.drain(ring.get_mut())?;
+        for _ in 0..FINAL_DRAIN_TURNS {
+            if self.drain(ring.get_mut())? {
+                break;
+            }
+        }
         let live = self.tracking.live_processes()?;
         self.read_kernel(&live)?;
         if stop == Stop::TargetExited {

@@ -83,9 +83,11 @@ pub struct Tracking {
     roots: BTreeSet<u32>,
     listen_ports: BTreeSet<u16>,
     counters: CounterTracker,
-    /// Last scheduler totals read per process (exited ones included), so
-    /// that the exported counters never go back.
+    /// Last scheduler totals read per process still in the kernel's map,
+    /// and the sum of those gone from it, so that the exported counters
+    /// never go back and the table stays as small as the kernel's map.
     sched_totals: BTreeMap<u32, SchedTotals>,
+    sched_gone: SchedTotals,
     /// Processes announced by the kernel (daemon mode), to consider.
     announced: Vec<u32>,
     changes: Vec<Change>,
@@ -101,6 +103,7 @@ impl Tracking {
             listen_ports: BTreeSet::new(),
             counters: CounterTracker::default(),
             sched_totals: BTreeMap::new(),
+            sched_gone: SchedTotals::default(),
             announced: Vec::new(),
             changes: Vec::new(),
         }
@@ -254,10 +257,22 @@ impl Tracking {
                 gone.push(*tgid);
             }
         }
-        for (tgid, t) in self.probes.sched_totals()? {
-            self.sched_totals.insert(tgid, t);
+        let now = self.probes.sched_totals()?;
+        // An entry gone from the kernel's LRU map does not come back: its
+        // last reading joins the sum of those gone.
+        let gone_from_map: Vec<u32> = self
+            .sched_totals
+            .keys()
+            .filter(|t| !now.contains_key(t))
+            .copied()
+            .collect();
+        for tgid in gone_from_map {
+            if let Some(t) = self.sched_totals.remove(&tgid) {
+                self.sched_gone.add(&t);
+            }
         }
-        let mut sched = SchedTotals::default();
+        self.sched_totals.extend(now);
+        let mut sched = self.sched_gone;
         for t in self.sched_totals.values() {
             sched.add(t);
         }
