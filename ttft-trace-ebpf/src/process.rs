@@ -7,7 +7,7 @@ use aya_ebpf::{
 };
 use ttft_trace_common::offsets::ABSENT;
 
-use crate::maps::{EXITED, THREADS, TRACKED, is_tracked, offsets, workload_of};
+use crate::maps::{EXITED, SCHED_STATE, THREADS, TRACKED, is_tracked, offsets, workload_of};
 
 /// `sched:sched_process_fork`: runs in the parent's context, so the parent
 /// process is the current tgid (the tracepoint's `parent_pid` is the forking
@@ -35,6 +35,7 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
         return 0;
     }
     let _ = THREADS.remove(tid);
+    let _ = SCHED_STATE.remove(tid);
     let off = offsets();
     let group_dead = if off.exit_group_dead == ABSENT {
         tid == tgid

@@ -30,6 +30,10 @@ use crate::maps::{
 /// `prev_state` bits that mean "not runnable"; a preempted task reports 0
 /// or `TASK_REPORT_MAX` (0x100), both with these bits clear.
 const BLOCKED_STATE_MASK: u64 = 0xff;
+/// `prev_state` of a thread's last switch, as the tracepoint reports it:
+/// `EXIT_DEAD` (0x10) or `EXIT_ZOMBIE` (0x20). Its state goes with it, so
+/// that threads that come and go leave no entry behind.
+const EXITING_STATE_MASK: u64 = 0x30;
 
 #[inline(always)]
 fn now_ns() -> u64 {
@@ -89,7 +93,13 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
     if tid != 0 && is_tracked(tgid) {
         // SAFETY: offset from this kernel's tracefs format file.
         let prev_state = unsafe { ctx.read_at::<u64>(off.switch_prev_state as usize) }.unwrap_or(0);
-        switched_out(tgid, tid, now, prev_state & BLOCKED_STATE_MASK != 0);
+        if prev_state & EXITING_STATE_MASK != 0 {
+            // The thread's last switch: sched_process_exit dropped its
+            // state already; updating it here would make it again.
+            let _ = SCHED_STATE.remove(tid);
+        } else {
+            switched_out(tgid, tid, now, prev_state & BLOCKED_STATE_MASK != 0);
+        }
     }
     // SAFETY: as above.
     if let Ok(next) = unsafe { ctx.read_at::<i32>(off.switch_next_pid as usize) } {
