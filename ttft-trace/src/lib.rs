@@ -17,6 +17,7 @@ pub mod ports;
 pub mod probes;
 pub mod record;
 pub mod requests;
+pub mod rootfs;
 pub mod session;
 pub mod signals;
 pub mod targets;
