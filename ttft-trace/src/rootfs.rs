@@ -40,13 +40,13 @@ const READ_FLAGS: libc::c_int =
 pub enum RootfsError {
     #[error("cannot open the root directory of process {pid}: {source}")]
     Root { pid: u32, source: io::Error },
-    #[error("cannot open {path} inside the target's root: {source}")]
+    #[error("cannot open {path}: {source}")]
     Open { path: PathBuf, source: io::Error },
-    #[error("{path} inside the target's root is a {kind}, not a regular file")]
+    #[error("{path} is a {kind}, not a regular file")]
     NotRegular { path: PathBuf, kind: &'static str },
-    #[error("{path} inside the target's root is {size} bytes, over the {cap} read from a target")]
+    #[error("{path} is {size} bytes, over the {cap} read from a target")]
     TooLarge { path: PathBuf, size: u64, cap: u64 },
-    #[error("reading {path} inside the target's root: {source}")]
+    #[error("reading {path}: {source}")]
     Read { path: PathBuf, source: io::Error },
 }
 
@@ -108,24 +108,7 @@ impl Root {
             libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS,
         )
         .map_err(open_err)?;
-        let meta = File::from(handle);
-        let stat = meta.metadata().map_err(open_err)?;
-        let kind = file_kind(stat.mode());
-        if kind != "regular file" {
-            return Err(RootfsError::NotRegular {
-                path: path.to_path_buf(),
-                kind,
-            });
-        }
-        // Reopening the O_PATH descriptor reaches the very inode checked
-        // above, whatever the container does to the path meanwhile.
-        let reopened = format!("/proc/self/fd/{}", meta.as_raw_fd());
-        let file = open_plain(Path::new(&reopened)).map_err(open_err)?;
-        let now = file.metadata().map_err(open_err)?;
-        if (now.dev(), now.ino()) != (stat.dev(), stat.ino()) {
-            return Err(open_err(io::Error::other("the file changed while opening")));
-        }
-        Ok(file)
+        reopen_regular(File::from(handle), path)
     }
 
     /// The content of the regular file at `path` inside this root, refused
@@ -160,6 +143,50 @@ impl Root {
         }
         Ok(bytes)
     }
+}
+
+/// Opens a path of ours (a library the user named, a
+/// `/proc/PID/map_files` entry) when it is a regular file; anything else
+/// is refused without being opened for reading.
+pub fn open_regular_file(path: &Path) -> Result<File, RootfsError> {
+    let open_err = |source| RootfsError::Open {
+        path: path.to_path_buf(),
+        source,
+    };
+    let c = cstring(path).map_err(open_err)?;
+    // SAFETY: a NUL-terminated path and plain flags; the result is checked.
+    let fd = unsafe { libc::open(c.as_ptr(), libc::O_PATH | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(open_err(io::Error::last_os_error()));
+    }
+    // SAFETY: fd was just returned by open and is owned by nobody else.
+    reopen_regular(File::from(unsafe { OwnedFd::from_raw_fd(fd) }), path)
+}
+
+/// The regular file behind an `O_PATH` handle, opened for reading; the
+/// handle's file of any other kind is refused. Reopening through
+/// `/proc/self/fd` reaches the very inode checked, whatever is done to the
+/// path meanwhile.
+fn reopen_regular(handle: File, path: &Path) -> Result<File, RootfsError> {
+    let open_err = |source| RootfsError::Open {
+        path: path.to_path_buf(),
+        source,
+    };
+    let stat = handle.metadata().map_err(open_err)?;
+    let kind = file_kind(stat.mode());
+    if kind != "regular file" {
+        return Err(RootfsError::NotRegular {
+            path: path.to_path_buf(),
+            kind,
+        });
+    }
+    let reopened = format!("/proc/self/fd/{}", handle.as_raw_fd());
+    let file = open_plain(Path::new(&reopened)).map_err(open_err)?;
+    let now = file.metadata().map_err(open_err)?;
+    if (now.dev(), now.ino()) != (stat.dev(), stat.ino()) {
+        return Err(open_err(io::Error::other("the file changed while opening")));
+    }
+    Ok(file)
 }
 
 /// Reads a file of /proc (`/proc/PID/environ`, `/proc/PID/cgroup`): the

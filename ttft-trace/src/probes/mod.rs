@@ -6,7 +6,6 @@ pub mod symbols;
 
 use std::{
     collections::{BTreeMap, HashMap},
-    os::unix::fs::MetadataExt,
     path::PathBuf,
 };
 
@@ -20,7 +19,7 @@ use ttft_trace_common::signals::{RUNQ_BUCKETS, RUNQ_SUM_SLOT, SchedTotals};
 use ttft_trace_common::{GpuCounters, Stat, TracepointOffsets, offsets::ABSENT};
 
 use crate::tracefs::{self, Format, TracefsError};
-use libraries::CudaLibrary;
+use libraries::{CudaLibrary, FileId};
 use symbols::Api;
 
 /// The eBPF object built by build.rs (aya-build).
@@ -85,9 +84,9 @@ pub struct Attached {
 /// The loaded programs and the libraries they are attached to.
 pub struct Probes {
     ebpf: Ebpf,
-    /// Libraries attached, by (device, inode): uprobes attach to a file, and
-    /// fire in every process that maps it.
-    attached: HashMap<(u64, u64), Attached>,
+    /// Libraries attached, by the file they land on: uprobes attach to a
+    /// file, and fire in every process that maps it.
+    attached: HashMap<FileId, Attached>,
 }
 
 /// Tracepoints and the programs attached to them: (program, category, name).
@@ -241,9 +240,9 @@ impl Probes {
     /// Attaches the probes to one library, once per file. Returns None when
     /// the file was attached before.
     pub fn attach_library(&mut self, lib: &CudaLibrary) -> Result<Option<Attached>, ProbeError> {
-        let meta = std::fs::metadata(&lib.open_path)
-            .map_err(|e| ProbeError::Stat(lib.open_path.clone(), e))?;
-        let key = (meta.dev(), meta.ino());
+        // The real file's identity: one set of probes however many mount
+        // namespaces or overlays show it.
+        let key = lib.id.clone();
         if self.attached.contains_key(&key) {
             return Ok(None);
         }
