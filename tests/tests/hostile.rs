@@ -259,3 +259,88 @@ fn hostile_container_files_do_not_turn_the_daemon() -> Result<()> {
     }
     Ok(())
 }
+
+/// A workload in a container whose fixture directory (the stub runtime
+/// and driver) is shown as `view`, stopped before its first CUDA call.
+fn viewing(name: &str, view: View) -> Result<Container> {
+    let root = ContainerRoot::new(name, view)?;
+    let w = Workload::new(Style::Sync)
+        .variant(Variant::Linked)
+        .episodes(EPISODES)
+        .launches(3)
+        .gap_us(5_000)
+        .stop_before_work(true)
+        .truth("/truth.jsonl");
+    let c = root.spawn(&w, PodCgroup::new()?)?;
+    fixtures::wait_stopped(c.pid).with_context(|| format!("container {name}"))?;
+    Ok(c)
+}
+
+#[test]
+fn one_set_of_probes_per_library_through_any_mount_namespace() -> Result<()> {
+    let Some(_g) = root_test("one_set_of_probes_per_library_through_any_mount_namespace") else {
+        return Ok(());
+    };
+    // The same two libraries through two overlays (each its own device
+    // number, as container images show them) and a bind mount, each in its
+    // own mount namespace.
+    let mut containers = vec![
+        viewing("overlay-a", View::Overlay)?,
+        viewing("overlay-b", View::Overlay)?,
+        viewing("bind", View::Bind)?,
+    ];
+    let mut tracer = Tracer::start_daemon(&[
+        "--rescan-ms".into(),
+        "200".into(),
+        "--no-nvml".into(),
+        "--interval".into(),
+        "60".into(),
+        "--comm".into(),
+        "^workload$".into(),
+    ])?;
+    for c in &containers {
+        tracer.wait_for_stderr(
+            &format!("tracing workload pid {} ", c.pid),
+            1,
+            Duration::from_secs(20),
+        )?;
+    }
+    for c in &containers {
+        // SAFETY: plain kill(2) on our own child.
+        unsafe { libc::kill(c.pid as i32, libc::SIGCONT) };
+    }
+    for c in &mut containers {
+        let st = c.wait(Duration::from_secs(60))?;
+        assert!(st.success(), "{st}");
+    }
+    tracer.wait_for_stderr("has exited", containers.len(), Duration::from_secs(10))?;
+    let out = tracer.interrupt(Duration::from_secs(30))?;
+    assert!(out.success, "{}", out.stderr);
+
+    let attached: Vec<String> = out
+        .attach_lines()
+        .iter()
+        .map(|l| l["library"].as_str().unwrap_or_default().to_string())
+        .collect();
+    for lib in [fixtures::STUB_CUDART, "libcuda.so.1"] {
+        assert_eq!(
+            attached.iter().filter(|p| p.ends_with(lib)).count(),
+            1,
+            "one set of probes on {lib}: {attached:?}"
+        );
+    }
+    let episodes = out.episodes();
+    for c in &containers {
+        let truth = read_truth(c.root.path("/truth.jsonl"))?;
+        let traced: Vec<_> = episodes.iter().filter(|e| e.pid == c.pid).collect();
+        assert_eq!(traced.len(), truth.len(), "episodes of {}", c.pid);
+        for (t, e) in truth.iter().zip(&traced) {
+            assert_eq!(
+                u64::from(e.kernel_launches),
+                t.kernel_launches,
+                "one event per call: {e:?}"
+            );
+        }
+    }
+    Ok(())
+}
