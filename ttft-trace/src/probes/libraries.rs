@@ -351,6 +351,15 @@ impl ReadCacheOps for Budgeted<'_> {
 
 /// [`inspect`] of a file already open (and checked to be regular).
 fn inspect_file(path: &Path, file: File) -> Result<Option<CudaLibrary>, LibraryError> {
+    inspect_budgeted(path, file, ELF_READ_MAX)
+}
+
+/// [`inspect_file`], reading at most `budget` bytes.
+fn inspect_budgeted(
+    path: &Path,
+    file: File,
+    budget: u64,
+) -> Result<Option<CudaLibrary>, LibraryError> {
     let len = file
         .metadata()
         .map_err(|e| LibraryError::Io(path.into(), e))?
@@ -359,11 +368,15 @@ fn inspect_file(path: &Path, file: File) -> Result<Option<CudaLibrary>, LibraryE
         file: &file,
         len,
         pos: 0,
-        budget: ELF_READ_MAX,
+        budget,
         exhausted: false,
     });
     let found = {
         let Ok(elf) = object::File::parse(&cache) else {
+            // Section headers past the budget read as no ELF file.
+            if cache.into_inner().exhausted {
+                return Err(LibraryError::TooLarge(path.into()));
+            }
             return Ok(None);
         };
         let mut found: Vec<(&'static ProbedSymbol, u64)> = Vec::new();
@@ -592,6 +605,18 @@ mod tests {
         assert_eq!(&buf[..4], b"\x7fELF");
         assert!(b.read_exact(&mut [0u8; 9]).is_err());
         assert!(b.exhausted);
+        // A file whose headers and symbols do not fit is too large, not
+        // "no CUDA library": both at the headers and at the symbol tables.
+        for budget in [64, 64 << 10] {
+            let file = rootfs::open_regular_file(&exe).expect("open");
+            assert!(
+                matches!(
+                    inspect_budgeted(&exe, file, budget),
+                    Err(LibraryError::TooLarge(_))
+                ),
+                "{budget}"
+            );
+        }
     }
 
     #[test]
