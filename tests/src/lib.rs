@@ -1,3 +1,4 @@
+pub mod container;
 pub mod demo;
 pub mod faults;
 pub mod fixtures;

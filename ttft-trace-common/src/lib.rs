@@ -15,7 +15,7 @@ pub mod process;
 pub mod signals;
 
 pub use conn::{ConnState, SendArgs};
-pub use counters::{Direction, GpuCounters, Stat};
+pub use counters::{Direction, GpuCounters, MAP_FULL_STATS, Stat};
 pub use episode::{Completion, ThreadState};
 pub use event::{
     API_DRIVER, API_RUNTIME, CONN_CLOSE, CONN_OPEN, ConnEvent, EVENT_CONN, EVENT_EPISODE,

@@ -5,9 +5,11 @@
 use aya_ebpf::{
     helpers::bpf_get_current_pid_tgid, macros::tracepoint, programs::TracePointContext,
 };
-use ttft_trace_common::offsets::ABSENT;
+use ttft_trace_common::{Stat, offsets::ABSENT};
 
-use crate::maps::{EXITED, SCHED_STATE, THREADS, TRACKED, is_tracked, offsets, workload_of};
+use crate::maps::{
+    EXITED, SCHED_STATE, THREADS, TRACKED, bump_stat, is_tracked, offsets, workload_of,
+};
 
 /// `sched:sched_process_fork`: runs in the parent's context, so the parent
 /// process is the current tgid (the tracepoint's `parent_pid` is the forking
@@ -20,8 +22,10 @@ pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
         return 0;
     };
     // SAFETY: offset from this kernel's tracefs format file.
-    if let Ok(child) = unsafe { ctx.read_at::<i32>(offsets().fork_child_pid as usize) } {
-        let _ = TRACKED.insert(child as u32, workload, 0);
+    if let Ok(child) = unsafe { ctx.read_at::<i32>(offsets().fork_child_pid as usize) }
+        && TRACKED.insert(child as u32, workload, 0).is_err()
+    {
+        bump_stat(Stat::TrackedFull);
     }
     0
 }

@@ -58,8 +58,10 @@ pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
     };
     if new == TCP_LISTEN {
         // listen() runs in the process's context: a traced server's port.
-        if is_tracked((bpf_get_current_pid_tgid() >> 32) as u32) {
-            let _ = LISTEN_PORTS.insert(sport, 1, 0);
+        if is_tracked((bpf_get_current_pid_tgid() >> 32) as u32)
+            && LISTEN_PORTS.insert(sport, 1, 0).is_err()
+        {
+            bump_stat(Stat::ListenPortsFull);
         }
         return 0;
     }

@@ -23,6 +23,7 @@ pub mod ports;
 pub mod probes;
 pub mod record;
 pub mod requests;
+pub mod rootfs;
 pub mod routing;
 pub mod session;
 pub mod signals;

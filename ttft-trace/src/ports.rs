@@ -3,10 +3,16 @@
 //! against the listening sockets of its network namespace
 //! (`/proc/PID/net/tcp{,6}`, state `0A`).
 
-use std::{collections::BTreeSet, fs};
+use std::{collections::BTreeSet, fs, path::Path};
 
 /// TCP state LISTEN in /proc/net/tcp.
 const TCP_LISTEN_HEX: &str = "0A";
+/// Most bytes read of one `/proc/PID/net/tcp{,6}`: a network namespace's
+/// sockets are its tenants' to open (about 150 bytes each). The kernel
+/// lists the listening sockets before the connections, so the cap cuts
+/// connections, which are not looked at, and bounds the cost of a
+/// namespace with hundreds of thousands of them.
+const NET_TCP_MAX: u64 = 32 << 20;
 
 /// Socket inodes held by `pid`.
 fn socket_inodes(pid: u32) -> BTreeSet<u64> {
@@ -47,9 +53,16 @@ pub fn listening_ports(pids: &[u32]) -> BTreeSet<u16> {
             continue;
         }
         for table in ["tcp", "tcp6"] {
-            let Ok(text) = fs::read_to_string(format!("/proc/{pid}/net/{table}")) else {
+            let path = format!("/proc/{pid}/net/{table}");
+            let Ok(bytes) = crate::rootfs::read_proc(Path::new(&path), NET_TCP_MAX) else {
                 continue;
             };
+            // A capped read may end inside a line: only whole lines count.
+            let whole = bytes
+                .iter()
+                .rposition(|&b| b == b'\n')
+                .map_or(&bytes[..0], |i| &bytes[..=i]);
+            let text = String::from_utf8_lossy(whole);
             ports.extend(
                 parse_listeners(&text)
                     .into_iter()

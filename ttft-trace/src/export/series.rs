@@ -104,6 +104,9 @@ impl Series {
         self.signals.runq.set(k.runq_buckets.clone(), k.runq_sum_ns);
         self.core
             .set_kernel_stats(k.events_lost, k.thread_state_dropped);
+        for (map, total) in &k.map_full {
+            self.core.set_map_full(map, *total);
+        }
     }
 
     /// Sets the eviction total of a bounded table.

@@ -6,7 +6,6 @@ pub mod symbols;
 
 use std::{
     collections::{BTreeMap, HashMap},
-    os::unix::fs::MetadataExt,
     path::PathBuf,
 };
 
@@ -17,10 +16,10 @@ use aya::{
 };
 use thiserror::Error;
 use ttft_trace_common::signals::{RUNQ_BUCKETS, RUNQ_SUM_SLOT, SchedTotals};
-use ttft_trace_common::{GpuCounters, Stat, TracepointOffsets, offsets::ABSENT};
+use ttft_trace_common::{GpuCounters, MAP_FULL_STATS, Stat, TracepointOffsets, offsets::ABSENT};
 
 use crate::tracefs::{self, Format, TracefsError};
-use libraries::CudaLibrary;
+use libraries::{CudaLibrary, FileId};
 use symbols::Api;
 
 /// The eBPF object built by build.rs (aya-build).
@@ -85,9 +84,11 @@ pub struct Attached {
 /// The loaded programs and the libraries they are attached to.
 pub struct Probes {
     ebpf: Ebpf,
-    /// Libraries attached, by (device, inode): uprobes attach to a file, and
-    /// fire in every process that maps it.
-    attached: HashMap<(u64, u64), Attached>,
+    /// Libraries attached, by the file they land on: uprobes attach to a
+    /// file, and fire in every process that maps it.
+    attached: HashMap<FileId, Attached>,
+    /// Inserts refused from userspace because the map was full, by map.
+    map_full: BTreeMap<&'static str, u64>,
 }
 
 /// Tracepoints and the programs attached to them: (program, category, name).
@@ -235,15 +236,16 @@ impl Probes {
         Ok(Self {
             ebpf,
             attached: HashMap::new(),
+            map_full: BTreeMap::new(),
         })
     }
 
     /// Attaches the probes to one library, once per file. Returns None when
     /// the file was attached before.
     pub fn attach_library(&mut self, lib: &CudaLibrary) -> Result<Option<Attached>, ProbeError> {
-        let meta = std::fs::metadata(&lib.open_path)
-            .map_err(|e| ProbeError::Stat(lib.open_path.clone(), e))?;
-        let key = (meta.dev(), meta.ino());
+        // The real file's identity: one set of probes however many mount
+        // namespaces or overlays show it.
+        let key = lib.id.clone();
         if self.attached.contains_key(&key) {
             return Ok(None);
         }
@@ -304,7 +306,9 @@ impl Probes {
     }
 
     /// Starts tracing a process as part of `workload` (the root's tgid);
-    /// its children are added by the kernel, in the same workload.
+    /// its children are added by the kernel, in the same workload. A full
+    /// map is counted and warned about, not an error: the process is then
+    /// not traced, everything else is.
     pub fn track(&mut self, pid: u32, workload: u32) -> Result<(), ProbeError> {
         let mut map: BpfHashMap<_, u32, u32> = BpfHashMap::try_from(
             self.ebpf
@@ -312,8 +316,41 @@ impl Probes {
                 .ok_or(ProbeError::Missing("TRACKED"))?,
         )
         .map_err(|e| ProbeError::Map("TRACKED", e))?;
-        map.insert(pid, workload, 0)
-            .map_err(|e| ProbeError::Map("TRACKED", e))
+        let result = map.insert(pid, workload, 0);
+        self.full_unless_stored("TRACKED", result, || format!("process {pid}"))
+    }
+
+    /// Counts an insert refused because its map is full (E2BIG; ENOMEM for
+    /// maps allocated as they fill), with a warning; other errors are errors.
+    fn full_unless_stored(
+        &mut self,
+        name: &'static str,
+        result: Result<(), aya::maps::MapError>,
+        what: impl FnOnce() -> String,
+    ) -> Result<(), ProbeError> {
+        match result {
+            Ok(()) => Ok(()),
+            Err(aya::maps::MapError::SyscallError(e))
+                if matches!(e.io_error.raw_os_error(), Some(libc::E2BIG | libc::ENOMEM)) =>
+            {
+                *self.map_full.entry(name).or_default() += 1;
+                log::warn!("eBPF map {name} is full: {} not stored", what());
+                Ok(())
+            }
+            Err(e) => Err(ProbeError::Map(name, e)),
+        }
+    }
+
+    /// Inserts refused because the map was full, by map, since the start:
+    /// in the kernel (the [`MAP_FULL_STATS`]) and from here.
+    pub fn map_full(&self) -> Result<Vec<(&'static str, u64)>, ProbeError> {
+        MAP_FULL_STATS
+            .iter()
+            .map(|&(stat, name)| {
+                let here = self.map_full.get(name).copied().unwrap_or(0);
+                Ok((name, self.stat(stat)?.wrapping_add(here)))
+            })
+            .collect()
     }
 
     /// Lets the kernel announce `tgid` again (its pid may be reused).
@@ -330,8 +367,8 @@ impl Probes {
                 .ok_or(ProbeError::Missing("LISTEN_PORTS"))?,
         )
         .map_err(|e| ProbeError::Map("LISTEN_PORTS", e))?;
-        map.insert(port, 1, 0)
-            .map_err(|e| ProbeError::Map("LISTEN_PORTS", e))
+        let result = map.insert(port, 1, 0);
+        self.full_unless_stored("LISTEN_PORTS", result, || format!("port {port}"))
     }
 
     /// Stops tracing an id (a process that exited, or a thread's id).
@@ -405,16 +442,50 @@ impl Probes {
 
     /// Forgets a process's counters once they have been read for the last time.
     pub fn drop_counters(&mut self, tgid: u32) -> Result<(), ProbeError> {
-        let mut map: PerCpuHashMap<_, u32, GpuCounters> = PerCpuHashMap::try_from(
-            self.ebpf
-                .map_mut("COUNTERS")
-                .ok_or(ProbeError::Missing("COUNTERS"))?,
-        )
-        .map_err(|e| ProbeError::Map("COUNTERS", e))?;
+        self.drop_per_cpu::<GpuCounters>("COUNTERS", tgid)
+    }
+
+    /// Forgets a process's scheduler totals once they have been read for
+    /// the last time.
+    pub fn drop_sched_totals(&mut self, tgid: u32) -> Result<(), ProbeError> {
+        self.drop_per_cpu::<SchedTotals>("SCHED_TOTALS", tgid)
+    }
+
+    fn drop_per_cpu<V: aya::Pod>(
+        &mut self,
+        name: &'static str,
+        tgid: u32,
+    ) -> Result<(), ProbeError> {
+        let mut map: PerCpuHashMap<_, u32, V> =
+            PerCpuHashMap::try_from(self.ebpf.map_mut(name).ok_or(ProbeError::Missing(name))?)
+                .map_err(|e| ProbeError::Map(name, e))?;
         match map.remove(&tgid) {
+            // An LRU map may have evicted it already.
             Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
-            Err(e) => Err(ProbeError::Map("COUNTERS", e)),
+            Err(aya::maps::MapError::SyscallError(e))
+                if e.io_error.raw_os_error() == Some(libc::ENOENT) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(ProbeError::Map(name, e)),
         }
+    }
+
+    /// Exited processes whose workload the kernel still keeps (EXITED),
+    /// for events read after their exit.
+    pub fn exited(&self) -> Result<Vec<u32>, ProbeError> {
+        let map: BpfHashMap<_, u32, u32> = BpfHashMap::try_from(
+            self.ebpf
+                .map("EXITED")
+                .ok_or(ProbeError::Missing("EXITED"))?,
+        )
+        .map_err(|e| ProbeError::Map("EXITED", e))?;
+        Ok(map.keys().filter_map(Result::ok).collect())
+    }
+
+    /// Forgets an exited process's workload, its last events read.
+    pub fn forget_exited(&mut self, tgid: u32) -> Result<(), ProbeError> {
+        remove_key::<u32>(&mut self.ebpf, "EXITED", tgid)
     }
 
     /// Per-process scheduler totals, summed over CPUs.

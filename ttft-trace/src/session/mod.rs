@@ -157,6 +157,7 @@ impl Session {
         for root in self.tracking.ended(&scan.live) {
             self.end_workload(root, now);
         }
+        self.tracking.forget_exited()?;
         self.sinks.series.retire(now);
         Ok(self.tracking.workloads())
     }

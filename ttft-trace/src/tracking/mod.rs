@@ -73,6 +73,8 @@ pub struct KernelStats {
     pub runq_sum_ns: u64,
     pub events_lost: u64,
     pub thread_state_dropped: u64,
+    /// Inserts refused by a full kernel map, per map.
+    pub map_full: Vec<(&'static str, u64)>,
 }
 
 pub struct Tracking {
@@ -90,6 +92,9 @@ pub struct Tracking {
     sched_gone: SchedTotals,
     /// Processes announced by the kernel (daemon mode), to consider.
     announced: Vec<u32>,
+    /// Exited processes the kernel kept a workload for at the last
+    /// [`Tracking::forget_exited`].
+    exited_seen: BTreeSet<u32>,
     changes: Vec<Change>,
 }
 
@@ -105,6 +110,7 @@ impl Tracking {
             sched_totals: BTreeMap::new(),
             sched_gone: SchedTotals::default(),
             announced: Vec::new(),
+            exited_seen: BTreeSet::new(),
             changes: Vec::new(),
         }
     }
@@ -258,20 +264,27 @@ impl Tracking {
             }
         }
         let now = self.probes.sched_totals()?;
-        // An entry gone from the kernel's LRU map does not come back: its
-        // last reading joins the sum of those gone.
-        let gone_from_map: Vec<u32> = self
+        self.sched_totals.extend(now.iter().map(|(t, v)| (*t, *v)));
+        // An exited process's last reading, or one the kernel's LRU map
+        // dropped, joins the sum of those gone; the exited one's entry is
+        // dropped from the map too (it would only wait for the LRU).
+        let done: Vec<u32> = self
             .sched_totals
             .keys()
-            .filter(|t| !now.contains_key(t))
+            .filter(|t| {
+                !now.contains_key(t)
+                    || (!live.iter().any(|(p, _)| p == *t) && !targets::is_process(**t))
+            })
             .copied()
             .collect();
-        for tgid in gone_from_map {
+        for tgid in done {
             if let Some(t) = self.sched_totals.remove(&tgid) {
                 self.sched_gone.add(&t);
             }
+            if now.contains_key(&tgid) {
+                self.probes.drop_sched_totals(tgid)?;
+            }
         }
-        self.sched_totals.extend(now);
         let mut sched = self.sched_gone;
         for t in self.sched_totals.values() {
             sched.add(t);
@@ -286,6 +299,7 @@ impl Tracking {
                 runq_sum_ns,
                 events_lost: self.probes.stat(Stat::RingbufLost)?,
                 thread_state_dropped: self.probes.stat(Stat::ThreadStateFull)?,
+                map_full: self.probes.map_full()?,
             },
         })
     }
@@ -298,6 +312,18 @@ impl Tracking {
             self.roots.remove(root);
         }
         ended
+    }
+
+    /// Drops the kernel's workload of processes that exited before the
+    /// previous call: a whole rescan and drain have read their last events
+    /// since. Bounds EXITED by the processes that exit in one period.
+    pub fn forget_exited(&mut self) -> Result<()> {
+        let now: BTreeSet<u32> = self.probes.exited()?.into_iter().collect();
+        for tgid in now.intersection(&self.exited_seen) {
+            self.probes.forget_exited(*tgid)?;
+        }
+        self.exited_seen = now.difference(&self.exited_seen).copied().collect();
+        Ok(())
     }
 
     /// Forgets that the kernel announced `members` of an ended workload,

@@ -1,13 +1,37 @@
 //! Where a process runs: its cgroup path, and the container and Kubernetes
 //! pod it belongs to, read from /proc without talking to any runtime or API
 //! server (the daemon must work on a bare host, under Docker and on a node).
+//!
+//! Everything here but the kernel's own text is the target's to write: the
+//! environment, and the files inside a container. They are read through
+//! [`crate::rootfs`] (inside the target's root, regular files only, capped)
+//! and what becomes a label must look like a Kubernetes name.
 
-use std::fs;
+use std::path::Path;
+
+use super::labels;
+use crate::rootfs::{self, Root};
+
+/// Most bytes read of `/proc/PID/cgroup` (a path is at most 4 KiB a
+/// hierarchy; a v1 host lists about a dozen).
+const CGROUP_FILE_MAX: u64 = 64 << 10;
+/// Most bytes read of `/proc/PID/environ`: the kernel lets a process start
+/// with a few MiB, the downward-API variables are among them.
+const ENVIRON_MAX: u64 = 1 << 20;
+/// Most bytes read of a file inside the container (`/etc/hostname`, the
+/// namespace file): each holds one short name.
+const NAME_FILE_MAX: u64 = 4 << 10;
+/// Kubernetes limits: a pod name is a DNS-1123 subdomain, a namespace a
+/// DNS-1123 label.
+const POD_NAME_MAX: usize = 253;
+const NAMESPACE_MAX: usize = 63;
 
 /// The process's cgroup path: the v2 entry (`0::/path`), else the v1 `cpu`
 /// or `memory` controller's, else the first line's.
 pub fn cgroup_path(pid: u32) -> Option<String> {
-    parse_cgroup(&fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?)
+    let text =
+        rootfs::read_proc(Path::new(&format!("/proc/{pid}/cgroup")), CGROUP_FILE_MAX).ok()?;
+    parse_cgroup(&String::from_utf8_lossy(&text))
 }
 
 pub fn parse_cgroup(text: &str) -> Option<String> {
@@ -70,27 +94,54 @@ pub fn pod_uid(path: &str) -> Option<String> {
 /// Pod name and namespace of a process in a Kubernetes pod: the downward
 /// API variables `POD_NAME`/`POD_NAMESPACE` when the pod sets them, else the
 /// files the kubelet puts in every container (`/etc/hostname` holds the pod
-/// name; the service account mount holds the namespace), read through
-/// `/proc/PID/root`. Missing pieces are empty.
+/// name; the service account mount holds the namespace), read inside the
+/// process's root. A value that is no Kubernetes name is dropped; missing
+/// pieces are empty.
 pub fn pod_names(pid: u32) -> (String, String) {
-    let environ = fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+    let environ = rootfs::read_proc(Path::new(&format!("/proc/{pid}/environ")), ENVIRON_MAX)
+        .unwrap_or_default();
     let env = |key: &str| {
         environ
             .split(|&b| b == 0)
             .find_map(|kv| kv.strip_prefix(key.as_bytes())?.strip_prefix(b"="))
-            .map(|v| String::from_utf8_lossy(v).into_owned())
     };
-    let file = |path: &str| {
-        fs::read_to_string(format!("/proc/{pid}/root{path}"))
-            .ok()
-            .map(|s| s.trim().to_string())
-            .filter(|s| !s.is_empty())
+    let root = match Root::of_process(pid) {
+        Ok(r) => Some(r),
+        Err(e) => {
+            log::debug!("{e}");
+            None
+        }
     };
-    let pod = env("POD_NAME")
-        .or_else(|| file("/etc/hostname"))
+    let file = |path: &str| match root.as_ref()?.read(Path::new(path), NAME_FILE_MAX) {
+        Ok(bytes) => Some(bytes),
+        Err(e) if e.is_not_found() => None,
+        Err(e) => {
+            log::warn!("process {pid}: not using {path} for its labels: {e}");
+            None
+        }
+    };
+    let name = |raw: Option<&[u8]>, max: usize, what: &str| {
+        let raw = raw?;
+        let name = labels::kubernetes_name(raw, max);
+        if name.is_none() {
+            log::warn!("process {pid}: its {what} is no Kubernetes name; not used as a label");
+        }
+        name
+    };
+    let pod = name(env("POD_NAME"), POD_NAME_MAX, "POD_NAME")
+        .or_else(|| {
+            name(
+                file("/etc/hostname").as_deref(),
+                POD_NAME_MAX,
+                "/etc/hostname",
+            )
+        })
         .unwrap_or_default();
-    let namespace = env("POD_NAMESPACE")
-        .or_else(|| file("/var/run/secrets/kubernetes.io/serviceaccount/namespace"))
+    let namespace = name(env("POD_NAMESPACE"), NAMESPACE_MAX, "POD_NAMESPACE")
+        .or_else(|| {
+            let path = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+            name(file(path).as_deref(), NAMESPACE_MAX, path)
+        })
         .unwrap_or_default();
     (pod, namespace)
 }

@@ -65,6 +65,7 @@ pub struct Metrics {
     events_lost: IntCounter,
     thread_state_dropped: IntCounter,
     table_evictions: IntCounterVec,
+    map_full: IntCounterVec,
     traced_processes: IntGauge,
     attached_libraries: IntGaugeVec,
     workloads: IntGauge,
@@ -136,6 +137,14 @@ impl Metrics {
             ),
             &["table"],
         )?;
+        let map_full = IntCounterVec::new(
+            Opts::new(
+                "ttft_trace_map_full_total",
+                "Inserts into a kernel map refused because it was full (what it would have \
+                 followed is not traced)",
+            ),
+            &["map"],
+        )?;
         let traced_processes =
             IntGauge::new("ttft_trace_traced_processes", "Processes currently traced")?;
         let attached_libraries = IntGaugeVec::new(
@@ -170,6 +179,7 @@ impl Metrics {
             Box::new(events_lost.clone()),
             Box::new(thread_state_dropped.clone()),
             Box::new(table_evictions.clone()),
+            Box::new(map_full.clone()),
             Box::new(traced_processes.clone()),
             Box::new(attached_libraries.clone()),
             Box::new(workloads.clone()),
@@ -189,6 +199,7 @@ impl Metrics {
             events_lost,
             thread_state_dropped,
             table_evictions,
+            map_full,
             traced_processes,
             attached_libraries,
             workloads,
@@ -275,6 +286,12 @@ impl Metrics {
         let bump = |c: &IntCounter, total: u64| c.inc_by(total.saturating_sub(c.get()));
         bump(&self.events_lost, lost);
         bump(&self.thread_state_dropped, state_dropped);
+    }
+
+    /// Sets map `map`'s refused-insert counter to the kernel's total.
+    pub fn set_map_full(&self, map: &str, total: u64) {
+        let c = self.map_full.with_label_values(&[map]);
+        c.inc_by(total.saturating_sub(c.get()));
     }
 
     /// Sets table `table`'s eviction counter to its total so far.

@@ -1,0 +1,354 @@
+//! Containers made by a test, without a container runtime: a process in a
+//! mount namespace of its own, with a directory tree as its root (`pivot_root`) the test
+//! writes (the host's `/usr` and the fixtures bind-mounted in, so the
+//! fixture workloads run unchanged), and placed in a cgroup named as the
+//! kubelet names them (`kubepods/pod<uid>/<container id>`). Root only.
+//!
+//! The mounts are made in the child's own namespace, after it made every
+//! mount private: the host sees none of them, and the tree is removed
+//! when the container is dropped.
+
+use std::{
+    ffi::CString,
+    fs,
+    os::unix::{ffi::OsStrExt, fs::symlink, process::CommandExt},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    sync::atomic::{AtomicU64, Ordering},
+};
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::fixtures::{self, ChildGuard, Workload};
+
+/// How a directory of the host appears inside the container.
+#[derive(Debug, Clone)]
+pub enum View {
+    /// A bind mount: the same files, the same device.
+    Bind,
+    /// A read-only overlay whose only layer is the host directory: the same
+    /// files under another device number, as a container image shows them.
+    Overlay,
+}
+
+/// One mount made inside the container's namespace.
+#[derive(Debug, Clone)]
+struct Mount {
+    source: PathBuf,
+    /// Path inside the container.
+    target: PathBuf,
+    view: View,
+}
+
+/// A container's root directory, being written by the test.
+#[derive(Debug)]
+pub struct ContainerRoot {
+    pub dir: PathBuf,
+    mounts: Vec<Mount>,
+    /// An empty directory, the second (empty) layer of overlay views.
+    empty: PathBuf,
+}
+
+impl ContainerRoot {
+    /// A new root with the host's `/usr` (and the merged-usr links), and the
+    /// fixture directory at its own path, shown as `fixtures_view`.
+    pub fn new(name: &str, fixtures_view: View) -> Result<Self> {
+        let dir = fixtures::temp_path(&format!("container-{name}"), "root");
+        let empty = fixtures::temp_path(&format!("container-{name}"), "empty");
+        fs::create_dir_all(&dir)?;
+        fs::create_dir_all(&empty)?;
+        for link in ["lib", "lib64", "bin", "sbin"] {
+            if Path::new("/").join(link).is_symlink() {
+                symlink(format!("usr/{link}"), dir.join(link))?;
+            }
+        }
+        let mut root = Self {
+            dir,
+            mounts: Vec::new(),
+            empty,
+        };
+        root.mount(Path::new("/usr"), Path::new("/usr"), View::Bind)?;
+        // The loader finds `$ORIGIN` of the program through /proc/self/exe.
+        root.mount(Path::new("/proc"), Path::new("/proc"), View::Bind)?;
+        let fixtures = fixtures::fixture_dir();
+        root.mount(&fixtures, &fixtures, fixtures_view)?;
+        Ok(root)
+    }
+
+    /// The host path of `inside` (an absolute path in the container).
+    pub fn path(&self, inside: &str) -> PathBuf {
+        self.dir.join(inside.trim_start_matches('/'))
+    }
+
+    /// Writes a file inside the container.
+    pub fn write(&self, inside: &str, content: impl AsRef<[u8]>) -> Result<PathBuf> {
+        let p = self.path(inside);
+        fs::create_dir_all(p.parent().context("no parent")?)?;
+        fs::write(&p, content)?;
+        Ok(p)
+    }
+
+    /// A symlink inside the container, pointing at `target` (not resolved).
+    pub fn symlink(&self, target: &str, inside: &str) -> Result<()> {
+        let p = self.path(inside);
+        fs::create_dir_all(p.parent().context("no parent")?)?;
+        symlink(target, &p)?;
+        Ok(())
+    }
+
+    /// A FIFO inside the container.
+    pub fn fifo(&self, inside: &str) -> Result<()> {
+        let p = self.path(inside);
+        fs::create_dir_all(p.parent().context("no parent")?)?;
+        let c = CString::new(p.as_os_str().as_bytes())?;
+        // SAFETY: a NUL-terminated path.
+        if unsafe { libc::mkfifo(c.as_ptr(), 0o644) } != 0 {
+            bail!(
+                "mkfifo {}: {}",
+                p.display(),
+                std::io::Error::last_os_error()
+            );
+        }
+        Ok(())
+    }
+
+    /// Mounts `source` (a host path) at `inside` in the container's
+    /// namespace when it starts. A file source is bind-mounted over a file.
+    pub fn mount(&mut self, source: &Path, inside: &Path, view: View) -> Result<()> {
+        let target = self.path(&inside.to_string_lossy());
+        if source.is_dir() {
+            fs::create_dir_all(&target)?;
+        } else {
+            fs::create_dir_all(target.parent().context("no parent")?)?;
+            fs::write(&target, "")?;
+        }
+        self.mounts.push(Mount {
+            source: source.to_path_buf(),
+            target: inside.to_path_buf(),
+            view,
+        });
+        Ok(())
+    }
+
+    /// Starts `workload` in this root and in `cgroup`, environment cleared
+    /// of the downward-API variables. Its paths (binary, truth file) are
+    /// paths inside the container.
+    pub fn spawn(self, workload: &Workload, cgroup: PodCgroup) -> Result<Container> {
+        let cstr = |p: &Path| CString::new(p.as_os_str().as_bytes());
+        let root_c = cstr(&self.dir)?;
+        let procs_c = cstr(&cgroup.dir.join("cgroup.procs"))?;
+        let mut mounts_c = Vec::new();
+        for m in &self.mounts {
+            let target = cstr(&self.path(&m.target.to_string_lossy()))?;
+            let (source, fstype, options) = match m.view {
+                View::Bind => (cstr(&m.source)?, None, None),
+                View::Overlay => (
+                    CString::new("overlay")?,
+                    Some(CString::new("overlay")?),
+                    Some(CString::new(format!(
+                        "lowerdir={}:{}",
+                        m.source.display(),
+                        self.empty.display()
+                    ))?),
+                ),
+            };
+            mounts_c.push((source, target, fstype, options));
+        }
+        let mut c = Command::new(workload.binary());
+        c.args(workload.to_args())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .env_remove("LD_LIBRARY_PATH")
+            .env_remove("LD_PRELOAD")
+            .env_remove("POD_NAME")
+            .env_remove("POD_NAMESPACE");
+        // SAFETY: only async-signal-safe calls on data prepared above.
+        unsafe {
+            c.pre_exec(move || enter(&root_c, &procs_c, &mounts_c));
+        }
+        let child = ChildGuard::new(c.spawn().context("starting the container")?);
+        Ok(Container {
+            pid: child.id(),
+            child,
+            cgroup,
+            root: self,
+        })
+    }
+}
+
+type MountC = (CString, CString, Option<CString>, Option<CString>);
+
+/// In the child, before exec: join the cgroup, a mount namespace of its
+/// own with private mounts, make the mounts, pivot into the root. Any failure fails the
+/// spawn.
+fn enter(root: &CString, procs: &CString, mounts: &[MountC]) -> std::io::Result<()> {
+    let check = |rc: libc::c_int| {
+        if rc < 0 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    };
+    // SAFETY: plain syscalls on NUL-terminated strings that outlive them.
+    unsafe {
+        let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        check(fd)?;
+        // "0": the writing process itself.
+        let written = libc::write(fd, b"0".as_ptr().cast(), 1);
+        libc::close(fd);
+        if written != 1 {
+            return Err(std::io::Error::last_os_error());
+        }
+        check(libc::unshare(libc::CLONE_NEWNS))?;
+        check(libc::mount(
+            std::ptr::null(),
+            c"/".as_ptr(),
+            std::ptr::null(),
+            libc::MS_REC | libc::MS_PRIVATE,
+            std::ptr::null(),
+        ))?;
+        // The root becomes a mount of its own, so that the container's
+        // paths (in /proc/PID/maps too) are relative to it, as under a
+        // container runtime; chroot alone would show the host's paths.
+        check(libc::mount(
+            root.as_ptr(),
+            root.as_ptr(),
+            std::ptr::null(),
+            libc::MS_BIND | libc::MS_REC,
+            std::ptr::null(),
+        ))?;
+        for (source, target, fstype, options) in mounts {
+            let flags = if fstype.is_some() {
+                libc::MS_RDONLY
+            } else {
+                libc::MS_BIND | libc::MS_REC
+            };
+            check(libc::mount(
+                source.as_ptr(),
+                target.as_ptr(),
+                fstype.as_ref().map_or(std::ptr::null(), |f| f.as_ptr()),
+                flags,
+                options
+                    .as_ref()
+                    .map_or(std::ptr::null(), |o| o.as_ptr().cast()),
+            ))?;
+        }
+        // pivot_root(".", ".") then detaching the old root (as runc does):
+        // the host's tree is gone from this namespace.
+        check(libc::chdir(root.as_ptr()))?;
+        check(libc::syscall(libc::SYS_pivot_root, c".".as_ptr(), c".".as_ptr()) as libc::c_int)?;
+        check(libc::umount2(c".".as_ptr(), libc::MNT_DETACH))?;
+        check(libc::chdir(c"/".as_ptr()))?;
+    }
+    Ok(())
+}
+
+/// A running container; killed, and its tree and cgroup removed, on drop.
+pub struct Container {
+    pub pid: u32,
+    child: ChildGuard,
+    pub cgroup: PodCgroup,
+    pub root: ContainerRoot,
+}
+
+impl Container {
+    /// Waits for the workload to end, up to `timeout`.
+    pub fn wait(&mut self, timeout: std::time::Duration) -> Result<std::process::ExitStatus> {
+        self.child.wait_timeout(timeout)
+    }
+}
+
+impl Drop for Container {
+    fn drop(&mut self) {
+        if let Some(c) = self.child.child_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        // The mounts lived in the child's namespace only: here every mount
+        // point is an empty directory. Refuse to remove a tree that shows
+        // otherwise (never delete through a mount).
+        let shows_mount = self.root.mounts.iter().any(|m| {
+            let p = self.root.path(&m.target.to_string_lossy());
+            fs::read_dir(&p).is_ok_and(|mut d| d.next().is_some())
+                || fs::metadata(&p).is_ok_and(|md| md.len() > 0 && md.is_file())
+        });
+        if shows_mount {
+            eprintln!(
+                "not removing {}: a mount point is not empty",
+                self.root.dir.display()
+            );
+            return;
+        }
+        let _ = fs::remove_dir_all(&self.root.dir);
+        let _ = fs::remove_dir(&self.root.empty);
+    }
+}
+
+/// A cgroup `kubepods/pod<uid>/<64-hex id>` in the cgroup v2 hierarchy,
+/// removed on drop (once its processes are gone).
+#[derive(Debug)]
+pub struct PodCgroup {
+    pub dir: PathBuf,
+    pub pod_uid: String,
+    pub container_id: String,
+}
+
+impl PodCgroup {
+    /// A new, unique one.
+    pub fn new() -> Result<Self> {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        let salt = u64::from(std::process::id()) << 20 | n;
+        let pod_uid = format!(
+            "{:08x}-{:04x}-4{:03x}-8{:03x}-{:012x}",
+            salt as u32,
+            (salt >> 32) as u16,
+            n & 0xfff,
+            n & 0xfff,
+            fixtures::monotonic_ns() & 0xffff_ffff_ffff
+        );
+        let container_id = format!(
+            "{:016x}{:016x}{:016x}{:016x}",
+            salt,
+            fixtures::monotonic_ns(),
+            n,
+            0xc0ffee_u64
+        );
+        let dir = cgroup2_root()?
+            .join("kubepods")
+            .join(format!("pod{pod_uid}"))
+            .join(&container_id);
+        fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        Ok(Self {
+            dir,
+            pod_uid,
+            container_id,
+        })
+    }
+}
+
+impl Drop for PodCgroup {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir(&self.dir);
+        if let Some(pod) = self.dir.parent() {
+            let _ = fs::remove_dir(pod);
+            if let Some(kubepods) = pod.parent() {
+                let _ = fs::remove_dir(kubepods);
+            }
+        }
+    }
+}
+
+/// Where the cgroup v2 hierarchy is mounted (`/sys/fs/cgroup`, or
+/// `/sys/fs/cgroup/unified` on a hybrid host).
+pub fn cgroup2_root() -> Result<PathBuf> {
+    let mounts = fs::read_to_string("/proc/self/mounts")?;
+    mounts
+        .lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.get(2) == Some(&"cgroup2")).then(|| PathBuf::from(f[1]))
+        })
+        .context("no cgroup v2 hierarchy is mounted")
+}
