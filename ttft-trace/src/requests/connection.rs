@@ -1,6 +1,7 @@
 //! The per-connection HTTP/1.1 state machine: which receive starts a
 //! request, which sends make its response, what ends the response, and
-//! what ends a request early (close, pipelining, idleness, exit).
+//! what ends a request early (close, pipelining, idleness, exit). A
+//! connection seen to speak HTTP/2 is only marked so.
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -64,6 +65,8 @@ pub(crate) struct Request {
     /// sends cannot be told from the previous response's, so they are only
     /// counted, never read as a response.
     pub pipelined: bool,
+    /// On a connection that speaks HTTP/2.
+    pub http2: bool,
     /// For a pipelined request: whether the last send ended a response, so
     /// that the next receive starts a request that can be followed again.
     response_ended: bool,
@@ -115,6 +118,9 @@ pub(crate) enum Cause {
 }
 
 fn outcome(req: &Request, cause: Cause) -> Outcome {
+    if req.http2 {
+        return Outcome::Http2Unsupported;
+    }
     if req.pipelined || cause == Cause::Pipelined {
         return Outcome::PipelinedUnsupported;
     }
@@ -185,6 +191,9 @@ pub(crate) struct Connection {
     pub last_event_ns: u64,
     itl_cap: usize,
     acks: AckTracker,
+    /// The server's first send was HTTP/2's connection preface (or a 101 to
+    /// `h2c`): every request from then on is HTTP/2.
+    http2: bool,
 }
 
 impl Connection {
@@ -196,6 +205,7 @@ impl Connection {
             last_event_ns: t_ns,
             itl_cap,
             acks: AckTracker::default(),
+            http2: false,
         }
     }
 
@@ -244,10 +254,22 @@ impl Connection {
                 return;
             }
         };
+        // The first send of a response tells the protocol; a server may send
+        // its HTTP/2 preface before it reads any request.
+        let opens = self.current.as_ref().is_none_or(|r| r.response.is_none());
+        let head = opens.then(|| {
+            if self.http2 {
+                Head::Http2
+            } else {
+                http::parse_head(ev.head(), n)
+            }
+        });
+        self.http2 |= head == Some(Head::Http2);
         let Some(req) = self.current.as_mut() else {
             out.sends_without_request += 1;
             return;
         };
+        req.http2 |= self.http2;
         req.bytes_out += n;
         req.t_last_send = Some(ev.t_ns);
         let send = Outgoing {
@@ -263,7 +285,7 @@ impl Connection {
         let had_token = req.t_first_token().is_some();
         match req.response.as_mut() {
             Some(r) => r.on_send(&send),
-            None => match http::parse_head(send.head, n) {
+            None => match head.unwrap_or_else(|| http::parse_head(send.head, n)) {
                 Head::Interim => return,
                 head => req.response = Some(Response::start(head, &send, self.itl_cap)),
             },
@@ -359,6 +381,7 @@ impl Connection {
             bytes_out: 0,
             response: None,
             pipelined,
+            http2: self.http2,
             response_ended: false,
             t_last_send: None,
             notes: Vec::new(),

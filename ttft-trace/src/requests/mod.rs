@@ -17,13 +17,17 @@
 //!   than only HTTP headers. The captured head of the response's first
 //!   send gives the header length: if that send moved more bytes, it
 //!   carries body; otherwise the first later send that does is the first
-//!   token. Every body send is a *chunk*; a send that is only the chunked
-//!   terminator `0\r\n\r\n` is not.
+//!   token. Every body send is a *chunk*; with `Transfer-Encoding:
+//!   chunked`, only a send that carries chunk data is: one of only framing
+//!   (a size line, the CRLF after a chunk, the zero-size chunk, trailers,
+//!   the final CRLF, in any pieces) is not (see `requests/chunked.rs`).
 //! - `t_done`: return of the last send of the response. The response ends
 //!   when `Content-Length` bytes after the headers have been sent, or when
-//!   a send's tail ends the chunked body; when the framing cannot tell
-//!   (opaque, body until close, a tail not captured), at the next receive,
-//!   the close, or after `response_quiet_ns` without a send.
+//!   the chunked body's end is read (split across sends at any byte); a
+//!   body without length or chunking (HTTP/1.0, `Connection: close`) ends
+//!   at the close and is complete (`ok`). When the framing cannot tell
+//!   (opaque, HTTP/2, a tail not captured), the response ends at the next
+//!   receive, the close, or after `response_quiet_ns` without a send.
 //!
 //! # Figures (as `vllm bench serve` defines them)
 //!
@@ -56,7 +60,17 @@
 //! - TLS hides the headers: every send is body (`framing: "opaque"`), so a
 //!   headers-only flush counts as the first token and TTFT reads short.
 //! - HTTP/2 (or any multiplexing) puts several requests on one connection
-//!   at once: one "request" per idle-to-busy period, opaque, meaningless.
+//!   at once. A clear-text HTTP/2 connection (the server's SETTINGS preface,
+//!   or a 101 to `h2c`) is recognised: its "requests" (one per idle-to-busy
+//!   period) get `framing: "http2"`, outcome `http2_unsupported`, and no
+//!   figures. Over TLS it is opaque, and meaningless.
+//! - Only the first sends after a receive carry a head; later ones show 8
+//!   bytes of tail. A chunked body is followed exactly while its bytes are
+//!   seen or its chunk sizes say where the next boundary is; past a size
+//!   line not seen, its end is read from the last bytes of the stream and
+//!   every send is taken as a chunk unless it reads as framing only. Trailer
+//!   lines longer than the tail are not seen then: with `Trailer`
+//!   announced, the end falls back to the close or the next request.
 //! - A role-only SSE chunk (`{"delta":{"role":"assistant"}}`) or any
 //!   keep-alive comment sent before the first real token is body, so it
 //!   is taken as the first token: TTFT reads short.
@@ -86,6 +100,7 @@
 //! `header_end_not_captured`, `head_not_captured`, `end_by_idle` (the
 //! response's end was taken after `response_quiet_ns` without a send).
 
+mod chunked;
 mod connection;
 mod correlator;
 mod delivery;

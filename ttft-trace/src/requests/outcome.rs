@@ -19,6 +19,10 @@ pub enum Outcome {
     /// response ended. Both requests get this outcome; their responses
     /// cannot be told apart from send sizes alone.
     PipelinedUnsupported,
+    /// A request on an HTTP/2 connection: its streams are multiplexed, so
+    /// one "request" is an idle-to-busy period of the connection, not a
+    /// request. Logged (`framing: "http2"`), never counted.
+    Http2Unsupported,
     /// Still in flight when tracing stopped.
     InFlightAtExit,
     /// Its connection was dropped to bound memory (idle too long without a
@@ -27,12 +31,13 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 7] = [
+    pub const ALL: [Outcome; 8] = [
         Self::Ok,
         Self::ErrorStatus,
         Self::ClosedMidResponse,
         Self::ClosedBeforeResponse,
         Self::PipelinedUnsupported,
+        Self::Http2Unsupported,
         Self::InFlightAtExit,
         Self::Evicted,
     ];
@@ -44,6 +49,7 @@ impl Outcome {
             Self::ClosedMidResponse => "closed_mid_response",
             Self::ClosedBeforeResponse => "closed_before_response",
             Self::PipelinedUnsupported => "pipelined_unsupported",
+            Self::Http2Unsupported => "http2_unsupported",
             Self::InFlightAtExit => "in_flight_at_exit",
             Self::Evicted => "evicted",
         }

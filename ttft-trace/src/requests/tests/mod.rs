@@ -3,6 +3,7 @@
 
 mod bounds;
 mod delivery;
+mod framing;
 mod http1;
 mod join;
 mod output;
@@ -31,6 +32,9 @@ pub(super) struct Wire {
     pub c: Correlator,
     sends_since_recv: HashMap<u64, u32>,
     seq: HashMap<u64, Seq>,
+    /// Sends after each receive that carry a head ([`HEAD_SENDS`] as the
+    /// probes do; more to model a capture of every send).
+    pub head_sends: u32,
 }
 
 /// A server socket's send sequence space, as `tcp_probe` reads it, and the
@@ -53,6 +57,7 @@ impl Wire {
             c: Correlator::new(cfg),
             sends_since_recv: HashMap::new(),
             seq: HashMap::new(),
+            head_sends: HEAD_SENDS,
         }
     }
 
@@ -151,7 +156,7 @@ impl Wire {
             bytes: data.len() as i64,
             ..SockEvent::default()
         };
-        if *n <= HEAD_SENDS {
+        if *n <= self.head_sends {
             let h = data.len().min(HEAD_BYTES);
             ev.head[..h].copy_from_slice(&data[..h]);
             ev.head_len = h as u32;
