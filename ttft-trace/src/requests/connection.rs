@@ -109,8 +109,11 @@ pub(crate) enum Cause {
     NextRequest,
     /// A request arrived while this response was still going.
     Pipelined,
-    /// The connection closed or the client sent EOF.
+    /// The connection closed: the server closed it first, or a reset.
     Closed,
+    /// The client closed first (its FIN came before the server's, or a
+    /// receive returned EOF): it left, whatever the framing says.
+    PeerClosed,
     /// A response whose end the framing cannot tell fell silent.
     Idle,
     Exit,
@@ -134,7 +137,11 @@ fn outcome(req: &Request, cause: Cause) -> Outcome {
     match cause {
         Cause::Exit => Outcome::InFlightAtExit,
         Cause::Evicted => Outcome::Evicted,
-        Cause::Closed if resp.end() == End::Incomplete => Outcome::ClosedMidResponse,
+        Cause::Closed | Cause::PeerClosed if resp.end() == End::Incomplete => {
+            Outcome::ClosedMidResponse
+        }
+        // A body that ends at the close ends at the server's.
+        Cause::PeerClosed if resp.until_close() => Outcome::ClosedMidResponse,
         _ if resp.status.is_some_and(|s| s >= 400) => Outcome::ErrorStatus,
         _ => Outcome::Ok,
     }
@@ -212,7 +219,7 @@ impl Connection {
     pub fn on_recv(&mut self, ev: &SockEvent, out: &mut Outbox) {
         self.last_event_ns = self.last_event_ns.max(ev.t_ns);
         let n = match u64::try_from(ev.bytes) {
-            Ok(0) => return self.finish_current(Cause::Closed, out),
+            Ok(0) => return self.finish_current(Cause::PeerClosed, out),
             Ok(n) => n,
             Err(_) => {
                 out.socket_errors += 1;
@@ -316,9 +323,14 @@ impl Connection {
         }
     }
 
-    /// The connection closed (or the client sent EOF).
-    pub fn close(&mut self, out: &mut Outbox) {
-        self.end(Cause::Closed, out);
+    /// The connection closed; `by_peer` when the client's FIN came first.
+    pub fn close(&mut self, by_peer: bool, out: &mut Outbox) {
+        let cause = if by_peer {
+            Cause::PeerClosed
+        } else {
+            Cause::Closed
+        };
+        self.end(cause, out);
     }
 
     pub fn exit(&mut self, out: &mut Outbox) {

@@ -21,6 +21,8 @@ use super::{
 };
 
 const MS: u64 = 1_000_000;
+/// `TCP_CLOSE_WAIT`: the client's FIN came first.
+const TCP_CLOSE_WAIT: u32 = 8;
 const S: u64 = 1_000 * MS;
 
 /// How often connections are checked for idleness.
@@ -279,7 +281,7 @@ impl Correlator {
             CONN_OPEN => {
                 if let Some(mut old) = self.conns.remove(&ev.sk) {
                     self.stats.connections_reopened += 1;
-                    old.close(&mut self.out);
+                    old.close(false, &mut self.out);
                 }
                 if self.conns.len() >= self.cfg.max_connections {
                     self.stats.connections_refused += 1;
@@ -289,7 +291,7 @@ impl Correlator {
                 self.conns.insert(ev.sk, conn);
             }
             CONN_CLOSE => match self.conns.remove(&ev.sk) {
-                Some(mut conn) => conn.close(&mut self.out),
+                Some(mut conn) => conn.close(ev.newstate == TCP_CLOSE_WAIT, &mut self.out),
                 None => self.stats.unknown_conn_events += 1,
             },
             _ => self.stats.malformed_events += 1,

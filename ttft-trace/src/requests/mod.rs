@@ -25,7 +25,9 @@
 //!   when `Content-Length` bytes after the headers have been sent, or when
 //!   the chunked body's end is read (split across sends at any byte); a
 //!   body without length or chunking (HTTP/1.0, `Connection: close`) ends
-//!   at the close and is complete (`ok`). When the framing cannot tell
+//!   at the server's close and is complete (`ok`); if the client closes
+//!   first (its FIN, or a receive returning EOF), it left:
+//!   `closed_mid_response`. When the framing cannot tell
 //!   (opaque, HTTP/2, a tail not captured), the response ends at the next
 //!   receive, the close, or after `response_quiet_ns` without a send.
 //!

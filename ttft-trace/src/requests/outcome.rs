@@ -11,7 +11,8 @@ pub enum Outcome {
     /// A whole response with status 400 or above.
     ErrorStatus,
     /// The connection closed (FIN or RST either way, or the client's EOF)
-    /// while the framing said the response was still going.
+    /// while the framing said the response was still going, or the client
+    /// closed first during a body that ends at the (server's) close.
     ClosedMidResponse,
     /// The connection closed before any response byte was sent.
     ClosedBeforeResponse,

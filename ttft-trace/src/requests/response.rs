@@ -156,6 +156,11 @@ impl Response {
         }
     }
 
+    /// An HTTP/1.x body without length or chunking: it ends at the close.
+    pub fn until_close(&self) -> bool {
+        self.framing == Framing::Http1 && self.body == Body::UntilClose && self.header_len.is_some()
+    }
+
     fn reached(sent: u64, total: u64) -> End {
         if sent >= total {
             End::Complete

@@ -431,3 +431,36 @@ fn http2_preface_before_any_request_and_h2c_upgrade() {
         ]
     );
 }
+
+#[test]
+fn a_body_until_close_is_whole_only_when_the_server_closes() {
+    const ESTABLISHED: u32 = 1;
+    let run = |close: &dyn Fn(&mut Wire, u64)| {
+        let mut w = Wire::new();
+        w.open(SK, 0);
+        w.recv(SK, T0, 100);
+        w.send(
+            SK,
+            T0 + ms(1),
+            b"HTTP/1.0 200 OK\r\nContent-Type: application/x-ndjson\r\n\r\n",
+        );
+        w.send(SK, T0 + ms(20), &ndjson("a"));
+        close(&mut w, T0 + ms(30));
+        let r = w.one(ms(10_000));
+        (r.outcome, r.e2e_ns)
+    };
+    let server_fin = |w: &mut Wire, t| {
+        let mut ev = conn(CONN_CLOSE, SK, t);
+        (ev.oldstate, ev.newstate) = (ESTABLISHED, 4); // FIN_WAIT1
+        w.c.on_conn(&ev);
+    };
+    let client_fin = |w: &mut Wire, t| {
+        let mut ev = conn(CONN_CLOSE, SK, t);
+        (ev.oldstate, ev.newstate) = (ESTABLISHED, 8); // CLOSE_WAIT
+        w.c.on_conn(&ev);
+    };
+    let client_eof = |w: &mut Wire, t| w.recv(SK, t, 0);
+    assert_eq!(run(&server_fin), (Outcome::Ok, Some(ms(20))));
+    assert_eq!(run(&client_fin), (Outcome::ClosedMidResponse, None));
+    assert_eq!(run(&client_eof), (Outcome::ClosedMidResponse, None));
+}
