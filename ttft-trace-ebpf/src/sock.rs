@@ -2,7 +2,8 @@
 //! moving on them, for per-request timing.
 //!
 //! `inet_sock_set_state` tells which sockets are server connections (accepted
-//! on a listening port of the tree) and when they close; `sock_recv_length`
+//! on a listening port of the tree), when they close, and their later states
+//! until the kernel is done with them; `sock_recv_length`
 //! and `sock_send_length` time each receive and send on them. The send
 //! syscalls' enter tracepoints keep the user buffer so that the first sends
 //! of each response can be peeked at (HTTP headers or body?) and every send's
@@ -14,8 +15,8 @@ use aya_ebpf::{
     programs::TracePointContext,
 };
 use ttft_trace_common::{
-    CONN_CLOSE, CONN_OPEN, ConnEvent, ConnState, EVENT_CONN, EVENT_SOCK, SOCK_RECV, SOCK_SEND,
-    SendArgs, SockEvent, Stat,
+    CONN_CLOSE, CONN_OPEN, CONN_STATE, ConnEvent, ConnState, EVENT_CONN, EVENT_SOCK, SOCK_RECV,
+    SOCK_SEND, SendArgs, SockEvent, Stat,
     event::{HEAD_BYTES, HEAD_SENDS, TAIL_BYTES},
 };
 
@@ -74,14 +75,17 @@ pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
     let Some(state) = CONNS.get_ptr_mut(sk) else {
         return 0;
     };
-    if old == TCP_ESTABLISHED || new == TCP_CLOSE {
-        // SAFETY: live map value.
-        let first = unsafe { (*state).closed == 0 };
-        if first {
-            // SAFETY: as above.
-            unsafe { (*state).closed = 1 };
-            emit_conn(&ctx, CONN_CLOSE, sk, old, new, sport);
-        }
+    // SAFETY: live map value.
+    let closed = unsafe { (*state).closed != 0 };
+    if !closed && (old == TCP_ESTABLISHED || new == TCP_CLOSE) {
+        // SAFETY: as above.
+        unsafe { (*state).closed = 1 };
+        emit_conn(&ctx, CONN_CLOSE, sk, old, new, sport);
+    } else if closed && old != new {
+        // After the application's close the kernel still retransmits and
+        // takes the client's ACKs: FIN_WAIT2 or LAST_ACK -> CLOSE say when
+        // everything sent was acknowledged, CLOSE that the socket is done.
+        emit_conn(&ctx, CONN_STATE, sk, old, new, sport);
     }
     if new == TCP_CLOSE {
         let _ = CONNS.remove(sk);

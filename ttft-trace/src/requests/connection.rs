@@ -10,6 +10,15 @@ use std::{
 
 use ttft_trace_common::{ConnEvent, SegmentEvent, SockEvent};
 
+/// TCP states (`include/net/tcp_states.h`).
+const TCP_FIN_WAIT1: u32 = 4;
+const TCP_FIN_WAIT2: u32 = 5;
+const TCP_TIME_WAIT: u32 = 6;
+pub(crate) const TCP_CLOSE: u32 = 7;
+pub(crate) const TCP_CLOSE_WAIT: u32 = 8;
+const TCP_LAST_ACK: u32 = 9;
+const TCP_CLOSING: u32 = 11;
+
 use super::{
     delivery::{self, AckTracker, Delivery, RequestSegment},
     http::{self, Head},
@@ -201,6 +210,9 @@ pub(crate) struct Connection {
     /// The server's first send was HTTP/2's connection preface (or a 101 to
     /// `h2c`): every request from then on is HTTP/2.
     http2: bool,
+    /// When either side closed it: no more requests; its ACKs are still
+    /// followed until the kernel is done with the socket.
+    pub closed_at: Option<u64>,
 }
 
 impl Connection {
@@ -213,6 +225,7 @@ impl Connection {
             itl_cap,
             acks: AckTracker::default(),
             http2: false,
+            closed_at: None,
         }
     }
 
@@ -323,14 +336,44 @@ impl Connection {
         }
     }
 
-    /// The connection closed; `by_peer` when the client's FIN came first.
-    pub fn close(&mut self, by_peer: bool, out: &mut Outbox) {
-        let cause = if by_peer {
+    /// The connection left `ESTABLISHED` (`CONN_CLOSE`): the request in
+    /// flight ends; first tokens not yet acknowledged still wait (see
+    /// [`Connection::on_state`]).
+    pub fn close(&mut self, ev: &ConnEvent, out: &mut Outbox) {
+        self.last_event_ns = self.last_event_ns.max(ev.t_ns);
+        let cause = if ev.newstate == TCP_CLOSE_WAIT {
             Cause::PeerClosed
         } else {
             Cause::Closed
         };
-        self.end(cause, out);
+        self.finish_current(cause, out);
+        self.closed_at = Some(ev.t_ns);
+    }
+
+    /// A state change after the close (`CONN_STATE`, or `CONN_CLOSE`
+    /// itself): when it says the client acknowledged everything sent, the
+    /// first tokens still waiting were acknowledged by then.
+    pub fn on_state(&mut self, ev: &ConnEvent, out: &mut Outbox) {
+        self.last_event_ns = self.last_event_ns.max(ev.t_ns);
+        let all_acked = matches!(
+            (ev.oldstate, ev.newstate),
+            (TCP_FIN_WAIT1, TCP_FIN_WAIT2)
+                | (TCP_LAST_ACK, TCP_CLOSE)
+                | (TCP_CLOSING, TCP_TIME_WAIT | TCP_CLOSE)
+        );
+        if !all_acked {
+            return;
+        }
+        for (index, ack) in self.acks.all_acked(ev.t_ns) {
+            if let Some(d) = out.deliveries.get_mut(&(self.info.sk, index)) {
+                *d = Delivery::Acked(ack);
+            }
+        }
+    }
+
+    /// The kernel is done with the socket (`TCP_CLOSE`), or it was reused.
+    pub fn gone(&mut self, out: &mut Outbox) {
+        self.end(Cause::Closed, out);
     }
 
     pub fn exit(&mut self, out: &mut Outbox) {

@@ -13,6 +13,14 @@
 //! - The client acknowledged it at the first ACK whose `snd_una` reaches
 //!   past that byte (compared modulo 2^32, as TCP does).
 //!
+//! After the server's close, `tcp_probe` (in `tcp_rcv_established`) sees no
+//! more segments; the kernel still retransmits and takes ACKs. The state
+//! change that says the client acknowledged everything sent (our FIN
+//! included: `FIN_WAIT1 -> FIN_WAIT2`, `LAST_ACK -> CLOSE`, `CLOSING ->
+//! TIME_WAIT`) then stands for the ACK of a first token still waiting: an
+//! upper bound, exact when that ACK covered the whole response (a short
+//! response, or a first token held back by loss until the rest had come).
+//!
 //! Client TTFT ≈ first token acknowledged − request segment arrived: the
 //! two one-way trips (request in, ACK out) stand for the client's two
 //! (request out, token in). A client that delays its ACK (up to 40-200 ms
@@ -39,8 +47,12 @@ pub(crate) fn seq_at_or_after(a: u32, b: u32) -> bool {
 pub(crate) struct Ack {
     pub t_ns: u64,
     pub snd_una: u32,
-    /// Smoothed RTT of the socket then, in ns.
+    /// Smoothed RTT of the socket then, in ns (the last one seen, for an
+    /// ACK known from a state change).
     pub srtt_ns: u64,
+    /// Known from the state change that says everything was acknowledged
+    /// (after the server's close), not from the ACK itself: no later than.
+    pub at_close: bool,
 }
 
 /// The request's first segment, as `tcp_probe` saw it arrive.
@@ -85,6 +97,7 @@ impl AckTracker {
                 t_ns: ev.t_prev_ns,
                 snd_una: ev.snd_una,
                 srtt_ns: u64::from(ev.srtt_us) * 1_000,
+                at_close: false,
             };
             if self.recent.len() >= RECENT_ACKS {
                 self.recent.pop_front();
@@ -127,6 +140,24 @@ impl AckTracker {
         }
         self.waiting.push_back((index, end_seq));
         Delivery::Waiting { end_seq }
+    }
+
+    /// Everything sent was acknowledged by `t_ns` (a state change after the
+    /// server's close): the first tokens still waiting, with their ACK.
+    pub fn all_acked(&mut self, t_ns: u64) -> Vec<(u32, Ack)> {
+        let srtt_ns = self.recent.back().map_or(0, |a| a.srtt_ns);
+        self.waiting
+            .drain(..)
+            .map(|(index, end_seq)| {
+                let ack = Ack {
+                    t_ns,
+                    snd_una: end_seq,
+                    srtt_ns,
+                    at_close: true,
+                };
+                (index, ack)
+            })
+            .collect()
     }
 
     /// The connection ended: the first tokens still waiting will not be

@@ -50,7 +50,11 @@
 //! - **Client TTFT estimate**: first token acknowledged by the client −
 //!   the request's first segment arrived, from `tcp:tcp_probe` on the same
 //!   socket (see `requests/delivery.rs`); `None` when either was not seen. A request
-//!   is held up to `ack_wait_ns` for that ACK.
+//!   is held up to `ack_wait_ns` for that ACK. A connection is followed past
+//!   its close until the kernel is done with it (or `ack_wait_ns`): when
+//!   the ACK came after the server's close, where `tcp_probe` does not see
+//!   it, the state change that says everything sent was acknowledged
+//!   stands for it (note `first_token_acked_by_close`: no later than).
 //! - `gpu_steps_waited`: episodes completed in `[t_arrive, t_first_token]`;
 //!   `gpu_idle_before_start_ns`: time in `[t_arrive, t_gpu_start]` covered
 //!   by no episode's `[launch, D2H done]`.
@@ -100,7 +104,8 @@
 //!
 //! `joined_running_batch`, `no_gpu_episode`, `itl_truncated`,
 //! `header_end_not_captured`, `head_not_captured`, `end_by_idle` (the
-//! response's end was taken after `response_quiet_ns` without a send).
+//! response's end was taken after `response_quiet_ns` without a send),
+//! `first_token_acked_by_close`.
 
 mod chunked;
 mod connection;
@@ -114,7 +119,7 @@ mod record;
 mod response;
 mod summary;
 
-pub use correlator::{Correlator, CorrelatorConfig, CorrelatorStats};
+pub use correlator::{Correlator, CorrelatorConfig, CorrelatorStats, ends_socket};
 pub use metrics::RequestMetrics;
 pub use outcome::Outcome;
 pub use record::{Figure, RequestRecord};

@@ -49,7 +49,7 @@ use crate::{
         symbols::Api,
     },
     record::LatencyRecorder,
-    requests::{CorrelatorStats, RequestMetrics, RequestRecord, RequestRecorders},
+    requests::{self, CorrelatorStats, RequestMetrics, RequestRecord, RequestRecorders},
     signals::SignalMetrics,
     targets,
     workloads::{LabelSets, WorkloadLabels},
@@ -533,7 +533,8 @@ impl Session {
         match decode(bytes) {
             Ok(Event::Conn(ev)) if ev.op == CONN_OPEN => self.workloads.hold_open(&ev),
             Ok(Event::Conn(ev)) => {
-                if let Some(w) = self.workloads.of_socket(ev.sk, true) {
+                // Followed past its close, until the kernel is done with it.
+                if let Some(w) = self.workloads.of_socket(ev.sk, requests::ends_socket(&ev)) {
                     w.correlator.on_conn(&ev);
                 }
             }

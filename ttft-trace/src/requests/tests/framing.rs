@@ -434,7 +434,6 @@ fn http2_preface_before_any_request_and_h2c_upgrade() {
 
 #[test]
 fn a_body_until_close_is_whole_only_when_the_server_closes() {
-    const ESTABLISHED: u32 = 1;
     let run = |close: &dyn Fn(&mut Wire, u64)| {
         let mut w = Wire::new();
         w.open(SK, 0);
@@ -449,16 +448,8 @@ fn a_body_until_close_is_whole_only_when_the_server_closes() {
         let r = w.one(ms(10_000));
         (r.outcome, r.e2e_ns)
     };
-    let server_fin = |w: &mut Wire, t| {
-        let mut ev = conn(CONN_CLOSE, SK, t);
-        (ev.oldstate, ev.newstate) = (ESTABLISHED, 4); // FIN_WAIT1
-        w.c.on_conn(&ev);
-    };
-    let client_fin = |w: &mut Wire, t| {
-        let mut ev = conn(CONN_CLOSE, SK, t);
-        (ev.oldstate, ev.newstate) = (ESTABLISHED, 8); // CLOSE_WAIT
-        w.c.on_conn(&ev);
-    };
+    let server_fin = |w: &mut Wire, t| w.state(CONN_CLOSE, SK, t, TCP_ESTABLISHED, TCP_FIN_WAIT1);
+    let client_fin = |w: &mut Wire, t| w.state(CONN_CLOSE, SK, t, TCP_ESTABLISHED, TCP_CLOSE_WAIT);
     let client_eof = |w: &mut Wire, t| w.recv(SK, t, 0);
     assert_eq!(run(&server_fin), (Outcome::Ok, Some(ms(20))));
     assert_eq!(run(&client_fin), (Outcome::ClosedMidResponse, None));

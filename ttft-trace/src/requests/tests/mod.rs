@@ -11,12 +11,20 @@ mod output;
 use std::collections::HashMap;
 
 use ttft_trace_common::{
-    CONN_CLOSE, CONN_OPEN, ConnEvent, EVENT_CONN, EVENT_EPISODE, EVENT_SEGMENT, EpisodeEvent,
-    SEGMENT_ACKED, SEGMENT_DATA, SOCK_RECV, SOCK_SEND, SegmentEvent, SockEvent,
+    CONN_CLOSE, CONN_OPEN, CONN_STATE, ConnEvent, EVENT_CONN, EVENT_EPISODE, EVENT_SEGMENT,
+    EpisodeEvent, SEGMENT_ACKED, SEGMENT_DATA, SOCK_RECV, SOCK_SEND, SegmentEvent, SockEvent,
     event::{HEAD_BYTES, HEAD_SENDS, TAIL_BYTES},
 };
 
 use super::{Correlator, CorrelatorConfig, RequestRecord};
+
+/// TCP states (`include/net/tcp_states.h`).
+pub(super) const TCP_ESTABLISHED: u32 = 1;
+pub(super) const TCP_FIN_WAIT1: u32 = 4;
+pub(super) const TCP_FIN_WAIT2: u32 = 5;
+pub(super) const TCP_CLOSE: u32 = 7;
+pub(super) const TCP_CLOSE_WAIT: u32 = 8;
+pub(super) const TCP_LAST_ACK: u32 = 9;
 
 /// Milliseconds in nanoseconds.
 pub(super) const fn ms(v: u64) -> u64 {
@@ -66,8 +74,17 @@ impl Wire {
         self.c.on_conn(&conn(CONN_OPEN, sk, t));
     }
 
+    /// The connection closes and the kernel is done with it at once (as a
+    /// reset does): `ESTABLISHED -> CLOSE`.
     pub fn close(&mut self, sk: u64, t: u64) {
-        self.c.on_conn(&conn(CONN_CLOSE, sk, t));
+        self.state(CONN_CLOSE, sk, t, TCP_ESTABLISHED, TCP_CLOSE);
+    }
+
+    /// A state change of a closing connection.
+    pub fn state(&mut self, op: u32, sk: u64, t: u64, old: u32, new: u32) {
+        let mut ev = conn(op, sk, t);
+        (ev.oldstate, ev.newstate) = (old, new);
+        self.c.on_conn(&ev);
     }
 
     pub fn recv(&mut self, sk: u64, t: u64, bytes: i64) {
