@@ -371,3 +371,75 @@ fn client_ttft_estimate_agrees_with_the_clients_own() -> Result<()> {
     }
     Ok(())
 }
+
+/// A server that closes after every response (`Connection: close`, then
+/// `shutdown()` and `close()`) and writes the chunked terminator in two sends
+/// (`0\r\n`, then `\r\n`), as issue 13's server did: every response is whole
+/// (`ok`, E2E and TPOT present), and the first token's ACK that comes after
+/// the close still counts.
+#[test]
+fn a_server_that_closes_after_every_response() -> Result<()> {
+    let Some(_g) = root_test("a_server_that_closes_after_every_response") else {
+        return Ok(());
+    };
+    let (out, clients) = run(
+        &[
+            "--close-after-response",
+            "--split-terminator",
+            "--output-tokens",
+            "8",
+        ],
+        &[
+            "--concurrency",
+            "2",
+            "--requests",
+            "16",
+            "--output-tokens",
+            "8",
+        ],
+        false,
+        None,
+    )?;
+    assert!(clients.iter().all(|c| c.outcome == "ok"));
+    assert!(
+        clients.iter().all(|c| c.req_on_conn == 1),
+        "one connection per request"
+    );
+    let traced = requests(&out);
+    let pairs = pair(&traced, &clients);
+    assert_eq!(pairs.len(), clients.len(), "every client request traced");
+    let mut err = Vec::new();
+    let mut by_close = 0;
+    for (c, t) in &pairs {
+        assert_eq!(t["outcome"], "ok", "{t}");
+        assert_eq!(t["framing"], "http1", "{t}");
+        assert!(t["e2e_ns"].is_u64() && t["tpot_ns"].is_u64(), "{t}");
+        // 8 tokens and `data: [DONE]`; the two sends of the terminator are
+        // no chunks.
+        assert_eq!(t["chunks"], 9, "{t}");
+        let notes = t["notes"].as_array().context("notes")?;
+        by_close += usize::from(notes.iter().any(|n| n == "first_token_acked_by_close"));
+        if let Some(est) = t["client_ttft_estimate_ns"].as_u64() {
+            err.push(est as f64 / 1e6 - c.ttft_s.context("client ttft")? * 1e3);
+        }
+    }
+    let abs_max = err.iter().map(|e| e.abs()).fold(0.0, f64::max);
+    eprintln!(
+        "close after every response: {} of {} with an estimate ({by_close} by the close), \
+         estimate - client median {:+.3} ms, max abs {abs_max:.3} ms",
+        err.len(),
+        pairs.len(),
+        if err.is_empty() {
+            0.0
+        } else {
+            p(err.clone(), 0.5)
+        },
+    );
+    assert!(
+        err.len() * 10 >= pairs.len() * 9,
+        "estimates for {} of {} requests",
+        err.len(),
+        pairs.len()
+    );
+    Ok(())
+}
