@@ -11,6 +11,7 @@ use std::{
 use ttft_trace_common::{ConnEvent, SegmentEvent, SockEvent};
 
 /// TCP states (`include/net/tcp_states.h`).
+pub(crate) const TCP_ESTABLISHED: u32 = 1;
 const TCP_FIN_WAIT1: u32 = 4;
 const TCP_FIN_WAIT2: u32 = 5;
 const TCP_TIME_WAIT: u32 = 6;

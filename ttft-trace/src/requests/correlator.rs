@@ -15,7 +15,7 @@ use ttft_trace_common::{
 };
 
 use super::{
-    connection::{ConnInfo, Connection, Outbox, TCP_CLOSE},
+    connection::{ConnInfo, Connection, Outbox, TCP_CLOSE, TCP_ESTABLISHED},
     delivery::Delivery,
     join::EpisodeHistory,
     record::RequestRecord,
@@ -105,6 +105,9 @@ pub struct CorrelatorStats {
     pub connections_evicted: u64,
     /// Opens of a socket still held open (its close was lost).
     pub connections_reopened: u64,
+    /// Connections opened before tracing began, followed from their next
+    /// request (an open event from `ESTABLISHED`).
+    pub connections_adopted: u64,
     pub episodes_dropped: u64,
     /// Finished requests dropped before being drained (`max_finished`).
     pub requests_dropped: u64,
@@ -291,6 +294,9 @@ impl Correlator {
                 if self.conns.len() >= self.cfg.max_connections {
                     self.stats.connections_refused += 1;
                     return;
+                }
+                if ev.oldstate == TCP_ESTABLISHED {
+                    self.stats.connections_adopted += 1;
                 }
                 let conn = Connection::new(ConnInfo::new(ev), ev.t_ns, self.cfg.itl_cap);
                 self.conns.insert(ev.sk, conn);

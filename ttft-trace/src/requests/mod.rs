@@ -4,7 +4,9 @@
 //!
 //! # The request timeline
 //!
-//! Per server connection (keyed by the socket's kernel address):
+//! Per server connection (keyed by the socket's kernel address; one opened
+//! before tracing began is adopted at its next request, from the request's
+//! first segment: `connections_adopted`):
 //!
 //! - `t_arrive`: return of the first receive after the connection was
 //!   idle. More receives before any response byte (a request body in
