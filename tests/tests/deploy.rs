@@ -89,6 +89,7 @@ const CORE_OBJECTS: &[&str] = &[
     "configmap.yaml",
     "daemonset.yaml",
     "service.yaml",
+    "networkpolicy.yaml",
 ];
 
 #[test]

@@ -8,7 +8,7 @@ use std::{hint::black_box, time::Instant};
 use ttft_trace::{
     decode::{Event, decode, encode},
     episodes::EpisodeRecord,
-    metrics::Metrics,
+    export::prometheus::Metrics,
     record::LatencyRecorder,
 };
 use ttft_trace_common::{EVENT_EPISODE, EpisodeEvent};

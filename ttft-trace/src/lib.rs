@@ -1,24 +1,32 @@
 //! ttft-trace: per-request time-to-first-token tracing for GPU inference servers.
 //!
-//! A pipeline of small modules: `probes` (load, attach, maps), `decode`
-//! (ring-buffer bytes to events), `episodes` (what is reported per GPU
-//! episode), `record` (exact percentiles), `metrics` (Prometheus), `targets`
-//! (the traced process tree), `session` (the event loop tying them).
+//! One path through the house, each stage owning its state:
+//! `tracking` (which processes, libraries and ports; the probes and kernel
+//! maps), `routing` (ring-buffer events to each workload's correlator and
+//! signals), `judging` (evidence and causes), `export` (Prometheus, JSONL,
+//! terminal), and `session`, which holds them and runs the event loop.
+//! `config` merges the flags and the settings file. The domain modules
+//! below them are pure: `requests` (HTTP requests and their figures),
+//! `causes` (attribution rules), `signals`, `episodes`, `nvml`, `workloads`.
 
 pub mod caps;
 pub mod causes;
 pub mod check;
 pub mod clock;
+pub mod config;
 pub mod decode;
 pub mod episodes;
-pub mod metrics;
+pub mod export;
+pub mod judging;
 pub mod nvml;
 pub mod ports;
 pub mod probes;
 pub mod record;
 pub mod requests;
+pub mod routing;
 pub mod session;
 pub mod signals;
 pub mod targets;
 pub mod tracefs;
+pub mod tracking;
 pub mod workloads;

@@ -23,7 +23,7 @@ fn socket_inodes(pid: u32) -> BTreeSet<u64> {
 }
 
 /// (local port, inode) of every listening socket in a /proc/net/tcp text.
-fn parse_listeners(text: &str) -> Vec<(u16, u64)> {
+pub fn parse_listeners(text: &str) -> Vec<(u16, u64)> {
     text.lines()
         .skip(1)
         .filter_map(|line| {

@@ -20,7 +20,7 @@ pub fn is_process(id: u32) -> bool {
 
 /// A numeric field of /proc/PID/status; `State:` is returned only for a
 /// zombie or dead process (`Z`/`X`), so `is_none()` means "running".
-fn status_field(status: &str, key: &str) -> Option<u32> {
+pub fn status_field(status: &str, key: &str) -> Option<u32> {
     let line = status.lines().find(|l| l.starts_with(key))?;
     let value = line[key.len()..].trim();
     if key == "State:" {
@@ -31,7 +31,7 @@ fn status_field(status: &str, key: &str) -> Option<u32> {
 
 /// Parent pid from the text of /proc/PID/stat. The command name may hold
 /// spaces and parentheses, so parse after the last `)`.
-fn parent_from_stat(stat: &str) -> Option<u32> {
+pub fn parent_from_stat(stat: &str) -> Option<u32> {
     let rest = &stat[stat.rfind(')')? + 1..];
     rest.split_whitespace().nth(1)?.parse().ok()
 }

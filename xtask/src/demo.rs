@@ -108,6 +108,9 @@ pub fn demo() -> Result<()> {
     let fixtures = root.join("target/fixtures");
     let out = root.join("target/demo");
     std::fs::create_dir_all(&out)?;
+    // The tracer appends to its JSONL file (a restarted daemon adds to its
+    // log): each demo starts a new one.
+    let _ = std::fs::remove_file(out.join("trace.jsonl"));
     // The demo inference server: OpenAI-compatible SSE over HTTP/1.1, a CPU
     // tokenizer, a batching GPU worker on the stub CUDA runtime.
     let mut server = Command::new("python3")

@@ -1,7 +1,8 @@
-//! Project tasks: `cargo xtask setup | demo | test | bench`.
+//! Project tasks: `cargo xtask setup | demo | test | bench | fuzz`.
 
 mod bench;
 mod demo;
+mod fuzz;
 mod process;
 mod run;
 mod setup;
@@ -33,6 +34,14 @@ enum Task {
     },
     /// Clippy on the eBPF crate, which builds only for the BPF target.
     LintEbpf,
+    /// Run every fuzz target (cargo-fuzz, installed on first use) for
+    /// SECONDS each; a crash fails and names its input.
+    Fuzz {
+        #[arg(long, default_value_t = 30)]
+        seconds: u64,
+        /// Only these targets (default: all).
+        targets: Vec<String>,
+    },
     /// Measure probe overhead per cudaLaunchKernel and the event rate the
     /// daemon keeps up with; writes target/bench/results.json.
     Bench,
@@ -52,6 +61,10 @@ fn main() -> anyhow::Result<()> {
         Task::LintEbpf => {
             setup::setup()?;
             run::lint_ebpf()
+        }
+        Task::Fuzz { seconds, targets } => {
+            setup::setup()?;
+            fuzz::fuzz(seconds, &targets)
         }
         Task::Bench => {
             setup::setup()?;

@@ -51,14 +51,12 @@
 mod attribution;
 mod config;
 mod evidence;
-mod metrics;
 mod rules;
 mod summary;
 
 pub use attribution::{Attribution, Cause, CauseClass, UNEXPLAINED};
 pub use config::CauseConfig;
 pub use evidence::{Evidence, RETRANSMIT_TIMES_CAP, RequestTimes};
-pub use metrics::CauseMetrics;
 pub use rules::attribute;
 pub use summary::CauseSummary;
 

@@ -10,6 +10,7 @@
 //! and its metric series removed: absent, not 0 and not stale) and retried next period.
 
 mod metrics;
+mod readings;
 mod sampler;
 mod throttle;
 mod timeline;

@@ -1,21 +1,17 @@
 //! The sampler thread: reads every GPU each period, keeps the history, updates the metrics and
 //! refreshes the process → GPU map.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use log::{info, warn};
-use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor};
-use nvml_wrapper::error::NvmlError as WrapperError;
 use nvml_wrapper::{Device, Nvml};
 
 use super::metrics::GpuMetrics;
-use super::throttle::ThrottleReasons;
+use super::readings::{FailureLog, Reading, read_sample, refresh_processes};
 use super::timeline::{GpuSample, SampleRing, WindowReadings};
-use crate::clock::monotonic_ns;
 
 /// Identity of one GPU.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -26,54 +22,6 @@ pub struct GpuInfo {
     pub uuid: String,
     /// Product name, "unknown" when NVML could not say.
     pub name: String,
-}
-
-/// One NVML reading, for "failed once" bookkeeping, logs and the error counter.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) enum Reading {
-    Handle,
-    SmClock,
-    MemClock,
-    Memory,
-    Utilization,
-    Power,
-    Temperature,
-    Throttle,
-    ComputeProcesses,
-    GraphicsProcesses,
-}
-
-impl Reading {
-    /// Short name (the `reading` label of `ttft_trace_gpu_reading_errors_total`).
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Reading::Handle => "handle",
-            Reading::SmClock => "sm_clock",
-            Reading::MemClock => "memory_clock",
-            Reading::Memory => "memory",
-            Reading::Utilization => "utilization",
-            Reading::Power => "power",
-            Reading::Temperature => "temperature",
-            Reading::Throttle => "throttle_reasons",
-            Reading::ComputeProcesses => "compute_processes",
-            Reading::GraphicsProcesses => "graphics_processes",
-        }
-    }
-
-    /// The NVML entry point behind the reading.
-    pub(crate) fn nvml_call(self) -> &'static str {
-        match self {
-            Reading::Handle => "nvmlDeviceGetHandleByIndex_v2",
-            Reading::SmClock | Reading::MemClock => "nvmlDeviceGetClockInfo",
-            Reading::Memory => "nvmlDeviceGetMemoryInfo_v2",
-            Reading::Utilization => "nvmlDeviceGetUtilizationRates",
-            Reading::Power => "nvmlDeviceGetPowerUsage",
-            Reading::Temperature => "nvmlDeviceGetTemperature",
-            Reading::Throttle => "nvmlDeviceGetCurrentClocksThrottleReasons",
-            Reading::ComputeProcesses => "nvmlDeviceGetComputeRunningProcesses_v3",
-            Reading::GraphicsProcesses => "nvmlDeviceGetGraphicsRunningProcesses_v3",
-        }
-    }
 }
 
 /// State shared between the sampler thread and the queries.
@@ -100,7 +48,7 @@ impl Shared {
     fn read(&self) -> RwLockReadGuard<'_, State> {
         self.state.read().unwrap_or_else(|e| e.into_inner())
     }
-    fn write(&self) -> RwLockWriteGuard<'_, State> {
+    pub(super) fn write(&self) -> RwLockWriteGuard<'_, State> {
         self.state.write().unwrap_or_else(|e| e.into_inner())
     }
 }
@@ -256,7 +204,7 @@ impl Drop for Sampler {
         if let Some(t) = self.thread.take()
             && t.join().is_err()
         {
-            warn!("NVML sampler thread panicked");
+            log::warn!("NVML sampler thread panicked");
         }
         self.metrics.unregister(&self.registry);
     }
@@ -272,59 +220,6 @@ impl std::fmt::Debug for Sampler {
     }
 }
 
-/// Logs a reading's first failure and its recovery, once each.
-struct FailureLog {
-    failing: HashSet<(u32, Reading)>,
-}
-
-impl FailureLog {
-    fn failed(&mut self, gpu: &GpuInfo, r: Reading, e: &WrapperError, metrics: &GpuMetrics) {
-        metrics.count_error(gpu.index, &gpu.uuid, r.name());
-        if self.failing.insert((gpu.index, r)) {
-            warn!(
-                "NVML {} ({}) failed on GPU {} ({}): {}; reading left out, retried every period \
-                 (logged once until it recovers)",
-                r.nvml_call(),
-                r.name(),
-                gpu.index,
-                gpu.uuid,
-                e
-            );
-        }
-    }
-
-    fn ok(&mut self, gpu: &GpuInfo, r: Reading) {
-        if self.failing.remove(&(gpu.index, r)) {
-            info!(
-                "NVML {} ({}) works again on GPU {} ({})",
-                r.nvml_call(),
-                r.name(),
-                gpu.index,
-                gpu.uuid
-            );
-        }
-    }
-
-    fn check<T>(
-        &mut self,
-        gpu: &GpuInfo,
-        r: Reading,
-        res: Result<T, WrapperError>,
-        metrics: &GpuMetrics,
-    ) -> Option<T> {
-        match res {
-            Ok(v) => {
-                self.ok(gpu, r);
-                Some(v)
-            }
-            Err(e) => {
-                self.failed(gpu, r, &e, metrics);
-                None
-            }
-        }
-    }
-}
-
 fn run(
     nvml: Nvml,
     gpus: Vec<GpuInfo>,
@@ -333,9 +228,7 @@ fn run(
     shared: Arc<Shared>,
     stop: mpsc::Receiver<()>,
 ) {
-    let mut log = FailureLog {
-        failing: HashSet::new(),
-    };
+    let mut log = FailureLog::default();
     let mut devices: Vec<Option<Device<'_>>> = gpus.iter().map(|_| None).collect();
     let mut tick: u64 = 0;
     let mut next = Instant::now();
@@ -379,86 +272,4 @@ fn run(
     // Dropping `devices` then `nvml` calls nvmlShutdown.
     drop(devices);
     drop(nvml);
-}
-
-fn read_sample(gpu: &GpuInfo, dev: &Device<'_>, log: &mut FailureLog, m: &GpuMetrics) -> GpuSample {
-    let t_start = monotonic_ns();
-    let sm = log.check(gpu, Reading::SmClock, dev.clock_info(Clock::SM), m);
-    let mem_clk = log.check(gpu, Reading::MemClock, dev.clock_info(Clock::Memory), m);
-    let mem = log.check(gpu, Reading::Memory, dev.memory_info(), m);
-    let util = log.check(gpu, Reading::Utilization, dev.utilization_rates(), m);
-    let power = log.check(gpu, Reading::Power, dev.power_usage(), m);
-    let temp = log.check(
-        gpu,
-        Reading::Temperature,
-        dev.temperature(TemperatureSensor::Gpu),
-        m,
-    );
-    let throttle = log.check(gpu, Reading::Throttle, dev.current_throttle_reasons(), m);
-    let t_end = monotonic_ns();
-    GpuSample {
-        t_ns: t_start + t_end.saturating_sub(t_start) / 2,
-        gpu: gpu.index,
-        sm_clock_hz: sm.map(|mhz| u64::from(mhz) * 1_000_000),
-        mem_clock_hz: mem_clk.map(|mhz| u64::from(mhz) * 1_000_000),
-        mem_used_bytes: mem.as_ref().map(|m| m.used),
-        mem_total_bytes: mem.as_ref().map(|m| m.total),
-        utilization_ratio: util.as_ref().map(|u| f64::from(u.gpu) / 100.0),
-        mem_utilization_ratio: util.as_ref().map(|u| f64::from(u.memory) / 100.0),
-        power_watts: power.map(|mw| f64::from(mw) / 1000.0),
-        temperature_celsius: temp.map(f64::from),
-        throttle_reasons: throttle.map(|t| ThrottleReasons(t.bits())),
-    }
-}
-
-fn refresh_processes(
-    gpus: &[GpuInfo],
-    devices: &[Option<Device<'_>>],
-    log: &mut FailureLog,
-    metrics: &GpuMetrics,
-    shared: &Shared,
-) {
-    let mut map: HashMap<u32, Vec<u32>> = HashMap::new();
-    let mut stale: Vec<u32> = Vec::new();
-    for (gpu, dev) in gpus.iter().zip(devices.iter()) {
-        let Some(dev) = dev else {
-            stale.push(gpu.index);
-            continue;
-        };
-        let compute = log.check(
-            gpu,
-            Reading::ComputeProcesses,
-            dev.running_compute_processes(),
-            metrics,
-        );
-        let graphics = log.check(
-            gpu,
-            Reading::GraphicsProcesses,
-            dev.running_graphics_processes(),
-            metrics,
-        );
-        if compute.is_none() || graphics.is_none() {
-            stale.push(gpu.index);
-        }
-        for p in compute.into_iter().chain(graphics).flatten() {
-            let v = map.entry(p.pid).or_default();
-            if let Err(i) = v.binary_search(&gpu.index) {
-                v.insert(i, gpu.index);
-            }
-        }
-    }
-    let mut st = shared.write();
-    // A GPU whose lists could not be read keeps its previous entries.
-    for g in stale {
-        for (pid, old) in &st.pids {
-            if old.contains(&g) {
-                let v = map.entry(*pid).or_default();
-                if let Err(i) = v.binary_search(&g) {
-                    v.insert(i, g);
-                }
-            }
-        }
-    }
-    st.pids = map;
-    st.process_refreshes += 1;
 }

@@ -51,7 +51,7 @@ pub fn mapped_files(pid: u32) -> Result<Vec<MappedFile>, LibraryError> {
     Ok(parse_maps(pid, &text))
 }
 
-fn parse_maps(pid: u32, text: &str) -> Vec<MappedFile> {
+pub fn parse_maps(pid: u32, text: &str) -> Vec<MappedFile> {
     let mut seen = BTreeSet::new();
     let mut files = Vec::new();
     for line in text.lines() {

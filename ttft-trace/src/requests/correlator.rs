@@ -239,6 +239,11 @@ impl Correlator {
         self.emit(|_, _| true)
     }
 
+    /// Whether connection `sk` is followed (opened, not closed or evicted).
+    pub fn follows(&self, sk: u64) -> bool {
+        self.conns.contains_key(&sk)
+    }
+
     pub fn stats(&self) -> CorrelatorStats {
         CorrelatorStats {
             connections: self.conns.len(),

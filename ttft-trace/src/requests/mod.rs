@@ -115,14 +115,12 @@ mod correlator;
 mod delivery;
 mod http;
 mod join;
-mod metrics;
 mod outcome;
 mod record;
 mod response;
 mod summary;
 
 pub use correlator::{Correlator, CorrelatorConfig, CorrelatorStats, ends_socket};
-pub use metrics::RequestMetrics;
 pub use outcome::Outcome;
 pub use record::{Figure, RequestRecord};
 pub use response::Framing;

@@ -113,8 +113,14 @@ impl SignalStore {
 
     /// Forgets a process that exited (its threads' ids may be reused).
     pub fn forget_process(&mut self, tgid: u32) {
-        self.first_episode.remove(&tgid);
-        self.gpu_threads.retain(|_, p| *p != tgid);
+        self.retain_processes(|p| p != tgid);
+    }
+
+    /// Keeps the per-process entries (first episode, GPU threads) of the
+    /// processes `keep` accepts: bounds them by the live processes.
+    pub fn retain_processes(&mut self, keep: impl Fn(u32) -> bool) {
+        self.first_episode.retain(|p, _| keep(*p));
+        self.gpu_threads.retain(|_, p| keep(*p));
     }
 
     /// Intervals of kind `what` overlapping `[a, b]` that `keep` accepts.

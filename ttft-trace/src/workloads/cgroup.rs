@@ -10,7 +10,7 @@ pub fn cgroup_path(pid: u32) -> Option<String> {
     parse_cgroup(&fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?)
 }
 
-fn parse_cgroup(text: &str) -> Option<String> {
+pub fn parse_cgroup(text: &str) -> Option<String> {
     let entries: Vec<(&str, &str)> = text
         .lines()
         .filter_map(|l| {

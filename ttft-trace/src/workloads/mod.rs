@@ -4,10 +4,8 @@
 //! series carry its labels ([`labels::WorkloadLabels`]).
 
 pub mod cgroup;
-pub mod config;
 pub mod discover;
 pub mod labels;
 
-pub use config::DaemonConfig;
 pub use discover::Filters;
 pub use labels::{LabelSets, WorkloadLabels};

@@ -2,9 +2,9 @@
 
 use prometheus::Registry;
 
-use super::super::{CauseMetrics, CauseSummary};
+use super::super::CauseSummary;
 use super::*;
-use crate::metrics::render;
+use crate::export::prometheus::{CauseMetrics, render};
 
 /// A slow request explained by run-queue delay (`runq` ms) and cold start.
 fn cpu_and_cold(ttft_ms: u64, runq_ms: u64) -> Attribution {

@@ -5,9 +5,9 @@ use prometheus::Registry;
 
 use super::*;
 use crate::{
-    metrics::render,
+    export::prometheus::{RequestMetrics, render},
     record::Percentiles,
-    requests::{Figure, Outcome, RequestMetrics, RequestRecorders},
+    requests::{Figure, Outcome, RequestRecorders},
 };
 
 /// One streamed request joined to an episode, one cut short, one error.

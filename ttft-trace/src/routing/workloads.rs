@@ -1,7 +1,7 @@
-//! Routing events to workloads. One set of eBPF programs feeds every
-//! workload through one ring buffer; each workload has its own request
-//! correlator and signal store, so that its requests join only its own GPU
-//! episodes and scheduler signals.
+//! The workloads and the maps from processes and sockets to them. One set
+//! of eBPF programs feeds every workload through one ring buffer; each
+//! workload has its own request correlator and signal store, so that its
+//! requests join only its own GPU episodes and scheduler signals.
 //!
 //! Events name a process (`tgid`) or a socket (`sk`). A process's workload
 //! is the value the kernel keeps for it in TRACKED (children inherit it); a
@@ -11,7 +11,7 @@
 //! connection's first socket event says whose it is (two containers may
 //! listen on the same port number).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use ttft_trace_common::{ConnEvent, SegmentEvent};
 
@@ -27,6 +27,10 @@ const MAX_PENDING_OPENS: usize = 65536;
 /// Segments held per connection before its first socket event (the
 /// request's own, normally one or two).
 const MAX_HELD_SEGMENTS: usize = 16;
+/// Sockets bound to workloads, at most this many before those no
+/// correlator follows any more (a lost close) are dropped: the kernel's
+/// CONNS map holds as many.
+const MAX_BOUND_SOCKETS: usize = 65536;
 
 /// What a connection brings before its owner is known, to be delivered in
 /// order once it is.
@@ -76,6 +80,10 @@ pub struct Workloads {
     pending: HashMap<u64, Unbound>,
     /// Events of processes or sockets of no known workload (dropped).
     pub unrouted: u64,
+    /// Held connection opens dropped because [`MAX_PENDING_OPENS`] were held.
+    pub pending_opens_dropped: u64,
+    /// Socket bindings dropped past [`MAX_BOUND_SOCKETS`].
+    pub bound_sockets_dropped: u64,
 }
 
 impl Workloads {
@@ -91,9 +99,16 @@ impl Workloads {
         }
     }
 
-    /// Forgets a process (exited, its last counters read).
+    /// Forgets a process that exited, its last counters read: its
+    /// signals, and its membership unless it is a workload's root (whose
+    /// id stays until the workload ends).
     pub fn forget_process(&mut self, tgid: u32) {
-        self.member.remove(&tgid);
+        if let Some(w) = self.root_of(tgid).and_then(|r| self.by_root.get_mut(&r)) {
+            w.signals.forget_process(tgid);
+        }
+        if !self.by_root.contains_key(&tgid) {
+            self.member.remove(&tgid);
+        }
     }
 
     /// The workload of `tgid`: known, or asked of the kernel with `lookup`.
@@ -132,6 +147,7 @@ impl Workloads {
     /// binding is dropped here.
     pub fn hold_open(&mut self, ev: &ConnEvent) {
         if self.pending.len() >= MAX_PENDING_OPENS {
+            self.pending_opens_dropped += self.pending.len() as u64;
             self.pending.clear();
         }
         self.conns.remove(&ev.sk);
@@ -181,6 +197,28 @@ impl Workloads {
                 self.unrouted += u64::from(!closing);
                 None
             }
+        }
+    }
+
+    /// Keeps what the live processes need: members that are alive (a
+    /// workload's root stays while the workload does), their per-process
+    /// signals, and, past [`MAX_BOUND_SOCKETS`], the sockets a correlator
+    /// still follows. A process dropped here that still sends events is
+    /// found again through the kernel (TRACKED, EXITED), a socket is bound
+    /// again at its next socket event.
+    pub fn prune(&mut self, live: &HashSet<u32>) {
+        let by_root = &self.by_root;
+        self.member.retain(|tgid, root| {
+            live.contains(tgid) || (tgid == root && by_root.contains_key(root))
+        });
+        if self.conns.len() > MAX_BOUND_SOCKETS {
+            let before = self.conns.len();
+            self.conns
+                .retain(|sk, root| by_root.get(root).is_some_and(|w| w.correlator.follows(*sk)));
+            self.bound_sockets_dropped += (before - self.conns.len()) as u64;
+        }
+        for w in self.by_root.values_mut() {
+            w.signals.retain_processes(|p| live.contains(&p));
         }
     }
 
@@ -299,6 +337,52 @@ mod tests {
             ws.bind_socket(0x7, 10)
                 .is_some_and(|u| u.open == Some(next))
         );
+    }
+
+    #[test]
+    fn pruning_keeps_live_members_and_roots() {
+        let mut ws = Workloads::default();
+        ws.insert(w(10, "a"));
+        ws.learn(11, 10);
+        ws.learn(12, 10);
+        ws.bind_socket(0x1, 10);
+        // The root exited before its children: it stays while the workload does.
+        ws.prune(&HashSet::from([11]));
+        assert_eq!(ws.root_of(10), Some(10));
+        assert_eq!(ws.root_of(11), Some(10));
+        assert_eq!(ws.root_of(12), None, "exited member dropped");
+        assert_eq!(
+            ws.of_process(12, |_| Some(10)).map(|w| w.root),
+            Some(10),
+            "found again"
+        );
+        // Few sockets: bindings are kept even if not (yet) followed.
+        assert!(ws.of_socket(0x1, false).is_some());
+        assert_eq!(ws.bound_sockets_dropped, 0);
+    }
+
+    #[test]
+    fn bound_sockets_past_the_bound_keep_only_followed_ones() {
+        let mut ws = Workloads::default();
+        ws.insert(w(10, "a"));
+        for sk in 0..=MAX_BOUND_SOCKETS as u64 {
+            ws.bind_socket(sk, 10);
+        }
+        ws.prune(&HashSet::new());
+        assert_eq!(ws.bound_sockets_dropped, MAX_BOUND_SOCKETS as u64 + 1);
+        assert!(ws.of_socket(5, false).is_none());
+    }
+
+    #[test]
+    fn a_full_table_of_held_opens_is_counted_when_dropped() {
+        let mut ws = Workloads::default();
+        for sk in 0..=MAX_PENDING_OPENS as u64 {
+            ws.hold_open(&ConnEvent {
+                sk,
+                ..ConnEvent::default()
+            });
+        }
+        assert_eq!(ws.pending_opens_dropped, MAX_PENDING_OPENS as u64);
     }
 
     #[test]

@@ -1,22 +1,13 @@
-//! `ttft-trace daemon` settings: a TOML file (`--config`), then flags.
-//! Every field has a default, so an empty file (or none) is a valid config.
+//! The settings file (`ttft-trace daemon --config`, TOML). Every field has
+//! a default, so an empty file (or none) is a valid config. `attach` starts
+//! from the same settings, with its own flags applied over them.
 
 use std::{net::SocketAddr, path::PathBuf};
 
 use serde::Deserialize;
-use thiserror::Error;
 
-use crate::causes::CauseConfig;
-
-#[derive(Debug, Error)]
-pub enum ConfigError {
-    #[error("reading {0}: {1}")]
-    Read(PathBuf, #[source] std::io::Error),
-    #[error("{0}: {1}")]
-    Parse(PathBuf, #[source] toml::de::Error),
-    #[error("discovery.comm {0:?} is not a valid regular expression: {1}")]
-    Regex(String, #[source] regex::Error),
-}
+use super::ConfigError;
+use crate::{causes::CauseConfig, workloads::Filters};
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
@@ -132,25 +123,25 @@ impl DaemonConfig {
     }
 
     /// The listen address, or None when turned off.
-    pub fn listen_addr(&self) -> Result<Option<SocketAddr>, String> {
+    pub fn listen_addr(&self) -> Result<Option<SocketAddr>, ConfigError> {
         if self.listen.is_empty() {
             return Ok(None);
         }
         self.listen
             .parse()
             .map(Some)
-            .map_err(|e| format!("listen = {:?}: {e}", self.listen))
+            .map_err(|e| ConfigError::Listen(self.listen.clone(), e))
     }
 
     /// The process filters, compiled.
-    pub fn filters(&self) -> Result<super::discover::Filters, ConfigError> {
+    pub fn filters(&self) -> Result<Filters, ConfigError> {
         let comm = self
             .discovery
             .comm
             .as_deref()
             .map(|re| regex::Regex::new(re).map_err(|e| ConfigError::Regex(re.into(), e)))
             .transpose()?;
-        Ok(super::discover::Filters {
+        Ok(Filters {
             comm,
             cgroup_prefix: self.discovery.cgroup_prefix.clone(),
             ports: self.discovery.ports.clone(),

@@ -184,7 +184,7 @@ mod tests {
             blocked_ns: 1_000_000_000,
         });
         m.tcp_event(TCP_RETRANSMIT);
-        let text = crate::metrics::render(&reg);
+        let text = super::super::render(&reg);
         for needle in [
             "ttft_trace_runqueue_delay_seconds_bucket{le=\"0.000001024\"} 3",
             "ttft_trace_runqueue_delay_seconds_bucket{le=\"0.001048576\"} 5",

@@ -1,7 +1,17 @@
-//! Prometheus metrics and the /metrics endpoint.
+//! Prometheus metrics and the /metrics endpoint: the GPU episode and CUDA
+//! counter families here, the request, cause and host signal families in
+//! the submodules.
 //!
 //! Base units, `_total` counters, histograms rather than percentile gauges,
 //! and low-cardinality labels only (never a pid, request or kernel name).
+
+mod causes;
+mod requests;
+mod signals;
+
+pub use causes::CauseMetrics;
+pub use requests::RequestMetrics;
+pub use signals::SignalMetrics;
 
 use std::net::{SocketAddr, TcpListener};
 
@@ -54,6 +64,7 @@ pub struct Metrics {
     memcpy_calls: IntCounterVec,
     events_lost: IntCounter,
     thread_state_dropped: IntCounter,
+    table_evictions: IntCounterVec,
     traced_processes: IntGauge,
     attached_libraries: IntGaugeVec,
     workloads: IntGauge,
@@ -117,6 +128,14 @@ impl Metrics {
             "ttft_trace_thread_state_dropped_total",
             "CUDA calls not followed because the per-thread state map was full",
         )?;
+        let table_evictions = IntCounterVec::new(
+            Opts::new(
+                "ttft_trace_table_evictions_total",
+                "Entries dropped from a bounded userspace table because it was full \
+                 (README: the bounds table)",
+            ),
+            &["table"],
+        )?;
         let traced_processes =
             IntGauge::new("ttft_trace_traced_processes", "Processes currently traced")?;
         let attached_libraries = IntGaugeVec::new(
@@ -150,6 +169,7 @@ impl Metrics {
             Box::new(memcpy_calls.clone()),
             Box::new(events_lost.clone()),
             Box::new(thread_state_dropped.clone()),
+            Box::new(table_evictions.clone()),
             Box::new(traced_processes.clone()),
             Box::new(attached_libraries.clone()),
             Box::new(workloads.clone()),
@@ -168,6 +188,7 @@ impl Metrics {
             memcpy_calls,
             events_lost,
             thread_state_dropped,
+            table_evictions,
             traced_processes,
             attached_libraries,
             workloads,
@@ -254,6 +275,12 @@ impl Metrics {
         let bump = |c: &IntCounter, total: u64| c.inc_by(total.saturating_sub(c.get()));
         bump(&self.events_lost, lost);
         bump(&self.thread_state_dropped, state_dropped);
+    }
+
+    /// Sets table `table`'s eviction counter to its total so far.
+    pub fn set_evictions(&self, table: &str, total: u64) {
+        let c = self.table_evictions.with_label_values(&[table]);
+        c.inc_by(total.saturating_sub(c.get()));
     }
 
     pub fn set_traced(&self, processes: usize, runtime_libs: usize, driver_libs: usize) {

@@ -4,12 +4,8 @@
 
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
 
-use crate::metrics::with_label;
-
-use super::{
-    outcome::Outcome,
-    record::{Figure, RequestRecord},
-};
+use super::with_label;
+use crate::requests::{Figure, Outcome, RequestRecord};
 
 /// TTFT and queue, seconds: 5 ms (a cached or tiny prompt) to 30 s (a long
 /// queue), dense from 50 to 500 ms where interactive service objectives

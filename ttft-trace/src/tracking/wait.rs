@@ -1,58 +1,30 @@
-//! `ttft-trace attach --pid PID`: one workload, the target's process tree.
+//! `attach --wait`: waiting for the target to load a CUDA library, and the
+//! error that says what was searched when it has none.
 
-use std::{collections::BTreeSet, path::PathBuf, time::Duration, time::Instant};
+use std::{collections::BTreeSet, time::Duration, time::Instant};
 
 use anyhow::{Result, bail};
 
-use super::{Session, Stop, TraceConfig};
-use crate::targets;
+use super::Tracking;
+use crate::config::AttachConfig;
 
 /// How often `--wait` looks for a CUDA library to appear.
 const WAIT_POLL: Duration = Duration::from_millis(10);
 
-pub struct AttachConfig {
-    pub pid: u32,
-    pub wait: bool,
-    pub wait_timeout: Option<Duration>,
-    pub cuda_libs: Vec<PathBuf>,
-    pub trace: TraceConfig,
-}
-
-pub async fn attach(cfg: AttachConfig) -> Result<Stop> {
-    if !targets::is_process(cfg.pid) {
-        bail!(
-            "no process with pid {} (or it is a thread, or a zombie)",
-            cfg.pid
-        );
-    }
-    let title = format!(
-        "pid {} ({})",
-        cfg.pid,
-        targets::comm(cfg.pid).unwrap_or_default()
-    );
-    let (mut s, listener) = Session::start(&cfg.trace, false)?;
-    s.add_workload(cfg.pid)?;
-    s.attach_named(&cfg.cuda_libs)?;
-    s.attach_new_libraries()?;
-    // Ports first: with --wait, the first request may be what makes the
-    // server load its CUDA library (a lazily started engine process).
-    s.follow_ports(&cfg.trace.ports)?;
-    if s.probes.attached().next().is_none() {
-        s.wait_for_library(&cfg).await?;
-    }
-    s.run_to_end(listener, &cfg.trace, None, &title).await
-}
-
-impl Session {
-    /// Blocks (asynchronously) until a CUDA library appears in the tree, the
-    /// target exits, or the timeout passes; without `--wait`, explains what
-    /// was searched.
-    async fn wait_for_library(&mut self, cfg: &AttachConfig) -> Result<()> {
+impl Tracking {
+    /// Returns at once when a CUDA library is probed already. Otherwise
+    /// blocks (asynchronously) until one appears in the tree, the target
+    /// exits, or the timeout passes; without `--wait`, explains what was
+    /// searched.
+    pub async fn wait_for_library(&mut self, cfg: &AttachConfig) -> Result<()> {
+        if self.probes.attached().next().is_some() {
+            return Ok(());
+        }
         if !cfg.wait {
             let mut searched = BTreeSet::new();
             let mut denied = BTreeSet::new();
             let mut processes = 0;
-            for pid in self.live_processes()? {
+            for (pid, _) in self.live_processes()? {
                 processes += 1;
                 if let Ok(scan) = self.scanner.scan(pid) {
                     searched.extend(scan.searched);
@@ -91,7 +63,7 @@ impl Session {
             if self.live_processes()?.is_empty() {
                 bail!("pid {} exited before loading a CUDA library", cfg.pid);
             }
-            self.attach_new_libraries()?;
+            self.rescan()?;
             if self.probes.attached().next().is_some() {
                 return Ok(());
             }

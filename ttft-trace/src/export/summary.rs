@@ -1,4 +1,4 @@
-//! The terminal summary: a line per interval, a block at the end.
+//! How the terminal summary reads: a line per interval, a block at the end.
 
 use std::fmt::Write as _;
 

@@ -4,8 +4,8 @@
 
 use prometheus::{IntCounterVec, Opts, Registry};
 
-use super::attribution::{Attribution, CauseClass, UNEXPLAINED};
-use crate::metrics::with_label;
+use super::with_label;
+use crate::causes::{Attribution, CauseClass, UNEXPLAINED};
 
 pub struct CauseMetrics {
     slow_requests: IntCounterVec,

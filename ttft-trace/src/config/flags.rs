@@ -1,0 +1,251 @@
+//! The command-line flags of `attach` and `daemon`, and how each becomes
+//! the configuration (settings file first, then flags).
+
+use std::{net::SocketAddr, path::PathBuf};
+
+use super::{
+    AttachConfig, ConfigError, DaemonConfig, DaemonOptions, Labels, Nvml, seconds, trace_config,
+};
+
+/// `ttft-trace attach`: one process tree.
+#[derive(clap::Args)]
+pub struct AttachArgs {
+    /// Process to trace (its children, present and future, are traced too).
+    #[arg(long)]
+    pub pid: u32,
+    /// Wait for the process to load a CUDA library instead of failing.
+    #[arg(long)]
+    pub wait: bool,
+    /// Give up waiting after this many seconds.
+    #[arg(long, value_name = "SECONDS", requires = "wait")]
+    pub wait_timeout: Option<f64>,
+    /// Also probe this library (repeatable), e.g. one not mapped yet.
+    #[arg(long = "cuda-lib", value_name = "PATH")]
+    pub cuda_libs: Vec<PathBuf>,
+    /// Prometheus endpoint address.
+    #[arg(long, default_value = "127.0.0.1:9464")]
+    pub listen: SocketAddr,
+    /// Do not serve /metrics.
+    #[arg(long)]
+    pub no_listen: bool,
+    /// Seconds between summary lines.
+    #[arg(long, value_name = "SECONDS", default_value_t = 5.0)]
+    pub interval: f64,
+    /// Write one JSON line per GPU episode and per request.
+    #[arg(long, value_name = "FILE")]
+    pub jsonl: Option<PathBuf>,
+    /// TTFT above which a request is slow and its causes are named (ms).
+    #[arg(long, value_name = "MS", default_value_t = 350)]
+    pub slo_ms: u64,
+    /// Scheduler intervals (run-queue waits, on-CPU and blocked spells)
+    /// at least this long, in microseconds, are kept per request for
+    /// attribution; shorter ones are only summed in the kernel.
+    #[arg(long, value_name = "US", default_value_t = 1000)]
+    pub sched_min_us: u64,
+    /// Ring buffer size in bytes (a power of two, multiple of the page size).
+    #[arg(long, default_value_t = 1 << 22)]
+    pub ringbuf_bytes: u32,
+    /// NVML sampling period in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 100)]
+    pub nvml_period_ms: u64,
+    /// Add a pid label (the workload root's) to the per-workload series.
+    #[arg(long)]
+    pub label_pid: bool,
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+/// `ttft-trace daemon`: every inference workload on the host.
+#[derive(clap::Args)]
+pub struct DaemonArgs {
+    /// TOML settings (see the README); flags override them.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Prometheus endpoint address ("" turns it off).
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// Trace only processes whose command name matches this regex.
+    #[arg(long, value_name = "REGEX")]
+    pub comm: Option<String>,
+    /// Trace only processes whose cgroup path starts with this.
+    #[arg(long, value_name = "PATH")]
+    pub cgroup_prefix: Option<String>,
+    /// Trace only workloads listening on this port (repeatable).
+    #[arg(long = "only-port", value_name = "PORT")]
+    pub only_ports: Vec<u16>,
+    /// Milliseconds between /proc scans for new CUDA processes.
+    #[arg(long, value_name = "MS")]
+    pub rescan_ms: Option<u64>,
+    /// Most workload label sets (later ones share comm="_other").
+    #[arg(long, value_name = "N")]
+    pub max_label_sets: Option<usize>,
+    /// Remove the series of a vanished workload after this many seconds.
+    #[arg(long, value_name = "SECONDS")]
+    pub retire_after: Option<f64>,
+    /// Add a pid label (each workload root's) to the per-workload series.
+    #[arg(long)]
+    pub label_pid: bool,
+    /// Write one JSON line per GPU episode and per request.
+    #[arg(long, value_name = "FILE")]
+    pub jsonl: Option<PathBuf>,
+    /// TTFT above which a request is slow (ms).
+    #[arg(long, value_name = "MS")]
+    pub slo_ms: Option<u64>,
+    /// Seconds between summary lines.
+    #[arg(long, value_name = "SECONDS")]
+    pub interval: Option<f64>,
+    /// Also probe this library from the start (repeatable).
+    #[arg(long = "cuda-lib", value_name = "PATH")]
+    pub cuda_libs: Vec<PathBuf>,
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+/// Options both modes take with the same meaning.
+#[derive(clap::Args)]
+pub struct CommonArgs {
+    /// Stop after this many seconds.
+    #[arg(long, value_name = "SECONDS")]
+    pub duration: Option<f64>,
+    /// Follow requests on this server port too (repeatable); ports the
+    /// traced processes listen on are followed anyway.
+    #[arg(long = "port", value_name = "PORT")]
+    pub ports: Vec<u16>,
+    /// Attribution thresholds as JSON (any fields of CauseConfig, in ns
+    /// or shares); --slo-ms overrides its slow_ttft_ns.
+    #[arg(long, value_name = "FILE")]
+    pub causes_config: Option<PathBuf>,
+    /// Do not sample GPU readings through NVML.
+    #[arg(long)]
+    pub no_nvml: bool,
+    /// NVML library to load (default: libnvidia-ml.so.1 from the loader's path).
+    #[arg(long, value_name = "PATH")]
+    pub nvml_lib: Option<PathBuf>,
+}
+
+impl AttachArgs {
+    /// The file's defaults with the flags applied over them.
+    pub fn into_config(self) -> Result<AttachConfig, ConfigError> {
+        let file = DaemonConfig {
+            listen: if self.no_listen {
+                String::new()
+            } else {
+                self.listen.to_string()
+            },
+            jsonl: self.jsonl,
+            slo_ms: self.slo_ms,
+            sched_min_us: self.sched_min_us,
+            ringbuf_bytes: self.ringbuf_bytes,
+            interval_s: self.interval,
+            labels: Labels {
+                pid: self.label_pid,
+                ..Labels::default()
+            },
+            nvml: Nvml {
+                period_ms: self.nvml_period_ms,
+                ..Nvml::default()
+            },
+            ..DaemonConfig::default()
+        };
+        Ok(AttachConfig {
+            pid: self.pid,
+            wait: self.wait,
+            wait_timeout: self
+                .wait_timeout
+                .map(|t| seconds("--wait-timeout", t))
+                .transpose()?,
+            cuda_libs: self.cuda_libs,
+            trace: trace_config(&file, &self.common)?,
+        })
+    }
+}
+
+impl DaemonArgs {
+    /// The settings file (or its defaults) with the flags applied over it.
+    pub fn into_config(self) -> Result<DaemonOptions, ConfigError> {
+        let mut file = DaemonConfig::load(self.config.as_deref())?;
+        file.listen = self.listen.unwrap_or(file.listen);
+        file.discovery.comm = self.comm.or(file.discovery.comm);
+        file.discovery.cgroup_prefix = self.cgroup_prefix.or(file.discovery.cgroup_prefix);
+        if !self.only_ports.is_empty() {
+            file.discovery.ports = self.only_ports;
+        }
+        file.discovery.rescan_ms = self.rescan_ms.unwrap_or(file.discovery.rescan_ms);
+        file.labels.max_sets = self.max_label_sets.unwrap_or(file.labels.max_sets);
+        file.labels.retire_after_s = self.retire_after.unwrap_or(file.labels.retire_after_s);
+        file.labels.pid |= self.label_pid;
+        file.jsonl = self.jsonl.or(file.jsonl);
+        file.slo_ms = self.slo_ms.unwrap_or(file.slo_ms);
+        file.interval_s = self.interval.unwrap_or(file.interval_s);
+        Ok(DaemonOptions {
+            filters: file.filters()?,
+            rescan: std::time::Duration::from_millis(file.discovery.rescan_ms.max(10)),
+            cuda_libs: self.cuda_libs,
+            trace: trace_config(&file, &self.common)?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    enum Cli {
+        Attach(AttachArgs),
+        Daemon(DaemonArgs),
+    }
+
+    fn parse(args: &[&str]) -> Cli {
+        Cli::try_parse_from(std::iter::once("ttft-trace").chain(args.iter().copied()))
+            .expect("parses")
+    }
+
+    #[test]
+    fn attach_flags_over_the_defaults() {
+        let Cli::Attach(a) = parse(&["attach", "--pid", "7", "--no-listen", "--slo-ms", "200"])
+        else {
+            panic!("attach")
+        };
+        let cfg = a.into_config().expect("valid");
+        assert_eq!(cfg.pid, 7);
+        assert_eq!(cfg.trace.listen, None);
+        assert_eq!(cfg.trace.interval, std::time::Duration::from_secs(5));
+        assert_eq!(cfg.trace.causes.slow_ttft_ns, 200_000_000);
+        assert!(cfg.trace.nvml.is_some());
+    }
+
+    #[test]
+    fn daemon_flags_over_the_file_defaults() {
+        let Cli::Daemon(d) = parse(&["daemon", "--listen=", "--only-port", "8000", "--no-nvml"])
+        else {
+            panic!("daemon")
+        };
+        let cfg = d.into_config().expect("valid");
+        assert_eq!(cfg.trace.listen, None);
+        assert_eq!(cfg.filters.ports, vec![8000]);
+        assert_eq!(cfg.trace.interval, std::time::Duration::from_secs(60));
+        assert!(cfg.trace.nvml.is_none());
+    }
+
+    #[test]
+    fn zero_or_negative_periods_are_clear_errors() {
+        for args in [
+            &["attach", "--pid", "1", "--interval", "0"][..],
+            &["attach", "--pid", "1", "--duration=-1"][..],
+            &["daemon", "--interval", "0"][..],
+        ] {
+            let err = match parse(args) {
+                Cli::Attach(a) => a.into_config().err(),
+                Cli::Daemon(d) => d.into_config().err(),
+            };
+            let err = err.expect("refused").to_string();
+            assert!(
+                err.contains("must be a positive number of seconds"),
+                "{err}"
+            );
+        }
+    }
+}

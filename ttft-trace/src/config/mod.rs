@@ -1,0 +1,193 @@
+//! The configuration both modes run on: the settings file and the flags,
+//! merged once. `attach` starts from the file's defaults with its flags
+//! applied over them; `daemon` reads the file (`--config`) and applies its
+//! flags over it. Either way one [`DaemonConfig`] plus the shared flags
+//! becomes the one [`TraceConfig`].
+
+mod file;
+pub mod flags;
+
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use thiserror::Error;
+
+pub use file::{DaemonConfig, Discovery, Labels, Nvml};
+
+use crate::{causes::CauseConfig, nvml::NvmlConfig, workloads::Filters};
+
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    #[error("reading {0}: {1}")]
+    Read(PathBuf, #[source] std::io::Error),
+    #[error("{0}: {1}")]
+    Parse(PathBuf, #[source] toml::de::Error),
+    #[error("{0}: {1}")]
+    ParseJson(PathBuf, #[source] serde_json::Error),
+    #[error("discovery.comm {0:?} is not a valid regular expression: {1}")]
+    Regex(String, #[source] regex::Error),
+    #[error("listen = {0:?}: {1}")]
+    Listen(String, #[source] std::net::AddrParseError),
+    #[error("{what} must be a positive number of seconds, not {value}")]
+    Duration { what: &'static str, value: f64 },
+}
+
+/// What both modes share.
+pub struct TraceConfig {
+    pub listen: Option<SocketAddr>,
+    pub duration: Option<Duration>,
+    pub interval: Duration,
+    pub jsonl: Option<PathBuf>,
+    pub ringbuf_bytes: u32,
+    /// Server ports to follow besides those the traced processes listen on.
+    pub ports: Vec<u16>,
+    /// Scheduler intervals at least this long are kept for attribution.
+    pub sched_min_ns: u64,
+    /// Thresholds of the cause attribution.
+    pub causes: CauseConfig,
+    /// NVML sampling; None: off.
+    pub nvml: Option<NvmlConfig>,
+    pub labels: LabelConfig,
+}
+
+/// How workloads are named in the metrics.
+#[derive(Debug, Clone)]
+pub struct LabelConfig {
+    /// Add a `pid` label (the workload root's).
+    pub with_pid: bool,
+    /// Most label sets; later workloads share the overflow set.
+    pub max_sets: usize,
+    /// Series of a workload gone this long are removed.
+    pub retire_after: Duration,
+}
+
+impl Default for LabelConfig {
+    fn default() -> Self {
+        Self {
+            with_pid: false,
+            max_sets: 100,
+            retire_after: Duration::from_secs(300),
+        }
+    }
+}
+
+/// `ttft-trace attach`.
+pub struct AttachConfig {
+    pub pid: u32,
+    pub wait: bool,
+    pub wait_timeout: Option<Duration>,
+    pub cuda_libs: Vec<PathBuf>,
+    pub trace: TraceConfig,
+}
+
+/// `ttft-trace daemon`.
+pub struct DaemonOptions {
+    pub filters: Filters,
+    /// How often /proc is scanned for new CUDA processes.
+    pub rescan: Duration,
+    /// Libraries to probe from the start (e.g. not mapped by anyone yet).
+    pub cuda_libs: Vec<PathBuf>,
+    pub trace: TraceConfig,
+}
+
+/// A period given in seconds: zero, negative or not a number is an error
+/// (a zero summary interval would spin the event loop).
+pub fn seconds(what: &'static str, value: f64) -> Result<Duration, ConfigError> {
+    if value.is_nan() || value <= 0.0 {
+        return Err(ConfigError::Duration { what, value });
+    }
+    Duration::try_from_secs_f64(value).map_err(|_| ConfigError::Duration { what, value })
+}
+
+/// The settings file merged with the flags both modes take.
+fn trace_config(
+    file: &DaemonConfig,
+    common: &flags::CommonArgs,
+) -> Result<TraceConfig, ConfigError> {
+    Ok(TraceConfig {
+        listen: file.listen_addr()?,
+        duration: common
+            .duration
+            .map(|d| seconds("--duration", d))
+            .transpose()?,
+        interval: seconds("the summary interval", file.interval_s)?,
+        jsonl: file.jsonl.clone(),
+        ringbuf_bytes: file.ringbuf_bytes,
+        ports: common.ports.clone(),
+        sched_min_ns: file.sched_min_us.saturating_mul(1000),
+        causes: causes_config(
+            file.causes.clone(),
+            common.causes_config.as_deref(),
+            file.slo_ms,
+        )?,
+        nvml: (file.nvml.enabled && !common.no_nvml).then(|| NvmlConfig {
+            period: Duration::from_millis(file.nvml.period_ms),
+            library_path: common
+                .nvml_lib
+                .clone()
+                .or_else(|| file.nvml.library.clone()),
+            ..NvmlConfig::default()
+        }),
+        labels: LabelConfig {
+            with_pid: file.labels.pid,
+            max_sets: file.labels.max_sets,
+            retire_after: Duration::try_from_secs_f64(file.labels.retire_after_s).map_err(
+                |_| ConfigError::Duration {
+                    what: "labels.retire_after_s",
+                    value: file.labels.retire_after_s,
+                },
+            )?,
+        },
+    })
+}
+
+/// The attribution thresholds: defaults (or the settings file's), then the
+/// JSON file, then the SLO.
+fn causes_config(
+    base: Option<CauseConfig>,
+    file: Option<&Path>,
+    slo_ms: u64,
+) -> Result<CauseConfig, ConfigError> {
+    let mut cfg = match file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| ConfigError::Read(path.to_path_buf(), e))?;
+            serde_json::from_str(&text)
+                .map_err(|e| ConfigError::ParseJson(path.to_path_buf(), e))?
+        }
+        None => base.unwrap_or_default(),
+    };
+    cfg.slow_ttft_ns = slo_ms.saturating_mul(1_000_000);
+    Ok(cfg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn periods_must_be_positive() {
+        assert_eq!(seconds("x", 1.5).expect("ok"), Duration::from_millis(1500));
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            let err = seconds("--interval", bad).expect_err("refused").to_string();
+            assert!(err.contains("--interval must be a positive"), "{err}");
+        }
+    }
+
+    #[test]
+    fn the_slo_overrides_the_thresholds_file() {
+        let dir = std::env::temp_dir().join(format!("ttft-causes-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("causes.json");
+        std::fs::write(&path, r#"{"slow_ttft_ns": 1, "queueing_min_ns": 7}"#).expect("write");
+        let cfg = causes_config(None, Some(&path), 200).expect("parse");
+        assert_eq!((cfg.slow_ttft_ns, cfg.queueing_min_ns), (200_000_000, 7));
+        std::fs::write(&path, "{").expect("write");
+        let err = causes_config(None, Some(&path), 200).expect_err("bad json");
+        assert!(err.to_string().contains("causes.json"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,215 @@
+//! Export: one fan-out of sinks for what was routed and judged. Each judged
+//! episode or request goes to every sink once: the Prometheus series of its
+//! workload ([`series`]), the JSONL log ([`jsonl`]) and the terminal
+//! summary ([`terminal`]). Workloads' label sets start and retire here.
+
+pub mod jsonl;
+pub mod prometheus;
+mod series;
+pub mod summary;
+mod terminal;
+
+use std::{collections::VecDeque, path::Path};
+
+use ttft_trace_common::GpuCounters;
+
+pub use series::Series;
+
+use crate::{
+    config::LabelConfig, episodes::EpisodeRecord, judging::JudgedRequest, probes::Attached,
+    requests::CorrelatorStats, routing::Workload, tracking::KernelStats, workloads::WorkloadLabels,
+};
+use jsonl::{Jsonl, Totals};
+use terminal::Terminal;
+
+/// Ended workloads whose request statistics are kept for the totals line;
+/// older ones are dropped (a daemon sees servers restart for months).
+const MAX_ENDED_STATS: usize = 1024;
+
+pub struct Sinks {
+    pub series: Series,
+    jsonl: Jsonl,
+    terminal: Terminal,
+    /// Request statistics of workloads that ended, for the totals line.
+    ended_stats: VecDeque<(u32, CorrelatorStats)>,
+    ended_stats_dropped: u64,
+    /// What the correlators of ended workloads dropped, per table.
+    ended_drops: [u64; 4],
+}
+
+/// What a request correlator drops to stay bounded, as the `table` label
+/// of `ttft_trace_table_evictions_total` names it.
+fn correlator_drops(s: &CorrelatorStats) -> [(&'static str, u64); 4] {
+    [
+        ("connections_refused", s.connections_refused),
+        ("connections_idle", s.connections_evicted),
+        ("held_gpu_episodes", s.episodes_dropped),
+        ("finished_requests", s.requests_dropped),
+    ]
+}
+
+/// How tracing ended, for the last summary and the totals line.
+pub struct Ending<'a> {
+    pub title: &'a str,
+    pub stop: &'a str,
+    pub elapsed_s: f64,
+    pub counters: &'a GpuCounters,
+    /// Request statistics of the workloads still live.
+    pub live_stats: Vec<(u32, CorrelatorStats)>,
+    pub unrouted_events: u64,
+    pub decode_errors: u64,
+}
+
+impl Sinks {
+    /// The series; no JSONL file until [`Sinks::open_jsonl`].
+    pub fn new(labels: &LabelConfig) -> anyhow::Result<Self> {
+        let series = Series::new(labels)?;
+        let jsonl = Jsonl::new(series.registry())?;
+        Ok(Self {
+            series,
+            jsonl,
+            terminal: Terminal::default(),
+            ended_stats: VecDeque::new(),
+            ended_stats_dropped: 0,
+            ended_drops: [0; 4],
+        })
+    }
+
+    /// Opens the JSONL file (once the probes are loaded, so that a run
+    /// that cannot trace does not create it).
+    pub fn open_jsonl(&mut self, path: &Path) -> anyhow::Result<()> {
+        self.jsonl.open(path)
+    }
+
+    /// SIGHUP: the JSONL file is reopened (log rotation).
+    pub fn reopen_jsonl(&mut self) {
+        self.jsonl.reopen();
+    }
+
+    /// Names a new workload and creates its series.
+    pub fn workload_started(&mut self, root: u32) -> WorkloadLabels {
+        let labels = self.series.admit(root);
+        log::info!(
+            "tracing workload pid {root} ({}){}",
+            labels.comm,
+            describe_place(&labels)
+        );
+        labels
+    }
+
+    /// A workload whose processes have all exited: its series start the
+    /// retirement grace period, its request statistics wait for the totals.
+    pub fn workload_ended(&mut self, w: &Workload, now_ns: u64) {
+        log::info!("workload pid {} ({}) has exited", w.root, w.labels.comm);
+        if self.ended_stats.len() >= MAX_ENDED_STATS {
+            self.ended_stats.pop_front();
+            self.ended_stats_dropped += 1;
+            self.series
+                .evictions("ended_workload_stats", self.ended_stats_dropped);
+        }
+        let stats = w.correlator.stats();
+        for (sum, (_, n)) in self.ended_drops.iter_mut().zip(correlator_drops(&stats)) {
+            *sum += n;
+        }
+        self.ended_stats.push_back((w.root, stats));
+        self.series.release(&w.labels, now_ns);
+    }
+
+    pub fn episode(&mut self, w: &Workload, rec: &EpisodeRecord) {
+        self.series.episode(&w.label_values(), rec);
+        self.terminal.episode(rec);
+        self.jsonl.episode(rec);
+    }
+
+    pub fn request(&mut self, w: &Workload, j: &JudgedRequest) {
+        self.series.request(&w.label_values(), j);
+        self.terminal.request(j);
+        self.jsonl.request(w, j);
+    }
+
+    pub fn library_attached(&mut self, a: &Attached) {
+        let apis: Vec<&str> = a.apis.iter().map(|x| x.name()).collect();
+        log::info!(
+            "attached {} probes to {} ({})",
+            a.symbols,
+            a.path.display(),
+            apis.join("+")
+        );
+        for (sym, err) in &a.failed {
+            log::warn!("could not probe {sym} in {}: {err}", a.path.display());
+        }
+        self.jsonl.attached(a);
+    }
+
+    /// Exports what the correlators dropped so far: those of ended
+    /// workloads and of the `live` ones.
+    pub fn correlator_drops(&self, live: impl Iterator<Item = CorrelatorStats>) {
+        let mut totals = self.ended_drops;
+        for stats in live {
+            for (sum, (_, n)) in totals.iter_mut().zip(correlator_drops(&stats)) {
+                *sum += n;
+            }
+        }
+        let tables = correlator_drops(&CorrelatorStats::default()).map(|(table, _)| table);
+        for (table, total) in tables.into_iter().zip(totals) {
+            self.series.evictions(table, total);
+        }
+    }
+
+    pub fn kernel(&self, k: &KernelStats) {
+        self.series.kernel(k);
+    }
+
+    /// The summary lines of the interval that ends now; the JSONL buffer
+    /// goes to the file.
+    pub fn interval(&mut self, elapsed_s: f64, counters: &GpuCounters) {
+        let lost = self.series.events_lost();
+        self.terminal.interval(elapsed_s, counters, lost);
+        self.jsonl.flush();
+    }
+
+    /// The final summary and the totals line.
+    pub fn finish(&mut self, end: Ending) {
+        let lost = self.series.events_lost();
+        self.terminal
+            .finish(end.title, end.elapsed_s, end.counters, lost);
+        if end.decode_errors > 0 {
+            log::warn!(
+                "{} ring-buffer records could not be decoded",
+                end.decode_errors
+            );
+        }
+        let mut stats: Vec<_> = std::mem::take(&mut self.ended_stats).into();
+        stats.extend(end.live_stats);
+        let (episodes_ok, episodes_failed) = self.terminal.episodes();
+        self.jsonl.totals(&Totals {
+            stop: end.stop,
+            counters: end.counters,
+            episodes_ok,
+            episodes_failed,
+            events_lost: lost,
+            requests: self.terminal.requests_total,
+            request_stats: &stats,
+            unrouted_events: end.unrouted_events,
+        });
+        self.jsonl.flush();
+        if self.jsonl.errors() > 0 {
+            log::warn!(
+                "{} writes to the JSONL file failed; those lines are missing",
+                self.jsonl.errors()
+            );
+        }
+    }
+}
+
+/// " in container X, pod ns/name" for a log line, or "".
+fn describe_place(l: &WorkloadLabels) -> String {
+    let mut s = String::new();
+    if !l.container.is_empty() {
+        s.push_str(&format!(" in container {}", l.container));
+    }
+    if !l.pod.is_empty() {
+        s.push_str(&format!(", pod {}/{}", l.namespace, l.pod));
+    }
+    s
+}

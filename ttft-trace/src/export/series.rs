@@ -1,0 +1,121 @@
+//! Every Prometheus series the session writes. The per-workload families
+//! (episodes and CUDA counters, requests, causes) are created, observed and
+//! retired together here, under label sets capped by [`LabelSets`]; the
+//! host-wide ones (scheduler, TCP, kernel statistics) beside them.
+
+use prometheus::Registry;
+use ttft_trace_common::GpuCounters;
+
+use super::prometheus::{CauseMetrics, Metrics, MetricsError, RequestMetrics, SignalMetrics};
+use crate::{
+    config::LabelConfig,
+    episodes::EpisodeRecord,
+    judging::JudgedRequest,
+    tracking::KernelStats,
+    workloads::{LabelSets, WorkloadLabels},
+};
+
+pub struct Series {
+    core: Metrics,
+    requests: RequestMetrics,
+    causes: CauseMetrics,
+    signals: SignalMetrics,
+    label_sets: LabelSets,
+    with_pid: bool,
+}
+
+impl Series {
+    pub fn new(labels: &LabelConfig) -> Result<Self, MetricsError> {
+        let names = WorkloadLabels::names(labels.with_pid);
+        let core = Metrics::new(&names)?;
+        Ok(Self {
+            requests: RequestMetrics::new(&core.registry, &names)?,
+            causes: CauseMetrics::new(&core.registry, &names)?,
+            signals: SignalMetrics::new(&core.registry)?,
+            core,
+            label_sets: LabelSets::new(
+                labels.max_sets,
+                u64::try_from(labels.retire_after.as_nanos()).unwrap_or(u64::MAX),
+                labels.with_pid,
+            ),
+            with_pid: labels.with_pid,
+        })
+    }
+
+    pub fn registry(&self) -> &Registry {
+        &self.core.registry
+    }
+
+    /// The label set of a new workload rooted at `root` (its own, or the
+    /// overflow set past the cap), with every series created at zero so
+    /// that rate() works from the first scrape.
+    pub fn admit(&mut self, root: u32) -> WorkloadLabels {
+        let labels = self
+            .label_sets
+            .admit(WorkloadLabels::of_process(root, self.with_pid));
+        let values = labels.values();
+        let w: Vec<&str> = values.iter().map(String::as_str).collect();
+        self.core.init_workload(&w);
+        self.requests.init_workload(&w);
+        self.causes.init_workload(&w);
+        labels
+    }
+
+    /// A workload using `labels` ended at `now_ns`: its series stay for
+    /// the grace period.
+    pub fn release(&mut self, labels: &WorkloadLabels, now_ns: u64) {
+        self.label_sets.release(labels, now_ns);
+    }
+
+    /// Removes the series of label sets unused past the grace period.
+    pub fn retire(&mut self, now_ns: u64) {
+        for labels in self.label_sets.retire(now_ns) {
+            let values = labels.values();
+            let w: Vec<&str> = values.iter().map(String::as_str).collect();
+            self.core.retire_workload(&w);
+            self.requests.retire_workload(&w);
+            self.causes.retire_workload(&w);
+            log::info!("retired the series of workload {}", labels.comm);
+        }
+        self.core
+            .set_workloads(self.label_sets.len(), self.label_sets.overflowed);
+    }
+
+    pub fn episode(&self, w: &[&str], rec: &EpisodeRecord) {
+        self.core.observe_episode(rec, w);
+    }
+
+    pub fn request(&self, w: &[&str], judged: &JudgedRequest) {
+        self.requests.observe(&judged.record, w);
+        self.causes.observe(&judged.attribution, w);
+    }
+
+    pub fn counters(&self, w: &[&str], delta: &GpuCounters) {
+        self.core.add_counters(delta, w);
+    }
+
+    pub fn tcp_event(&self, what: u32) {
+        self.signals.tcp_event(what);
+    }
+
+    /// The kernel's host-wide readings.
+    pub fn kernel(&self, k: &KernelStats) {
+        self.signals.set_sched_totals(&k.sched);
+        self.signals.runq.set(k.runq_buckets.clone(), k.runq_sum_ns);
+        self.core
+            .set_kernel_stats(k.events_lost, k.thread_state_dropped);
+    }
+
+    /// Sets the eviction total of a bounded table.
+    pub fn evictions(&self, table: &str, total: u64) {
+        self.core.set_evictions(table, total);
+    }
+
+    pub fn traced(&self, processes: usize, runtime_libs: usize, driver_libs: usize) {
+        self.core.set_traced(processes, runtime_libs, driver_libs);
+    }
+
+    pub fn events_lost(&self) -> u64 {
+        self.core.events_lost()
+    }
+}

@@ -1,0 +1,112 @@
+//! Starting a session in either mode: the sinks and /metrics, the probes,
+//! NVML, then what the mode traces first.
+
+use std::{net::TcpListener, time::Instant};
+
+use anyhow::{Result, bail};
+
+use super::{LARGE_COPY_BYTES, Session, Stop};
+use crate::{
+    config::{AttachConfig, DaemonOptions, TraceConfig},
+    export::{Sinks, prometheus},
+    judging::Judge,
+    nvml::{self, Sampler},
+    probes::{LoadConfig, Probes},
+    routing::Router,
+    targets,
+    tracking::{Discovery, Mode, Tracking},
+};
+
+/// `ttft-trace attach --pid PID`: one workload, the target's process tree.
+pub async fn attach(cfg: AttachConfig) -> Result<Stop> {
+    if !targets::is_process(cfg.pid) {
+        bail!(
+            "no process with pid {} (or it is a thread, or a zombie)",
+            cfg.pid
+        );
+    }
+    let title = format!(
+        "pid {} ({})",
+        cfg.pid,
+        targets::comm(cfg.pid).unwrap_or_default()
+    );
+    let (mut s, listener) = Session::start(&cfg.trace, Mode::Attach)?;
+    s.tracking.add_workload(cfg.pid)?;
+    s.tracking.attach_named(&cfg.cuda_libs)?;
+    s.tracking.rescan()?;
+    // Ports first: with --wait, the first request may be what makes the
+    // server load its CUDA library (a lazily started engine process).
+    s.tracking.follow_ports(&cfg.trace.ports)?;
+    s.tracking.wait_for_library(&cfg).await?;
+    s.apply_changes();
+    s.run_to_end(listener, &cfg.trace, &title).await
+}
+
+/// `ttft-trace daemon`: every inference workload on the host.
+pub async fn daemon(opts: DaemonOptions) -> Result<Stop> {
+    let discovery = Discovery::new(opts.filters, opts.rescan);
+    let (mut s, listener) = Session::start(&opts.trace, Mode::Daemon(discovery))?;
+    s.tracking.attach_named(&opts.cuda_libs)?;
+    s.tracking.discover()?;
+    s.tracking.follow_ports(&opts.trace.ports)?;
+    s.apply_changes();
+    log::info!(
+        "daemon: {} workload(s) at start; scanning /proc every {:?}",
+        s.tracking.workloads(),
+        opts.rescan
+    );
+    s.run_to_end(listener, &opts.trace, "daemon").await
+}
+
+impl Session {
+    /// Binds /metrics (first, so a port in use fails before anything is
+    /// loaded), loads the probes, opens the JSONL file, starts NVML.
+    fn start(cfg: &TraceConfig, mode: Mode) -> Result<(Self, Option<TcpListener>)> {
+        let mut sinks = Sinks::new(&cfg.labels)?;
+        let listener = cfg.listen.map(prometheus::bind).transpose()?;
+        let probes = Probes::load(&LoadConfig {
+            ringbuf_bytes: cfg.ringbuf_bytes,
+            sched_min_ns: cfg.sched_min_ns,
+            large_copy_bytes: LARGE_COPY_BYTES,
+            discover: matches!(mode, Mode::Daemon(_)),
+        })?;
+        if let Some(path) = &cfg.jsonl {
+            sinks.open_jsonl(path)?;
+        }
+        let gpu = match &cfg.nvml {
+            Some(nvml_cfg) => start_nvml(nvml_cfg, &sinks)?,
+            None => None,
+        };
+        let s = Session {
+            tracking: Tracking::new(probes, mode),
+            router: Router::default(),
+            judge: Judge::new(cfg.causes.clone(), gpu),
+            sinks,
+            started: Instant::now(),
+        };
+        Ok((s, listener))
+    }
+}
+
+/// GPU readings through NVML, or None (said in the log) where it is absent.
+fn start_nvml(cfg: &nvml::NvmlConfig, sinks: &Sinks) -> Result<Option<Sampler>> {
+    match nvml::start(cfg, sinks.series.registry())? {
+        nvml::Started::Sampler(sampler) => {
+            let gpus: Vec<String> = sampler
+                .gpus()
+                .iter()
+                .map(|g| format!("{} {} ({})", g.index, g.name, g.uuid))
+                .collect();
+            log::info!(
+                "NVML: sampling every {:?}: {}",
+                sampler.period(),
+                gpus.join(", ")
+            );
+            Ok(Some(sampler))
+        }
+        nvml::Started::Unavailable(reason) => {
+            log::info!("{reason}; GPU readings are off, everything else works");
+            Ok(None)
+        }
+    }
+}

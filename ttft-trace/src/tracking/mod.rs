@@ -1,0 +1,312 @@
+//! Tracking: which processes, libraries and ports are traced. It owns the
+//! loaded probes and their kernel maps: it tracks workloads' processes,
+//! attaches the probes to the CUDA libraries they map, follows their
+//! listening ports and reads the kernel's counters. The mode is data:
+//! `attach` traces one given tree, `daemon` discovers workloads as they
+//! appear ([`discovery`]). What changes is queued as [`Change`]s for the
+//! session to hand to routing and the sinks.
+
+mod counters;
+mod discovery;
+mod wait;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use anyhow::{Context as _, Result};
+use aya::maps::{MapData, RingBuf};
+use ttft_trace_common::{GpuCounters, Stat, signals::SchedTotals};
+
+pub use discovery::Discovery;
+
+use crate::{
+    ports,
+    probes::{
+        Attached, Probes,
+        libraries::{self, CudaLibrary, Scanner},
+        symbols::Api,
+    },
+    targets,
+};
+use counters::CounterTracker;
+
+/// What is traced: one process tree, or whatever discovery finds.
+pub enum Mode {
+    Attach,
+    Daemon(Discovery),
+}
+
+/// What tracking changed, for routing and the sinks.
+#[derive(Debug)]
+pub enum Change {
+    /// A new workload: its root and the members known now.
+    Started { root: u32, members: Vec<u32> },
+    /// A process joined a workload already traced.
+    Joined { pid: u32, root: u32 },
+    /// Probes were attached to a library.
+    Attached(Attached),
+}
+
+/// The live traced processes, each with its workload, and the libraries
+/// probed, after a rescan.
+pub struct Rescan {
+    pub live: Vec<(u32, u32)>,
+    pub runtime_libs: usize,
+    pub driver_libs: usize,
+}
+
+/// What the kernel counted since the last reading.
+pub struct KernelReading {
+    /// Growth of each process's CUDA counters.
+    pub deltas: BTreeMap<u32, GpuCounters>,
+    /// Exited processes whose last counters are now read and dropped.
+    pub gone: Vec<u32>,
+    pub stats: KernelStats,
+}
+
+/// The kernel's host-wide statistics.
+#[derive(Debug, Default, Clone)]
+pub struct KernelStats {
+    /// Scheduler totals of every traced process, exited ones included.
+    pub sched: SchedTotals,
+    /// The run-queue delay histogram (log2 buckets) and its sum.
+    pub runq_buckets: Vec<u64>,
+    pub runq_sum_ns: u64,
+    pub events_lost: u64,
+    pub thread_state_dropped: u64,
+}
+
+pub struct Tracking {
+    probes: Probes,
+    scanner: Scanner,
+    mode: Mode,
+    /// Roots of the workloads traced now.
+    roots: BTreeSet<u32>,
+    listen_ports: BTreeSet<u16>,
+    counters: CounterTracker,
+    /// Last scheduler totals read per process still in the kernel's map,
+    /// and the sum of those gone from it, so that the exported counters
+    /// never go back and the table stays as small as the kernel's map.
+    sched_totals: BTreeMap<u32, SchedTotals>,
+    sched_gone: SchedTotals,
+    /// Processes announced by the kernel (daemon mode), to consider.
+    announced: Vec<u32>,
+    changes: Vec<Change>,
+}
+
+impl Tracking {
+    pub fn new(probes: Probes, mode: Mode) -> Self {
+        Self {
+            probes,
+            scanner: Scanner::default(),
+            mode,
+            roots: BTreeSet::new(),
+            listen_ports: BTreeSet::new(),
+            counters: CounterTracker::default(),
+            sched_totals: BTreeMap::new(),
+            sched_gone: SchedTotals::default(),
+            announced: Vec::new(),
+            changes: Vec::new(),
+        }
+    }
+
+    /// The ring buffer the probes write to (taken once).
+    pub fn take_events(&mut self) -> Result<RingBuf<MapData>> {
+        Ok(self.probes.take_events()?)
+    }
+
+    /// The workload the kernel keeps for `tgid`, exited or not.
+    pub fn workload_of(&self, tgid: u32) -> Option<u32> {
+        self.probes.workload_of(tgid).ok().flatten()
+    }
+
+    /// What changed since the last call.
+    pub fn take_changes(&mut self) -> Vec<Change> {
+        std::mem::take(&mut self.changes)
+    }
+
+    /// Whether tracing ends with the last workload (`attach`).
+    pub fn ends_with_last_workload(&self) -> bool {
+        matches!(self.mode, Mode::Attach)
+    }
+
+    pub fn workloads(&self) -> usize {
+        self.roots.len()
+    }
+
+    /// Everything the kernel counted since the start.
+    pub fn counter_totals(&self) -> &GpuCounters {
+        self.counters.total()
+    }
+
+    /// Starts tracing the workload rooted at `root`: the root and its
+    /// descendants are tracked (the kernel adds later children).
+    pub fn add_workload(&mut self, root: u32) -> Result<()> {
+        // Track first, then list the children: a child forked in between is
+        // then tracked by the kernel and found by the listing.
+        self.probes.track(root, root)?;
+        let members = targets::descendants(root);
+        for child in &members {
+            self.probes.track(*child, root)?;
+        }
+        self.roots.insert(root);
+        self.changes.push(Change::Started { root, members });
+        Ok(())
+    }
+
+    /// Attaches the probes to `lib` unless its file already has them.
+    fn attach(&mut self, lib: &CudaLibrary) -> Result<()> {
+        if let Some(a) = self.probes.attach_library(lib)? {
+            self.changes.push(Change::Attached(a));
+        }
+        Ok(())
+    }
+
+    /// Attaches the probes to libraries named by `--cuda-lib`: a path that is
+    /// no CUDA library is the user's error.
+    pub fn attach_named(&mut self, paths: &[std::path::PathBuf]) -> Result<()> {
+        for path in paths {
+            let lib = libraries::inspect(path, path)?.with_context(|| {
+                format!(
+                    "{} defines none of the CUDA entry points ttft-trace probes \
+                     (cudaLaunchKernel, cudaGraphLaunch or cuLaunchKernel)",
+                    path.display()
+                )
+            })?;
+            self.attach(&lib)?;
+        }
+        Ok(())
+    }
+
+    /// Attaches the probes to a library found in a process's mappings. The
+    /// process may exit meanwhile (its /proc path is then gone): a warning,
+    /// and a later scan of another process tries again.
+    fn attach_found(&mut self, lib: &CudaLibrary) {
+        if let Err(e) = self.attach(lib) {
+            log::warn!("could not attach to {}: {e:#}", lib.path.display());
+        }
+    }
+
+    /// Follows connections accepted on the ports the traced processes
+    /// listen on now (later `listen()` calls are seen in the kernel) and on
+    /// `extra` ports.
+    pub fn follow_ports(&mut self, extra: &[u16]) -> Result<()> {
+        let live: Vec<u32> = self.live_processes()?.iter().map(|(p, _)| *p).collect();
+        let mut found = ports::listening_ports(&live);
+        found.extend(extra);
+        let mut new = Vec::new();
+        for port in found {
+            if self.listen_ports.insert(port) {
+                self.probes.add_listen_port(port)?;
+                new.push(port.to_string());
+            }
+        }
+        if !new.is_empty() {
+            log::info!("following requests on port(s) {}", new.join(", "));
+        }
+        Ok(())
+    }
+
+    /// Live processes among the tracked ids, each with its workload; ids of
+    /// exited processes and of threads are dropped from the kernel's map on
+    /// the way.
+    pub fn live_processes(&mut self) -> Result<Vec<(u32, u32)>> {
+        let mut live = Vec::new();
+        for (id, root) in self.probes.tracked()? {
+            if targets::is_process(id) {
+                live.push((id, root));
+            } else if !std::path::Path::new(&format!("/proc/{id}")).exists() {
+                self.probes.untrack(id)?;
+            }
+        }
+        Ok(live)
+    }
+
+    /// Scans every traced process and attaches libraries not seen before.
+    pub fn rescan(&mut self) -> Result<Rescan> {
+        let live = self.live_processes()?;
+        for (pid, _) in &live {
+            let Ok(scan) = self.scanner.scan(*pid) else {
+                continue;
+            };
+            for lib in scan.libraries {
+                self.attach_found(&lib);
+            }
+        }
+        let (mut runtime_libs, mut driver_libs) = (0, 0);
+        for a in self.probes.attached() {
+            runtime_libs += usize::from(a.apis.contains(&Api::Runtime));
+            driver_libs += usize::from(a.apis.contains(&Api::Driver));
+        }
+        Ok(Rescan {
+            live,
+            runtime_libs,
+            driver_libs,
+        })
+    }
+
+    /// Reads the kernel's counters and statistics; forgets processes that
+    /// are gone once their last reading is taken.
+    pub fn read_kernel(&mut self, live: &[(u32, u32)]) -> Result<KernelReading> {
+        let reading = self.probes.counters()?;
+        let deltas = self.counters.update(&reading);
+        let mut gone = Vec::new();
+        for tgid in reading.keys() {
+            if !live.iter().any(|(p, _)| p == tgid) && !targets::is_process(*tgid) {
+                self.probes.drop_counters(*tgid)?;
+                self.counters.forget(*tgid);
+                gone.push(*tgid);
+            }
+        }
+        let now = self.probes.sched_totals()?;
+        // An entry gone from the kernel's LRU map does not come back: its
+        // last reading joins the sum of those gone.
+        let gone_from_map: Vec<u32> = self
+            .sched_totals
+            .keys()
+            .filter(|t| !now.contains_key(t))
+            .copied()
+            .collect();
+        for tgid in gone_from_map {
+            if let Some(t) = self.sched_totals.remove(&tgid) {
+                self.sched_gone.add(&t);
+            }
+        }
+        self.sched_totals.extend(now);
+        let mut sched = self.sched_gone;
+        for t in self.sched_totals.values() {
+            sched.add(t);
+        }
+        let (runq_buckets, runq_sum_ns) = self.probes.runq_histogram()?;
+        Ok(KernelReading {
+            deltas,
+            gone,
+            stats: KernelStats {
+                sched,
+                runq_buckets,
+                runq_sum_ns,
+                events_lost: self.probes.stat(Stat::RingbufLost)?,
+                thread_state_dropped: self.probes.stat(Stat::ThreadStateFull)?,
+            },
+        })
+    }
+
+    /// The workloads none of whose processes is alive: no longer traced.
+    pub fn ended(&mut self, live: &[(u32, u32)]) -> Vec<u32> {
+        let alive: BTreeSet<u32> = live.iter().map(|(_, root)| *root).collect();
+        let ended: Vec<u32> = self.roots.difference(&alive).copied().collect();
+        for root in &ended {
+            self.roots.remove(root);
+        }
+        ended
+    }
+
+    /// Forgets that the kernel announced `members` of an ended workload,
+    /// so that a process reusing one of their pids is announced again.
+    pub fn forget_announced(&mut self, members: impl Iterator<Item = u32>) {
+        for tgid in members {
+            if let Err(e) = self.probes.forget_announced(tgid) {
+                log::debug!("forgetting announced {tgid}: {e}");
+            }
+        }
+    }
+}
