@@ -1,4 +1,4 @@
-//! Project tasks: `cargo xtask setup | demo | test | bench | fuzz`.
+//! Project tasks: `cargo xtask setup | demo | test | bench | fuzz | soak`.
 
 mod bench;
 mod demo;
@@ -6,6 +6,7 @@ mod fuzz;
 mod process;
 mod run;
 mod setup;
+mod soak;
 
 use clap::{Parser, Subcommand};
 
@@ -42,6 +43,16 @@ enum Task {
         /// Only these targets (default: all).
         targets: Vec<String>,
     },
+    /// Leave the daemon running against the demo server, restarted every
+    /// RESTART_S seconds under load with a 4 KiB ring buffer; fail if its
+    /// RSS, open files, perf events or kernel map entries grow by more than
+    /// 10 % after the warm-up.
+    Soak {
+        #[arg(long, default_value_t = 30.0)]
+        minutes: f64,
+        #[arg(long, default_value_t = 20)]
+        restart_s: u64,
+    },
     /// Measure probe overhead per cudaLaunchKernel and the event rate the
     /// daemon keeps up with; writes target/bench/results.json.
     Bench,
@@ -65,6 +76,10 @@ fn main() -> anyhow::Result<()> {
         Task::Fuzz { seconds, targets } => {
             setup::setup()?;
             fuzz::fuzz(seconds, &targets)
+        }
+        Task::Soak { minutes, restart_s } => {
+            setup::setup()?;
+            soak::soak(minutes, restart_s)
         }
         Task::Bench => {
             setup::setup()?;
