@@ -93,6 +93,10 @@ pub struct ConnEvent {
     /// Local and remote addresses; IPv4 in the first four bytes.
     pub saddr: [u8; 16],
     pub daddr: [u8; 16],
+    /// With [`CONN_CLOSE`]: arrival of the last segment `tcp:tcp_probe` saw
+    /// on the socket (0: none). What that segment acknowledged shows only at
+    /// a later probe, and there is none after the close.
+    pub t_last_segment_ns: u64,
 }
 
 /// [`SockEvent::dir`]: bytes received from the client.
@@ -218,7 +222,7 @@ const _: () = {
 };
 
 const _: () = {
-    assert!(core::mem::size_of::<ConnEvent>() == 72);
+    assert!(core::mem::size_of::<ConnEvent>() == 80);
     assert!(core::mem::offset_of!(ConnEvent, sk) == 16);
     assert!(core::mem::offset_of!(ConnEvent, family) == 32);
     assert!(core::mem::offset_of!(ConnEvent, saddr) == 40);

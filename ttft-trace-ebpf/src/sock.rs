@@ -68,7 +68,7 @@ pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
         // SAFETY: value not kept past the lookup.
         if unsafe { LISTEN_PORTS.get(sport) }.is_some() {
             let _ = CONNS.insert(sk, ConnState::default(), 0);
-            emit_conn(&ctx, CONN_OPEN, sk, old, new, sport);
+            emit_conn(&ctx, CONN_OPEN, sk, old, new, sport, 0);
         }
         return 0;
     }
@@ -79,13 +79,16 @@ pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
     let closed = unsafe { (*state).closed != 0 };
     if !closed && (old == TCP_ESTABLISHED || new == TCP_CLOSE) {
         // SAFETY: as above.
-        unsafe { (*state).closed = 1 };
-        emit_conn(&ctx, CONN_CLOSE, sk, old, new, sport);
+        let t_last_segment = unsafe {
+            (*state).closed = 1;
+            (*state).probe_t_ns
+        };
+        emit_conn(&ctx, CONN_CLOSE, sk, old, new, sport, t_last_segment);
     } else if closed && old != new {
         // After the application's close the kernel still retransmits and
         // takes the client's ACKs: FIN_WAIT2 or LAST_ACK -> CLOSE say when
         // everything sent was acknowledged, CLOSE that the socket is done.
-        emit_conn(&ctx, CONN_STATE, sk, old, new, sport);
+        emit_conn(&ctx, CONN_STATE, sk, old, new, sport, 0);
     }
     if new == TCP_CLOSE {
         let _ = CONNS.remove(sk);
@@ -94,7 +97,15 @@ pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
 }
 
 #[inline(always)]
-fn emit_conn(ctx: &TracePointContext, op: u32, sk: u64, old: i32, new: i32, sport: u16) {
+fn emit_conn(
+    ctx: &TracePointContext,
+    op: u32,
+    sk: u64,
+    old: i32,
+    new: i32,
+    sport: u16,
+    t_last_segment_ns: u64,
+) {
     let off = offsets();
     let family = read::<u16>(ctx, off.state_family).unwrap_or(0);
     let mut ev = ConnEvent {
@@ -107,6 +118,7 @@ fn emit_conn(ctx: &TracePointContext, op: u32, sk: u64, old: i32, new: i32, spor
         family,
         sport,
         dport: read::<u16>(ctx, off.state_dport).unwrap_or(0),
+        t_last_segment_ns,
         ..ConnEvent::default()
     };
     if family == AF_INET {

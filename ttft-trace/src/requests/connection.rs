@@ -315,7 +315,7 @@ impl Connection {
             out.first_token(t, self.info.sk, req.index);
             if let Some(seg) = req.segment {
                 let end = delivery::first_token_end(seg, req.bytes_out);
-                let d = self.acks.first_token(req.index, end);
+                let d = self.acks.first_token(req.index, end, t);
                 out.deliveries.insert((self.info.sk, req.index), d);
             }
         }
@@ -349,6 +349,11 @@ impl Connection {
         };
         self.finish_current(cause, out);
         self.closed_at = Some(ev.t_ns);
+        for index in self.acks.closed(ev.t_last_segment_ns) {
+            if let Some(d) = out.deliveries.get_mut(&(self.info.sk, index)) {
+                *d = Delivery::Unknown;
+            }
+        }
     }
 
     /// A state change after the close (`CONN_STATE`, or `CONN_CLOSE`

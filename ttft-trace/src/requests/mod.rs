@@ -56,7 +56,9 @@
 //!   its close until the kernel is done with it (or `ack_wait_ns`): when
 //!   the ACK came after the server's close, where `tcp_probe` does not see
 //!   it, the state change that says everything sent was acknowledged
-//!   stands for it (note `first_token_acked_by_close`: no later than).
+//!   stands for it (note `first_token_acked_by_close`: no later than), if
+//!   no segment arrived between the first token and the close (that one
+//!   may have been the ACK, unseen: then the delivery is unknown).
 //! - `gpu_steps_waited`: episodes completed in `[t_arrive, t_first_token]`;
 //!   `gpu_idle_before_start_ns`: time in `[t_arrive, t_gpu_start]` covered
 //!   by no episode's `[launch, D2H done]`.

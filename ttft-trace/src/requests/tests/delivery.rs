@@ -284,3 +284,17 @@ fn a_closed_connection_is_dropped_once_no_ack_is_awaited() {
     let s = w.c.stats();
     assert_eq!((s.connections, s.connections_evicted), (0, 0));
 }
+
+#[test]
+fn a_segment_after_the_first_token_may_have_been_its_ack() {
+    // The client's ACK came at +30 µs, the connection's last segment before
+    // the close: what it acknowledged never shows. The state change 200 ms
+    // later would make the delivery far too late: it stays unknown.
+    let mut w = wire(1_000);
+    answered(&mut w, ms(1000), ms(1100));
+    w.segment(SK, ms(1100) + 30 * US, 0);
+    w.state(CONN_CLOSE, SK, ms(1101), TCP_ESTABLISHED, TCP_FIN_WAIT1);
+    w.state(CONN_STATE, SK, ms(1300), TCP_FIN_WAIT1, TCP_FIN_WAIT2);
+    let r = w.one(ms(2000));
+    assert_eq!((r.outcome, r.t_first_token_acked_ns), (Outcome::Ok, None));
+}

@@ -80,10 +80,14 @@ impl Wire {
         self.state(CONN_CLOSE, sk, t, TCP_ESTABLISHED, TCP_CLOSE);
     }
 
-    /// A state change of a closing connection.
+    /// A state change of a closing connection; a close carries the time
+    /// of the last segment the probe saw ([`Wire::segment`]).
     pub fn state(&mut self, op: u32, sk: u64, t: u64, old: u32, new: u32) {
         let mut ev = conn(op, sk, t);
         (ev.oldstate, ev.newstate) = (old, new);
+        if op == CONN_CLOSE {
+            ev.t_last_segment_ns = self.seq.get(&sk).and_then(|q| q.last).map_or(0, |(t, _)| t);
+        }
         self.c.on_conn(&ev);
     }
 
