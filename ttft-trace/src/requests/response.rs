@@ -9,6 +9,9 @@ use super::{
     http::{self, Body, Head, Http1Head},
 };
 
+/// Longest header block followed over several sends.
+const HEADER_BLOCK_MAX: usize = 16 * 1024;
+
 /// How a response was read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Framing {
@@ -177,18 +180,28 @@ impl Response {
         self.content_type = h.content_type;
     }
 
-    /// Headers that went on past the first send: parse both heads as one.
-    fn continue_head(&mut self, mut first: Vec<u8>, send: &Outgoing) {
-        if send.head.is_empty() {
+    /// Headers that went on past the first send: parse the sends seen so
+    /// far as one. While every send is seen whole and the blank line has
+    /// not come, the header block goes on (a server that writes it line by
+    /// line); a send not seen whole ends the search.
+    fn continue_head(&mut self, mut block: Vec<u8>, send: &Outgoing) {
+        let view = View::of_send(send.bytes, send.head, send.tail);
+        if view.gap > 0 || view.is_empty() {
             self.notes.push("header_end_not_captured");
             return;
         }
-        let first_len = first.len() as u64;
-        first.extend_from_slice(send.head);
-        if let Head::Http1(h) = http::parse_head(&first, first_len + send.bytes) {
+        let sent_before = block.len() as u64;
+        block.extend_from_slice(view.first);
+        block.extend_from_slice(view.last);
+        if let Head::Http1(h) = http::parse_head(&block, sent_before + send.bytes) {
             self.apply(h);
         }
-        if self.header_len.is_none() {
+        if self.header_len.is_some() {
+            return;
+        }
+        if block.len() < HEADER_BLOCK_MAX {
+            self.pending_head = Some(block);
+        } else {
             self.notes.push("header_end_not_captured");
         }
     }
