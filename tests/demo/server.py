@@ -785,6 +785,7 @@ class Server:
                 hdrs[k.strip().lower()] = v.strip()
             conn_hdr = hdrs.get("connection", "").lower()
             close = ("close" in conn_hdr) or (version == "HTTP/1.0" and "keep-alive" not in conn_hdr)
+            close = close or self.a.close_after_response
             if "chunked" in hdrs.get("transfer-encoding", "").lower():
                 self._send_simple(sock, 501, {"error": "chunked request bodies not supported"},
                                   close=True)
@@ -816,6 +817,8 @@ class Server:
                                   close=close)
                 keep = not close
             if not keep:
+                if self.a.close_after_response:
+                    sock.shutdown(socket.SHUT_WR)  # then close(), as some servers do
                 return
 
     def _send_simple(self, sock, status: int, obj, close: bool = False,
@@ -989,8 +992,13 @@ class Server:
                              else "text_completion", "created": created, "model": model,
                              "choices": [], "usage": usage(len(texts))}
                         tail += chunk(sse(u))
-                    tail += chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"
-                    rec["t_done"] = send(tail)
+                    tail += chunk(b"data: [DONE]\n\n")
+                    if a.split_terminator:
+                        send(tail)
+                        send(b"0\r\n")
+                        rec["t_done"] = send(b"\r\n")
+                    else:
+                        rec["t_done"] = send(tail + b"0\r\n\r\n")
                 else:
                     full = "".join(texts)
                     if chat:
@@ -1138,6 +1146,10 @@ def parse_args(argv):
                    default="at-first-token",
                    help="chat: when the empty {role: assistant} chunk is sent (vLLM: just "
                         "before the first token)")
+    p.add_argument("--close-after-response", action="store_true",
+                   help="answer every request with Connection: close, then shutdown() and close()")
+    p.add_argument("--split-terminator", action="store_true",
+                   help="stream's end in three sends: the [DONE] chunk, '0\\r\\n', then '\\r\\n'")
     p.add_argument("--fault", action="append", default=[], metavar="NAME:PROB",
                    help=f"inject a fault into a share of all requests; NAME in {', '.join(FAULTS)}")
     p.add_argument("--seed", type=int, default=1)

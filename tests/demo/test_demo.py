@@ -314,6 +314,23 @@ class DemoTest(unittest.TestCase):
             self.assertEqual(p.count(b"\n\n"), 1)
         self.assertEqual(len(pieces), 3 + 2)
 
+    def test_close_after_response_with_the_terminator_in_two_sends(self):
+        _, port, _ = self.start_server("--close-after-response", "--split-terminator")
+        lg, _ = self.loadgen(port, "--concurrency", "1", "--requests", "3",
+                             "--output-tokens", "4")
+        self.assertEqual([c["outcome"] for c in lg], ["ok"] * 3)
+        self.assertEqual(len({c["client_port"] for c in lg}), 3)  # a connection per request
+        s = socket.create_connection(("127.0.0.1", port))
+        body = json.dumps({"prompt": "x", "max_tokens": 2, "stream": True}).encode()
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+                  % (len(body), body))
+        data = b""
+        while chunk := s.recv(65536):  # the server closes
+            data += chunk
+        s.close()
+        self.assertIn(b"Connection: close\r\n", data)
+        self.assertTrue(data.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n"), data[-40:])
+
     def test_sigterm_flushes_truth_and_port_in_use(self):
         p, port, truth = self.start_server()
         p2 = subprocess.run([sys.executable, str(SERVER), "--port", str(port), "--cudart", CUDART,

@@ -2,7 +2,12 @@
 //! CUDA calls, compared with what a real client measured for the same
 //! requests (joined by client port and request index on the connection).
 
-use std::{collections::HashMap, time::Duration};
+use std::{
+    collections::HashMap,
+    io::{Read, Write},
+    net::TcpStream,
+    time::Duration,
+};
 
 use anyhow::{Context as _, Result};
 use serde_json::Value;
@@ -369,5 +374,157 @@ fn client_ttft_estimate_agrees_with_the_clients_own() -> Result<()> {
             server.iter().copied().fold(0.0, f64::max),
         );
     }
+    Ok(())
+}
+
+/// A server that closes after every response (`Connection: close`, then
+/// `shutdown()` and `close()`) and writes the chunked terminator in two sends
+/// (`0\r\n`, then `\r\n`), as issue 13's server did: every response is whole
+/// (`ok`, E2E and TPOT present), and the first token's ACK that comes after
+/// the close still counts.
+#[test]
+fn a_server_that_closes_after_every_response() -> Result<()> {
+    let Some(_g) = root_test("a_server_that_closes_after_every_response") else {
+        return Ok(());
+    };
+    let (out, clients) = run(
+        &[
+            "--close-after-response",
+            "--split-terminator",
+            "--output-tokens",
+            "8",
+        ],
+        &[
+            "--concurrency",
+            "2",
+            "--requests",
+            "16",
+            "--output-tokens",
+            "8",
+        ],
+        false,
+        None,
+    )?;
+    assert!(clients.iter().all(|c| c.outcome == "ok"));
+    assert!(
+        clients.iter().all(|c| c.req_on_conn == 1),
+        "one connection per request"
+    );
+    let traced = requests(&out);
+    let pairs = pair(&traced, &clients);
+    assert_eq!(pairs.len(), clients.len(), "every client request traced");
+    let mut err = Vec::new();
+    let mut by_close = 0;
+    for (c, t) in &pairs {
+        assert_eq!(t["outcome"], "ok", "{t}");
+        assert_eq!(t["framing"], "http1", "{t}");
+        assert!(t["e2e_ns"].is_u64() && t["tpot_ns"].is_u64(), "{t}");
+        // 8 tokens and `data: [DONE]`; the two sends of the terminator are
+        // no chunks.
+        assert_eq!(t["chunks"], 9, "{t}");
+        let notes = t["notes"].as_array().context("notes")?;
+        by_close += usize::from(notes.iter().any(|n| n == "first_token_acked_by_close"));
+        if let Some(est) = t["client_ttft_estimate_ns"].as_u64() {
+            err.push(est as f64 / 1e6 - c.ttft_s.context("client ttft")? * 1e3);
+        }
+    }
+    let abs_max = err.iter().map(|e| e.abs()).fold(0.0, f64::max);
+    eprintln!(
+        "close after every response: {} of {} with an estimate ({by_close} by the close), \
+         estimate - client median {:+.3} ms, max abs {abs_max:.3} ms",
+        err.len(),
+        pairs.len(),
+        if err.is_empty() {
+            0.0
+        } else {
+            p(err.clone(), 0.5)
+        },
+    );
+    assert!(
+        err.len() * 10 >= pairs.len() * 9,
+        "estimates for {} of {} requests",
+        err.len(),
+        pairs.len()
+    );
+    Ok(())
+}
+
+/// One streamed completion on `conn`, read to the end of its chunked body.
+fn stream_one(conn: &mut TcpStream) -> Result<()> {
+    let body = r#"{"prompt":"x","max_tokens":4,"stream":true}"#;
+    write!(
+        conn,
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut data = Vec::new();
+    let mut buf = [0u8; 65536];
+    while !data.ends_with(b"0\r\n\r\n") {
+        let n = conn.read(&mut buf)?;
+        anyhow::ensure!(n > 0, "the server closed the connection");
+        data.extend_from_slice(&buf[..n]);
+    }
+    Ok(())
+}
+
+/// A keep-alive connection opened before the tracer started (a gateway's
+/// pool lives for hours): it is followed from its next request on.
+#[test]
+fn a_connection_opened_before_tracing_is_adopted() -> Result<()> {
+    let Some(_g) = root_test("a_connection_opened_before_tracing_is_adopted") else {
+        return Ok(());
+    };
+    let server = DemoServer::start(&["--output-tokens", "4"])?;
+    let mut conn = TcpStream::connect(("127.0.0.1", server.port))?;
+    conn.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let port = conn.local_addr()?.port();
+    stream_one(&mut conn)?;
+    let args = vec![
+        "--pid".to_string(),
+        server.pid.to_string(),
+        "--interval".into(),
+        "60".into(),
+    ];
+    let mut tracer = Tracer::start(&args, 0)?;
+    tracer.wait_for_stderr("following requests on port", 1, Duration::from_secs(30))?;
+    for _ in 0..3 {
+        stream_one(&mut conn)?;
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let out = tracer.interrupt(Duration::from_secs(30))?;
+    drop(conn);
+    server.stop()?;
+    assert!(out.success, "{}", out.stderr);
+    let mine: Vec<&Value> = requests(&out)
+        .into_iter()
+        .filter(|r| r["client_port"].as_u64() == Some(u64::from(port)))
+        .collect();
+    let index: Vec<u64> = mine
+        .iter()
+        .filter_map(|r| r["request_index"].as_u64())
+        .collect();
+    assert_eq!(index, [0, 1, 2], "{mine:#?}");
+    for r in &mine {
+        assert_eq!(
+            (&r["outcome"], &r["framing"]),
+            (&"ok".into(), &"http1".into()),
+            "{r}"
+        );
+        assert!(r["ttft_ns"].is_u64() && r["e2e_ns"].is_u64(), "{r}");
+    }
+    let adopted: u64 = out
+        .totals()
+        .and_then(|t| t["request_stats"].as_array())
+        .context("request_stats")?
+        .iter()
+        .filter_map(|w| w["stats"]["connections_adopted"].as_u64())
+        .sum();
+    assert_eq!(adopted, 1, "the one connection opened before tracing");
+    eprintln!(
+        "client estimates on the adopted connection: {:?}",
+        mine.iter()
+            .map(|r| r["client_ttft_estimate_ns"].clone())
+            .collect::<Vec<_>>()
+    );
     Ok(())
 }

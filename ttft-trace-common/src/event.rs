@@ -63,6 +63,11 @@ pub const CONN_OPEN: u32 = 1;
 /// [`ConnEvent::op`]: the connection left `ESTABLISHED` (FIN or RST either
 /// way); sent once per connection.
 pub const CONN_CLOSE: u32 = 2;
+/// [`ConnEvent::op`]: a later state change of a connection that sent
+/// [`CONN_CLOSE`]: the kernel still retransmits and takes ACKs on it after
+/// the application's close, until `TCP_CLOSE` (the last event of the socket,
+/// also when [`CONN_CLOSE`] itself goes to `TCP_CLOSE`).
+pub const CONN_STATE: u32 = 3;
 
 /// A server-side TCP connection of the traced tree opening or closing, from
 /// `sock:inet_sock_set_state`. Fires in softirq context, so no pid.
@@ -71,7 +76,7 @@ pub const CONN_CLOSE: u32 = 2;
 pub struct ConnEvent {
     /// [`EVENT_CONN`].
     pub kind: u32,
-    /// [`CONN_OPEN`] or [`CONN_CLOSE`].
+    /// [`CONN_OPEN`], [`CONN_CLOSE`] or [`CONN_STATE`].
     pub op: u32,
     /// TCP states (`TCP_ESTABLISHED` = 1 ... as in the kernel).
     pub oldstate: u32,
@@ -88,6 +93,10 @@ pub struct ConnEvent {
     /// Local and remote addresses; IPv4 in the first four bytes.
     pub saddr: [u8; 16],
     pub daddr: [u8; 16],
+    /// With [`CONN_CLOSE`]: arrival of the last segment `tcp:tcp_probe` saw
+    /// on the socket (0: none). What that segment acknowledged shows only at
+    /// a later probe, and there is none after the close.
+    pub t_last_segment_ns: u64,
 }
 
 /// [`SockEvent::dir`]: bytes received from the client.
@@ -213,7 +222,7 @@ const _: () = {
 };
 
 const _: () = {
-    assert!(core::mem::size_of::<ConnEvent>() == 72);
+    assert!(core::mem::size_of::<ConnEvent>() == 80);
     assert!(core::mem::offset_of!(ConnEvent, sk) == 16);
     assert!(core::mem::offset_of!(ConnEvent, family) == 32);
     assert!(core::mem::offset_of!(ConnEvent, saddr) == 40);

@@ -18,9 +18,9 @@ pub use conn::{ConnState, SendArgs};
 pub use counters::{Direction, GpuCounters, MAP_FULL_STATS, Stat};
 pub use episode::{Completion, ThreadState};
 pub use event::{
-    API_DRIVER, API_RUNTIME, CONN_CLOSE, CONN_OPEN, ConnEvent, EVENT_CONN, EVENT_EPISODE,
-    EVENT_SEGMENT, EVENT_SOCK, EpisodeEvent, SEGMENT_ACKED, SEGMENT_DATA, SOCK_RECV, SOCK_SEND,
-    SegmentEvent, SockEvent,
+    API_DRIVER, API_RUNTIME, CONN_CLOSE, CONN_OPEN, CONN_STATE, ConnEvent, EVENT_CONN,
+    EVENT_EPISODE, EVENT_SEGMENT, EVENT_SOCK, EpisodeEvent, SEGMENT_ACKED, SEGMENT_DATA, SOCK_RECV,
+    SOCK_SEND, SegmentEvent, SockEvent,
 };
 pub use offsets::TracepointOffsets;
 

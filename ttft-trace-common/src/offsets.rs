@@ -50,6 +50,14 @@ pub struct TracepointOffsets {
     pub probe_snd_nxt: u32,
     pub probe_snd_una: u32,
     pub probe_srtt: u32,
+    /// Local and remote ports (host order), family, and local and remote
+    /// `sockaddr_in`/`sockaddr_in6`: to adopt a connection opened before
+    /// tracing began.
+    pub probe_sport: u32,
+    pub probe_dport: u32,
+    pub probe_family: u32,
+    pub probe_saddr: u32,
+    pub probe_daddr: u32,
 }
 
 /// Offset value meaning "this field does not exist on this kernel".

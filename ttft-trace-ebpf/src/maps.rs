@@ -113,6 +113,11 @@ pub static OFFSETS: TracepointOffsets = TracepointOffsets {
     probe_snd_nxt: 0,
     probe_snd_una: 0,
     probe_srtt: 0,
+    probe_sport: 0,
+    probe_dport: 0,
+    probe_family: 0,
+    probe_saddr: 0,
+    probe_daddr: 0,
 };
 
 /// Scheduler intervals shorter than this are only summed, not sent.

@@ -2,7 +2,8 @@
 //! moving on them, for per-request timing.
 //!
 //! `inet_sock_set_state` tells which sockets are server connections (accepted
-//! on a listening port of the tree) and when they close; `sock_recv_length`
+//! on a listening port of the tree), when they close, and their later states
+//! until the kernel is done with them; `sock_recv_length`
 //! and `sock_send_length` time each receive and send on them. The send
 //! syscalls' enter tracepoints keep the user buffer so that the first sends
 //! of each response can be peeked at (HTTP headers or body?) and every send's
@@ -14,8 +15,8 @@ use aya_ebpf::{
     programs::TracePointContext,
 };
 use ttft_trace_common::{
-    CONN_CLOSE, CONN_OPEN, ConnEvent, ConnState, EVENT_CONN, EVENT_SOCK, SOCK_RECV, SOCK_SEND,
-    SendArgs, SockEvent, Stat,
+    CONN_CLOSE, CONN_OPEN, CONN_STATE, ConnEvent, ConnState, EVENT_CONN, EVENT_SOCK, SOCK_RECV,
+    SOCK_SEND, SendArgs, SockEvent, Stat,
     event::{HEAD_BYTES, HEAD_SENDS, TAIL_BYTES},
 };
 
@@ -69,21 +70,27 @@ pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
         // SAFETY: value not kept past the lookup.
         if unsafe { LISTEN_PORTS.get(sport) }.is_some() {
             let _ = CONNS.insert(sk, ConnState::default(), 0);
-            emit_conn(&ctx, CONN_OPEN, sk, old, new, sport);
+            emit_conn(&ctx, CONN_OPEN, sk, old, new, sport, 0);
         }
         return 0;
     }
     let Some(state) = CONNS.get_ptr_mut(sk) else {
         return 0;
     };
-    if old == TCP_ESTABLISHED || new == TCP_CLOSE {
-        // SAFETY: live map value.
-        let first = unsafe { (*state).closed == 0 };
-        if first {
-            // SAFETY: as above.
-            unsafe { (*state).closed = 1 };
-            emit_conn(&ctx, CONN_CLOSE, sk, old, new, sport);
-        }
+    // SAFETY: live map value.
+    let closed = unsafe { (*state).closed != 0 };
+    if !closed && (old == TCP_ESTABLISHED || new == TCP_CLOSE) {
+        // SAFETY: as above.
+        let t_last_segment = unsafe {
+            (*state).closed = 1;
+            (*state).probe_t_ns
+        };
+        emit_conn(&ctx, CONN_CLOSE, sk, old, new, sport, t_last_segment);
+    } else if closed && old != new {
+        // After the application's close the kernel still retransmits and
+        // takes the client's ACKs: FIN_WAIT2 or LAST_ACK -> CLOSE say when
+        // everything sent was acknowledged, CLOSE that the socket is done.
+        emit_conn(&ctx, CONN_STATE, sk, old, new, sport, 0);
     }
     if new == TCP_CLOSE {
         let _ = CONNS.remove(sk);
@@ -92,7 +99,15 @@ pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
 }
 
 #[inline(always)]
-fn emit_conn(ctx: &TracePointContext, op: u32, sk: u64, old: i32, new: i32, sport: u16) {
+fn emit_conn(
+    ctx: &TracePointContext,
+    op: u32,
+    sk: u64,
+    old: i32,
+    new: i32,
+    sport: u16,
+    t_last_segment_ns: u64,
+) {
     let off = offsets();
     let family = read::<u16>(ctx, off.state_family).unwrap_or(0);
     let mut ev = ConnEvent {
@@ -105,6 +120,7 @@ fn emit_conn(ctx: &TracePointContext, op: u32, sk: u64, old: i32, new: i32, spor
         family,
         sport,
         dport: read::<u16>(ctx, off.state_dport).unwrap_or(0),
+        t_last_segment_ns,
         ..ConnEvent::default()
     };
     if family == AF_INET {

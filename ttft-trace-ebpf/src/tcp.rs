@@ -7,14 +7,25 @@
 //! event only for a followed connection's segment that carries data (a
 //! request) or acknowledges something new. Pure duplicate ACKs and window
 //! updates stay in the kernel.
+//!
+//! A connection opened before tracing began (a gateway's keep-alive pool
+//! lives for hours) is adopted here at its next request: a segment with
+//! data for an unknown socket whose local port is a followed listening
+//! port. That costs one more lookup per data segment of other connections.
 
 use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
-use ttft_trace_common::{EVENT_SEGMENT, SEGMENT_ACKED, SEGMENT_DATA, SegmentEvent, Stat};
+use ttft_trace_common::{
+    CONN_OPEN, ConnEvent, ConnState, EVENT_CONN, EVENT_SEGMENT, SEGMENT_ACKED, SEGMENT_DATA,
+    SegmentEvent, Stat,
+};
 
 use crate::{
-    maps::{CONNS, EVENTS, bump_stat, offsets, wakeup_flag},
+    maps::{CONNS, EVENTS, LISTEN_PORTS, bump_stat, offsets, wakeup_flag},
     sock::{now_ns, read},
 };
+
+const TCP_ESTABLISHED: u32 = 1;
+const AF_INET: u16 = 2;
 
 /// `tcp:tcp_probe`: fires at the start of `tcp_rcv_established`, before the
 /// segment is processed (so `snd_una` is what the previous segment left).
@@ -24,7 +35,7 @@ pub fn tcp_probe(ctx: TracePointContext) -> u32 {
     let Some(sk) = read::<u64>(&ctx, off.probe_sk) else {
         return 0;
     };
-    let Some(state) = CONNS.get_ptr_mut(sk) else {
+    let Some(state) = CONNS.get_ptr_mut(sk).or_else(|| adopt(&ctx, sk)) else {
         return 0;
     };
     let (Some(data_len), Some(snd_nxt), Some(snd_una)) = (
@@ -72,4 +83,49 @@ pub fn tcp_probe(ctx: TracePointContext) -> u32 {
         None => bump_stat(Stat::RingbufLost),
     }
     0
+}
+
+/// A data segment of a socket not followed, whose local port is a followed
+/// listening port: a server connection opened before tracing began. It is
+/// followed from now on, announced as opened now (`CONN_OPEN` with both
+/// states `ESTABLISHED`).
+#[inline(always)]
+fn adopt(ctx: &TracePointContext, sk: u64) -> Option<*mut ConnState> {
+    let off = offsets();
+    if read::<u16>(ctx, off.probe_data_len)? == 0 {
+        return None;
+    }
+    let sport = read::<u16>(ctx, off.probe_sport)?;
+    // SAFETY: value not kept past the lookup.
+    unsafe { LISTEN_PORTS.get(sport) }?;
+    CONNS.insert(sk, ConnState::default(), 0).ok()?;
+    let family = read::<u16>(ctx, off.probe_family).unwrap_or(0);
+    let mut ev = ConnEvent {
+        kind: EVENT_CONN,
+        op: CONN_OPEN,
+        oldstate: TCP_ESTABLISHED,
+        newstate: TCP_ESTABLISHED,
+        sk,
+        t_ns: now_ns(),
+        family,
+        sport,
+        dport: read::<u16>(ctx, off.probe_dport).unwrap_or(0),
+        ..ConnEvent::default()
+    };
+    // `sockaddr_in` has the address at byte 4, `sockaddr_in6` at byte 8.
+    if family == AF_INET {
+        ev.saddr[..4].copy_from_slice(&read::<[u8; 4]>(ctx, off.probe_saddr + 4).unwrap_or([0; 4]));
+        ev.daddr[..4].copy_from_slice(&read::<[u8; 4]>(ctx, off.probe_daddr + 4).unwrap_or([0; 4]));
+    } else {
+        ev.saddr = read::<[u8; 16]>(ctx, off.probe_saddr + 8).unwrap_or([0; 16]);
+        ev.daddr = read::<[u8; 16]>(ctx, off.probe_daddr + 8).unwrap_or([0; 16]);
+    }
+    match EVENTS.reserve::<ConnEvent>(0) {
+        Some(mut entry) => {
+            entry.write(ev);
+            entry.submit(wakeup_flag());
+        }
+        None => bump_stat(Stat::RingbufLost),
+    }
+    CONNS.get_ptr_mut(sk)
 }

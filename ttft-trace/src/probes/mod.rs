@@ -166,6 +166,11 @@ pub fn tracepoint_offsets() -> Result<TracepointOffsets, TracefsError> {
         probe_snd_nxt: probe.offset("snd_nxt")?,
         probe_snd_una: probe.offset("snd_una")?,
         probe_srtt: probe.offset("srtt")?,
+        probe_sport: probe.offset("sport")?,
+        probe_dport: probe.offset("dport")?,
+        probe_family: probe.offset("family")?,
+        probe_saddr: probe.offset("saddr")?,
+        probe_daddr: probe.offset("daddr")?,
     };
     if wakeup_new.offset("pid")? != offsets.wakeup_pid {
         return Err(TracefsError::Parse(

@@ -1,6 +1,7 @@
 //! The per-connection HTTP/1.1 state machine: which receive starts a
 //! request, which sends make its response, what ends the response, and
-//! what ends a request early (close, pipelining, idleness, exit).
+//! what ends a request early (close, pipelining, idleness, exit). A
+//! connection seen to speak HTTP/2 is only marked so.
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -8,6 +9,16 @@ use std::{
 };
 
 use ttft_trace_common::{ConnEvent, SegmentEvent, SockEvent};
+
+/// TCP states (`include/net/tcp_states.h`).
+pub(crate) const TCP_ESTABLISHED: u32 = 1;
+const TCP_FIN_WAIT1: u32 = 4;
+const TCP_FIN_WAIT2: u32 = 5;
+const TCP_TIME_WAIT: u32 = 6;
+pub(crate) const TCP_CLOSE: u32 = 7;
+pub(crate) const TCP_CLOSE_WAIT: u32 = 8;
+const TCP_LAST_ACK: u32 = 9;
+const TCP_CLOSING: u32 = 11;
 
 use super::{
     delivery::{self, AckTracker, Delivery, RequestSegment},
@@ -64,6 +75,8 @@ pub(crate) struct Request {
     /// sends cannot be told from the previous response's, so they are only
     /// counted, never read as a response.
     pub pipelined: bool,
+    /// On a connection that speaks HTTP/2.
+    pub http2: bool,
     /// For a pipelined request: whether the last send ended a response, so
     /// that the next receive starts a request that can be followed again.
     response_ended: bool,
@@ -106,8 +119,11 @@ pub(crate) enum Cause {
     NextRequest,
     /// A request arrived while this response was still going.
     Pipelined,
-    /// The connection closed or the client sent EOF.
+    /// The connection closed: the server closed it first, or a reset.
     Closed,
+    /// The client closed first (its FIN came before the server's, or a
+    /// receive returned EOF): it left, whatever the framing says.
+    PeerClosed,
     /// A response whose end the framing cannot tell fell silent.
     Idle,
     Exit,
@@ -115,6 +131,9 @@ pub(crate) enum Cause {
 }
 
 fn outcome(req: &Request, cause: Cause) -> Outcome {
+    if req.http2 {
+        return Outcome::Http2Unsupported;
+    }
     if req.pipelined || cause == Cause::Pipelined {
         return Outcome::PipelinedUnsupported;
     }
@@ -128,7 +147,11 @@ fn outcome(req: &Request, cause: Cause) -> Outcome {
     match cause {
         Cause::Exit => Outcome::InFlightAtExit,
         Cause::Evicted => Outcome::Evicted,
-        Cause::Closed if resp.end() == End::Incomplete => Outcome::ClosedMidResponse,
+        Cause::Closed | Cause::PeerClosed if resp.end() == End::Incomplete => {
+            Outcome::ClosedMidResponse
+        }
+        // A body that ends at the close ends at the server's.
+        Cause::PeerClosed if resp.until_close() => Outcome::ClosedMidResponse,
         _ if resp.status.is_some_and(|s| s >= 400) => Outcome::ErrorStatus,
         _ => Outcome::Ok,
     }
@@ -185,6 +208,12 @@ pub(crate) struct Connection {
     pub last_event_ns: u64,
     itl_cap: usize,
     acks: AckTracker,
+    /// The server's first send was HTTP/2's connection preface (or a 101 to
+    /// `h2c`): every request from then on is HTTP/2.
+    http2: bool,
+    /// When either side closed it: no more requests; its ACKs are still
+    /// followed until the kernel is done with the socket.
+    pub closed_at: Option<u64>,
 }
 
 impl Connection {
@@ -196,13 +225,15 @@ impl Connection {
             last_event_ns: t_ns,
             itl_cap,
             acks: AckTracker::default(),
+            http2: false,
+            closed_at: None,
         }
     }
 
     pub fn on_recv(&mut self, ev: &SockEvent, out: &mut Outbox) {
         self.last_event_ns = self.last_event_ns.max(ev.t_ns);
         let n = match u64::try_from(ev.bytes) {
-            Ok(0) => return self.finish_current(Cause::Closed, out),
+            Ok(0) => return self.finish_current(Cause::PeerClosed, out),
             Ok(n) => n,
             Err(_) => {
                 out.socket_errors += 1;
@@ -244,10 +275,22 @@ impl Connection {
                 return;
             }
         };
+        // The first send of a response tells the protocol; a server may send
+        // its HTTP/2 preface before it reads any request.
+        let opens = self.current.as_ref().is_none_or(|r| r.response.is_none());
+        let head = opens.then(|| {
+            if self.http2 {
+                Head::Http2
+            } else {
+                http::parse_head(ev.head(), n)
+            }
+        });
+        self.http2 |= head == Some(Head::Http2);
         let Some(req) = self.current.as_mut() else {
             out.sends_without_request += 1;
             return;
         };
+        req.http2 |= self.http2;
         req.bytes_out += n;
         req.t_last_send = Some(ev.t_ns);
         let send = Outgoing {
@@ -263,7 +306,7 @@ impl Connection {
         let had_token = req.t_first_token().is_some();
         match req.response.as_mut() {
             Some(r) => r.on_send(&send),
-            None => match http::parse_head(send.head, n) {
+            None => match head.unwrap_or_else(|| http::parse_head(send.head, n)) {
                 Head::Interim => return,
                 head => req.response = Some(Response::start(head, &send, self.itl_cap)),
             },
@@ -272,7 +315,7 @@ impl Connection {
             out.first_token(t, self.info.sk, req.index);
             if let Some(seg) = req.segment {
                 let end = delivery::first_token_end(seg, req.bytes_out);
-                let d = self.acks.first_token(req.index, end);
+                let d = self.acks.first_token(req.index, end, t);
                 out.deliveries.insert((self.info.sk, req.index), d);
             }
         }
@@ -294,8 +337,48 @@ impl Connection {
         }
     }
 
-    /// The connection closed (or the client sent EOF).
-    pub fn close(&mut self, out: &mut Outbox) {
+    /// The connection left `ESTABLISHED` (`CONN_CLOSE`): the request in
+    /// flight ends; first tokens not yet acknowledged still wait (see
+    /// [`Connection::on_state`]).
+    pub fn close(&mut self, ev: &ConnEvent, out: &mut Outbox) {
+        self.last_event_ns = self.last_event_ns.max(ev.t_ns);
+        let cause = if ev.newstate == TCP_CLOSE_WAIT {
+            Cause::PeerClosed
+        } else {
+            Cause::Closed
+        };
+        self.finish_current(cause, out);
+        self.closed_at = Some(ev.t_ns);
+        for index in self.acks.closed(ev.t_last_segment_ns) {
+            if let Some(d) = out.deliveries.get_mut(&(self.info.sk, index)) {
+                *d = Delivery::Unknown;
+            }
+        }
+    }
+
+    /// A state change after the close (`CONN_STATE`, or `CONN_CLOSE`
+    /// itself): when it says the client acknowledged everything sent, the
+    /// first tokens still waiting were acknowledged by then.
+    pub fn on_state(&mut self, ev: &ConnEvent, out: &mut Outbox) {
+        self.last_event_ns = self.last_event_ns.max(ev.t_ns);
+        let all_acked = matches!(
+            (ev.oldstate, ev.newstate),
+            (TCP_FIN_WAIT1, TCP_FIN_WAIT2)
+                | (TCP_LAST_ACK, TCP_CLOSE)
+                | (TCP_CLOSING, TCP_TIME_WAIT | TCP_CLOSE)
+        );
+        if !all_acked {
+            return;
+        }
+        for (index, ack) in self.acks.all_acked(ev.t_ns) {
+            if let Some(d) = out.deliveries.get_mut(&(self.info.sk, index)) {
+                *d = Delivery::Acked(ack);
+            }
+        }
+    }
+
+    /// The kernel is done with the socket (`TCP_CLOSE`), or it was reused.
+    pub fn gone(&mut self, out: &mut Outbox) {
         self.end(Cause::Closed, out);
     }
 
@@ -359,6 +442,7 @@ impl Connection {
             bytes_out: 0,
             response: None,
             pipelined,
+            http2: self.http2,
             response_ended: false,
             t_last_send: None,
             notes: Vec::new(),

@@ -10,11 +10,12 @@ use std::{
 
 use serde::Serialize;
 use ttft_trace_common::{
-    CONN_CLOSE, CONN_OPEN, ConnEvent, EpisodeEvent, SOCK_RECV, SOCK_SEND, SegmentEvent, SockEvent,
+    CONN_CLOSE, CONN_OPEN, CONN_STATE, ConnEvent, EpisodeEvent, SOCK_RECV, SOCK_SEND, SegmentEvent,
+    SockEvent,
 };
 
 use super::{
-    connection::{ConnInfo, Connection, Outbox},
+    connection::{ConnInfo, Connection, Outbox, TCP_CLOSE, TCP_ESTABLISHED},
     delivery::Delivery,
     join::EpisodeHistory,
     record::RequestRecord,
@@ -47,7 +48,7 @@ pub struct CorrelatorConfig {
     /// 200 ms minimum retransmission timeout doubled four times.
     pub ack_wait_ns: u64,
     /// A connection with no event for this long is dropped (its close was
-    /// probably lost).
+    /// probably lost). A closed one is dropped `ack_wait_ns` after its close.
     pub conn_idle_ns: u64,
     /// A response whose end the framing cannot tell (opaque, body until
     /// close) is ended after this long without a send.
@@ -104,6 +105,9 @@ pub struct CorrelatorStats {
     pub connections_evicted: u64,
     /// Opens of a socket still held open (its close was lost).
     pub connections_reopened: u64,
+    /// Connections opened before tracing began, followed from their next
+    /// request (an open event from `ESTABLISHED`).
+    pub connections_adopted: u64,
     pub episodes_dropped: u64,
     /// Finished requests dropped before being drained (`max_finished`).
     pub requests_dropped: u64,
@@ -139,6 +143,12 @@ impl Ord for Held {
     fn cmp(&self, other: &Self) -> Ordering {
         (self.t_ns, self.seq).cmp(&(other.t_ns, other.seq))
     }
+}
+
+/// Whether a connection event is the socket's last (`TCP_CLOSE`): after the
+/// close (`CONN_CLOSE`), its later states (`CONN_STATE`) still matter.
+pub fn ends_socket(ev: &ConnEvent) -> bool {
+    ev.newstate == TCP_CLOSE
 }
 
 /// Turns a traced tree's connection, socket and episode events into one
@@ -284,25 +294,40 @@ impl Correlator {
             CONN_OPEN => {
                 if let Some(mut old) = self.conns.remove(&ev.sk) {
                     self.stats.connections_reopened += 1;
-                    old.close(&mut self.out);
+                    old.gone(&mut self.out);
                 }
                 if self.conns.len() >= self.cfg.max_connections {
                     self.stats.connections_refused += 1;
                     return;
                 }
+                if ev.oldstate == TCP_ESTABLISHED {
+                    self.stats.connections_adopted += 1;
+                }
                 let conn = Connection::new(ConnInfo::new(ev), ev.t_ns, self.cfg.itl_cap);
                 self.conns.insert(ev.sk, conn);
             }
-            CONN_CLOSE => match self.conns.remove(&ev.sk) {
-                Some(mut conn) => conn.close(&mut self.out),
-                None => self.stats.unknown_conn_events += 1,
-            },
+            CONN_CLOSE | CONN_STATE => {
+                let Some(conn) = self.conns.get_mut(&ev.sk) else {
+                    self.stats.unknown_conn_events += 1;
+                    return;
+                };
+                if ev.op == CONN_CLOSE {
+                    conn.close(ev, &mut self.out);
+                }
+                conn.on_state(ev, &mut self.out);
+                if ends_socket(ev)
+                    && let Some(mut conn) = self.conns.remove(&ev.sk)
+                {
+                    conn.gone(&mut self.out);
+                }
+            }
             _ => self.stats.malformed_events += 1,
         }
     }
 
     fn apply_sock(&mut self, ev: &SockEvent) {
-        let Some(conn) = self.conns.get_mut(&ev.sk) else {
+        // A closed connection makes no more requests.
+        let Some(conn) = self.conns.get_mut(&ev.sk).filter(|c| c.closed_at.is_none()) else {
             self.stats.unknown_conn_events += 1;
             return;
         };
@@ -339,6 +364,14 @@ impl Correlator {
         } = self;
         conns.retain(|_, conn| {
             conn.end_if_quiet(watermark, cfg.response_quiet_ns, out);
+            // Closed: only ACKs are awaited, and no longer than `ack_wait_ns`
+            // (a server that closes after every response has many).
+            if let Some(t) = conn.closed_at
+                && t.saturating_add(cfg.ack_wait_ns) <= watermark
+            {
+                conn.gone(out);
+                return false;
+            }
             if conn.last_event_ns.saturating_add(cfg.conn_idle_ns) > watermark {
                 return true;
             }

@@ -13,6 +13,18 @@
 //! - The client acknowledged it at the first ACK whose `snd_una` reaches
 //!   past that byte (compared modulo 2^32, as TCP does).
 //!
+//! After the server's close, `tcp_probe` (in `tcp_rcv_established`) sees no
+//! more segments; the kernel still retransmits and takes ACKs. The state
+//! change that says the client acknowledged everything sent (our FIN
+//! included: `FIN_WAIT1 -> FIN_WAIT2`, `LAST_ACK -> CLOSE`, `CLOSING ->
+//! TIME_WAIT`) then stands for the ACK of a first token still waiting: an
+//! upper bound, exact when that ACK covered the whole response (a short
+//! response, or a first token held back by loss until the rest had come).
+//! Only when no segment arrived after the first token was sent, before the
+//! close: otherwise the last one may have been its ACK (what a segment
+//! acknowledged shows only at the next probe), and the bound could be far
+//! too late; that first token's delivery is then unknown, as before.
+//!
 //! Client TTFT ≈ first token acknowledged − request segment arrived: the
 //! two one-way trips (request in, ACK out) stand for the client's two
 //! (request out, token in). A client that delays its ACK (up to 40-200 ms
@@ -39,8 +51,12 @@ pub(crate) fn seq_at_or_after(a: u32, b: u32) -> bool {
 pub(crate) struct Ack {
     pub t_ns: u64,
     pub snd_una: u32,
-    /// Smoothed RTT of the socket then, in ns.
+    /// Smoothed RTT of the socket then, in ns (the last one seen, for an
+    /// ACK known from a state change).
     pub srtt_ns: u64,
+    /// Known from the state change that says everything was acknowledged
+    /// (after the server's close), not from the ACK itself: no later than.
+    pub at_close: bool,
 }
 
 /// The request's first segment, as `tcp_probe` saw it arrive.
@@ -69,8 +85,8 @@ pub(crate) enum Delivery {
 pub(crate) struct AckTracker {
     next_request: Option<RequestSegment>,
     recent: VecDeque<Ack>,
-    /// `(request index, end_seq)` in sending order.
-    waiting: VecDeque<(u32, u32)>,
+    /// `(request index, end_seq, time sent)` in sending order.
+    waiting: VecDeque<(u32, u32, u64)>,
 }
 
 impl AckTracker {
@@ -85,12 +101,13 @@ impl AckTracker {
                 t_ns: ev.t_prev_ns,
                 snd_una: ev.snd_una,
                 srtt_ns: u64::from(ev.srtt_us) * 1_000,
+                at_close: false,
             };
             if self.recent.len() >= RECENT_ACKS {
                 self.recent.pop_front();
             }
             self.recent.push_back(ack);
-            while let Some(&(index, end_seq)) = self.waiting.front() {
+            while let Some(&(index, end_seq, _)) = self.waiting.front() {
                 if !seq_at_or_after(ack.snd_una, end_seq) {
                     break;
                 }
@@ -115,9 +132,9 @@ impl AckTracker {
         self.next_request.take().filter(|s| s.t_ns <= t_arrive)
     }
 
-    /// The first token of request `index` was sent, its last byte ending at
-    /// `end_seq`: acknowledged already, or now waiting.
-    pub fn first_token(&mut self, index: u32, end_seq: u32) -> Delivery {
+    /// The first token of request `index` was sent at `t_ns`, its last byte
+    /// ending at `end_seq`: acknowledged already, or now waiting.
+    pub fn first_token(&mut self, index: u32, end_seq: u32, t_ns: u64) -> Delivery {
         if let Some(ack) = self
             .recent
             .iter()
@@ -125,8 +142,38 @@ impl AckTracker {
         {
             return Delivery::Acked(*ack);
         }
-        self.waiting.push_back((index, end_seq));
+        self.waiting.push_back((index, end_seq, t_ns));
         Delivery::Waiting { end_seq }
+    }
+
+    /// The connection closed; the last segment `tcp_probe` saw arrived at
+    /// `t_last_segment`. A first token sent before it may have been
+    /// acknowledged by it, unseen: returns those, given up.
+    pub fn closed(&mut self, t_last_segment: u64) -> Vec<u32> {
+        let (unseen, after): (Vec<_>, Vec<_>) = self
+            .waiting
+            .drain(..)
+            .partition(|&(_, _, sent)| sent < t_last_segment);
+        self.waiting = after.into();
+        unseen.into_iter().map(|(index, _, _)| index).collect()
+    }
+
+    /// Everything sent was acknowledged by `t_ns` (a state change after the
+    /// server's close): the first tokens still waiting, with their ACK.
+    pub fn all_acked(&mut self, t_ns: u64) -> Vec<(u32, Ack)> {
+        let srtt_ns = self.recent.back().map_or(0, |a| a.srtt_ns);
+        self.waiting
+            .drain(..)
+            .map(|(index, end_seq, _)| {
+                let ack = Ack {
+                    t_ns,
+                    snd_una: end_seq,
+                    srtt_ns,
+                    at_close: true,
+                };
+                (index, ack)
+            })
+            .collect()
     }
 
     /// The connection ended: the first tokens still waiting will not be
@@ -134,7 +181,7 @@ impl AckTracker {
     pub fn give_up(&mut self) -> impl Iterator<Item = u32> + '_ {
         self.recent.clear();
         self.next_request = None;
-        self.waiting.drain(..).map(|(index, _)| index)
+        self.waiting.drain(..).map(|(index, _, _)| index)
     }
 }
 

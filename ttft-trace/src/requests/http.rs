@@ -1,5 +1,6 @@
-//! Reading the captured first bytes of a response send: is it HTTP/1.x,
-//! where do its headers end, how is its body framed (RFC 9112 §6.3).
+//! Reading the captured first bytes of a response send: is it HTTP/1.x
+//! (or HTTP/2), where do its headers end, how is its body framed (RFC 9112
+//! §6.3).
 //!
 //! Only what the kernel captured is seen: the first [`HEAD_BYTES`] bytes of
 //! the first sends after a receive, and the last bytes of every send. A
@@ -15,8 +16,12 @@ const CONTENT_TYPE_MAX: usize = 128;
 pub(crate) enum Head {
     /// Nothing was captured.
     Missing,
-    /// Not HTTP/1.x: TLS records, HTTP/2 frames, a binary protocol.
+    /// Not HTTP/1.x: TLS records, a binary protocol.
     Opaque,
+    /// The connection speaks HTTP/2 in clear text: the server's connection
+    /// preface (a SETTINGS frame, RFC 9113 §3.4), or `101 Switching
+    /// Protocols` to `h2c`.
+    Http2,
     /// Only informational responses (`100 Continue`, `103 Early Hints`):
     /// the final response is still to come.
     Interim,
@@ -33,6 +38,8 @@ pub(crate) struct Http1Head {
     pub header_len: Option<u64>,
     pub body: Body,
     pub content_type: Option<String>,
+    /// A `Trailer` field announces trailer fields after a chunked body.
+    pub trailers: bool,
 }
 
 /// How the end of the body is known.
@@ -69,11 +76,27 @@ pub(crate) fn parse_head(head: &[u8], send_bytes: u64) -> Head {
                     header_len: None,
                     body: Body::UntilClose,
                     content_type: None,
+                    trailers: false,
                 })
             };
         }
+        // A send of only the first bytes of a status line: the rest follows.
+        let cut_short = rest.len() < 7 && rest.len() as u64 == send_bytes;
+        if cut_short && offset == 0 && b"HTTP/1.".starts_with(rest) {
+            return Head::Http1(Http1Head {
+                status: None,
+                header_len: None,
+                body: Body::UntilClose,
+                content_type: None,
+                trailers: false,
+            });
+        }
         if !rest.starts_with(b"HTTP/1.") {
-            return Head::Opaque;
+            return if offset == 0 && is_settings_frame(rest) {
+                Head::Http2
+            } else {
+                Head::Opaque
+            };
         }
         let end = find(rest, b"\r\n\r\n");
         let status = parse_status(rest);
@@ -83,10 +106,14 @@ pub(crate) fn parse_head(head: &[u8], send_bytes: u64) -> Head {
             (Some(s), None) if is_interim(s) => return Head::Interim,
             _ => {
                 let fields = header_fields(rest, end);
+                if status == Some(101) && fields.upgrade_h2c {
+                    return Head::Http2;
+                }
                 return Head::Http1(Http1Head {
                     status,
                     header_len: end.map(|e| (offset + e + 4) as u64),
                     body: body_framing(status, &fields),
+                    trailers: fields.trailers,
                     content_type: fields.content_type,
                 });
             }
@@ -94,11 +121,17 @@ pub(crate) fn parse_head(head: &[u8], send_bytes: u64) -> Head {
     }
 }
 
-/// Whether a send's tail ends a chunked body: the zero-size chunk after the
-/// previous chunk's CRLF, or a send that is only the zero-size chunk.
-/// Trailer fields after the zero-size chunk are not recognised.
-pub(crate) fn ends_chunked_body(tail: &[u8], send_bytes: u64) -> bool {
-    tail.ends_with(b"\r\n0\r\n\r\n") || (send_bytes == 5 && tail == b"0\r\n\r\n")
+/// The 9-byte header of a SETTINGS frame on stream 0 (RFC 9113 §6.5): the
+/// first frame a server sends on an HTTP/2 connection. Its payload is a
+/// multiple of 6 bytes; an ACK carries none.
+fn is_settings_frame(b: &[u8]) -> bool {
+    let Some(h) = b.get(..9) else {
+        return false;
+    };
+    let len = u32::from_be_bytes([0, h[0], h[1], h[2]]);
+    let stream = u32::from_be_bytes([h[5], h[6], h[7], h[8]]) & 0x7fff_ffff;
+    let (kind, flags) = (h[3], h[4]);
+    kind == 4 && stream == 0 && len.is_multiple_of(6) && (flags == 0 || (flags == 1 && len == 0))
 }
 
 /// Informational responses other than `101 Switching Protocols` (after
@@ -125,6 +158,9 @@ struct Fields {
     content_length: Option<u64>,
     chunked: bool,
     content_type: Option<String>,
+    /// `Upgrade: h2c` (with a 101, the connection switches to HTTP/2).
+    upgrade_h2c: bool,
+    trailers: bool,
 }
 
 /// The framing fields among the complete header lines of a message.
@@ -156,6 +192,12 @@ fn header_fields(msg: &[u8], end: Option<usize>) -> Fields {
                 .rsplit(',')
                 .next()
                 .is_some_and(|c| c.trim().eq_ignore_ascii_case("chunked"));
+        } else if name.eq_ignore_ascii_case(b"trailer") {
+            fields.trailers = true;
+        } else if name.eq_ignore_ascii_case(b"upgrade") {
+            fields.upgrade_h2c = value
+                .split(',')
+                .any(|p| p.trim().eq_ignore_ascii_case("h2c"));
         } else if name.eq_ignore_ascii_case(b"content-type") {
             fields.content_type = Some(value.chars().take(CONTENT_TYPE_MAX).collect());
         }
@@ -248,7 +290,8 @@ mod tests {
                 status: None,
                 header_len: None,
                 body: Body::UntilClose,
-                content_type: None
+                content_type: None,
+                trailers: false,
             })
         );
     }
@@ -282,14 +325,28 @@ mod tests {
     }
 
     #[test]
-    fn chunked_terminator() {
-        assert!(ends_chunked_body(b"\n\r\n0\r\n\r\n", 40));
-        assert!(ends_chunked_body(b"0\r\n\r\n", 5));
-        assert!(
-            !ends_chunked_body(b"0\r\n\r\n", 9),
-            "needs the previous chunk's CRLF"
-        );
-        assert!(!ends_chunked_body(b"\n\n\r\n", 30));
-        assert!(!ends_chunked_body(b"", 30));
+    fn http2_server_preface_and_h2c_upgrade() {
+        // SETTINGS with two parameters, then a SETTINGS ACK, as servers send
+        // them in their first send.
+        let mut preface = vec![0, 0, 12, 4, 0, 0, 0, 0, 0];
+        preface.extend_from_slice(&[0, 3, 0, 0, 0, 100, 0, 4, 0, 1, 0, 0]);
+        preface.extend_from_slice(&[0, 0, 0, 4, 1, 0, 0, 0, 0]);
+        assert_eq!(parse_head(&preface, 300), Head::Http2);
+        assert_eq!(parse_head(&[0, 0, 0, 4, 0, 0, 0, 0, 0], 9), Head::Http2);
+        let upgrade = b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\n\
+                        Upgrade: h2c\r\n\r\n";
+        assert_eq!(parse_head(upgrade, 200), Head::Http2);
+        // Frames that do not open a connection, and other upgrades.
+        for not in [
+            &[0, 0, 7, 4, 0, 0, 0, 0, 0][..],  // length not a multiple of 6
+            &[0, 0, 6, 4, 0, 0, 0, 0, 1][..],  // not stream 0
+            &[0, 0, 6, 4, 1, 0, 0, 0, 0][..],  // an ACK with a payload
+            &[0, 0, 12, 0, 1, 0, 0, 0, 1][..], // DATA
+            &[0, 0, 6, 4, 0, 0, 0, 0][..],     // cut
+        ] {
+            assert_eq!(parse_head(not, 50), Head::Opaque, "{not:?}");
+        }
+        let ws = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n";
+        assert_eq!(http1(ws).body, Body::Empty);
     }
 }

@@ -4,7 +4,9 @@
 //!
 //! # The request timeline
 //!
-//! Per server connection (keyed by the socket's kernel address):
+//! Per server connection (keyed by the socket's kernel address; one opened
+//! before tracing began is adopted at its next request, from the request's
+//! first segment: `connections_adopted`):
 //!
 //! - `t_arrive`: return of the first receive after the connection was
 //!   idle. More receives before any response byte (a request body in
@@ -17,13 +19,19 @@
 //!   than only HTTP headers. The captured head of the response's first
 //!   send gives the header length: if that send moved more bytes, it
 //!   carries body; otherwise the first later send that does is the first
-//!   token. Every body send is a *chunk*; a send that is only the chunked
-//!   terminator `0\r\n\r\n` is not.
+//!   token. Every body send is a *chunk*; with `Transfer-Encoding:
+//!   chunked`, only a send that carries chunk data is: one of only framing
+//!   (a size line, the CRLF after a chunk, the zero-size chunk, trailers,
+//!   the final CRLF, in any pieces) is not (see `requests/chunked.rs`).
 //! - `t_done`: return of the last send of the response. The response ends
 //!   when `Content-Length` bytes after the headers have been sent, or when
-//!   a send's tail ends the chunked body; when the framing cannot tell
-//!   (opaque, body until close, a tail not captured), at the next receive,
-//!   the close, or after `response_quiet_ns` without a send.
+//!   the chunked body's end is read (split across sends at any byte); a
+//!   body without length or chunking (HTTP/1.0, `Connection: close`) ends
+//!   at the server's close and is complete (`ok`); if the client closes
+//!   first (its FIN, or a receive returning EOF), it left:
+//!   `closed_mid_response`. When the framing cannot tell
+//!   (opaque, HTTP/2, a tail not captured), the response ends at the next
+//!   receive, the close, or after `response_quiet_ns` without a send.
 //!
 //! # Figures (as `vllm bench serve` defines them)
 //!
@@ -44,7 +52,13 @@
 //! - **Client TTFT estimate**: first token acknowledged by the client −
 //!   the request's first segment arrived, from `tcp:tcp_probe` on the same
 //!   socket (see `requests/delivery.rs`); `None` when either was not seen. A request
-//!   is held up to `ack_wait_ns` for that ACK.
+//!   is held up to `ack_wait_ns` for that ACK. A connection is followed past
+//!   its close until the kernel is done with it (or `ack_wait_ns`): when
+//!   the ACK came after the server's close, where `tcp_probe` does not see
+//!   it, the state change that says everything sent was acknowledged
+//!   stands for it (note `first_token_acked_by_close`: no later than), if
+//!   no segment arrived between the first token and the close (that one
+//!   may have been the ACK, unseen: then the delivery is unknown).
 //! - `gpu_steps_waited`: episodes completed in `[t_arrive, t_first_token]`;
 //!   `gpu_idle_before_start_ns`: time in `[t_arrive, t_gpu_start]` covered
 //!   by no episode's `[launch, D2H done]`.
@@ -56,7 +70,17 @@
 //! - TLS hides the headers: every send is body (`framing: "opaque"`), so a
 //!   headers-only flush counts as the first token and TTFT reads short.
 //! - HTTP/2 (or any multiplexing) puts several requests on one connection
-//!   at once: one "request" per idle-to-busy period, opaque, meaningless.
+//!   at once. A clear-text HTTP/2 connection (the server's SETTINGS preface,
+//!   or a 101 to `h2c`) is recognised: its "requests" (one per idle-to-busy
+//!   period) get `framing: "http2"`, outcome `http2_unsupported`, and no
+//!   figures. Over TLS it is opaque, and meaningless.
+//! - Only the first sends after a receive carry a head; later ones show 8
+//!   bytes of tail. A chunked body is followed exactly while its bytes are
+//!   seen or its chunk sizes say where the next boundary is; past a size
+//!   line not seen, its end is read from the last bytes of the stream and
+//!   every send is taken as a chunk unless it reads as framing only. Trailer
+//!   lines longer than the tail are not seen then: with `Trailer`
+//!   announced, the end falls back to the close or the next request.
 //! - A role-only SSE chunk (`{"delta":{"role":"assistant"}}`) or any
 //!   keep-alive comment sent before the first real token is body, so it
 //!   is taken as the first token: TTFT reads short.
@@ -84,8 +108,10 @@
 //!
 //! `joined_running_batch`, `no_gpu_episode`, `itl_truncated`,
 //! `header_end_not_captured`, `head_not_captured`, `end_by_idle` (the
-//! response's end was taken after `response_quiet_ns` without a send).
+//! response's end was taken after `response_quiet_ns` without a send),
+//! `first_token_acked_by_close`.
 
+mod chunked;
 mod connection;
 mod correlator;
 mod delivery;
@@ -96,7 +122,7 @@ mod record;
 mod response;
 mod summary;
 
-pub use correlator::{Correlator, CorrelatorConfig, CorrelatorStats};
+pub use correlator::{Correlator, CorrelatorConfig, CorrelatorStats, ends_socket};
 pub use outcome::Outcome;
 pub use record::{Figure, RequestRecord};
 pub use response::Framing;

@@ -11,7 +11,8 @@ pub enum Outcome {
     /// A whole response with status 400 or above.
     ErrorStatus,
     /// The connection closed (FIN or RST either way, or the client's EOF)
-    /// while the framing said the response was still going.
+    /// while the framing said the response was still going, or the client
+    /// closed first during a body that ends at the (server's) close.
     ClosedMidResponse,
     /// The connection closed before any response byte was sent.
     ClosedBeforeResponse,
@@ -19,6 +20,10 @@ pub enum Outcome {
     /// response ended. Both requests get this outcome; their responses
     /// cannot be told apart from send sizes alone.
     PipelinedUnsupported,
+    /// A request on an HTTP/2 connection: its streams are multiplexed, so
+    /// one "request" is an idle-to-busy period of the connection, not a
+    /// request. Logged (`framing: "http2"`), never counted.
+    Http2Unsupported,
     /// Still in flight when tracing stopped.
     InFlightAtExit,
     /// Its connection was dropped to bound memory (idle too long without a
@@ -27,12 +32,13 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 7] = [
+    pub const ALL: [Outcome; 8] = [
         Self::Ok,
         Self::ErrorStatus,
         Self::ClosedMidResponse,
         Self::ClosedBeforeResponse,
         Self::PipelinedUnsupported,
+        Self::Http2Unsupported,
         Self::InFlightAtExit,
         Self::Evicted,
     ];
@@ -44,6 +50,7 @@ impl Outcome {
             Self::ClosedMidResponse => "closed_mid_response",
             Self::ClosedBeforeResponse => "closed_before_response",
             Self::PipelinedUnsupported => "pipelined_unsupported",
+            Self::Http2Unsupported => "http2_unsupported",
             Self::InFlightAtExit => "in_flight_at_exit",
             Self::Evicted => "evicted",
         }

@@ -132,6 +132,9 @@ impl RequestRecord {
         }
         // Acknowledged without a first token cannot happen; keep both or neither.
         let acked = acked.filter(|_| t_first_token.is_some());
+        if acked.is_some_and(|a| a.at_close) {
+            notes.push("first_token_acked_by_close");
+        }
         let segment = req.segment;
         let client_ttft = acked
             .zip(segment)

@@ -4,16 +4,25 @@
 
 use serde::{Serialize, Serializer};
 
-use super::http::{self, Body, Head, Http1Head};
+use super::{
+    chunked::{self, Chunked, View},
+    http::{self, Body, Head, Http1Head},
+};
+
+/// Longest header block followed over several sends.
+const HEADER_BLOCK_MAX: usize = 16 * 1024;
 
 /// How a response was read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Framing {
     /// HTTP/1.x: status, headers and body told apart.
     Http1,
-    /// Not readable as HTTP/1.x (TLS, HTTP/2, a binary protocol) or not
-    /// captured: every send is taken as body, the first one as the first token.
+    /// Not readable as HTTP/1.x (TLS, a binary protocol) or not captured:
+    /// every send is taken as body, the first one as the first token.
     Opaque,
+    /// HTTP/2 in clear text (prior knowledge or an `h2c` upgrade): streams
+    /// are multiplexed, so requests are not told apart. Read as opaque.
+    Http2,
 }
 
 impl Framing {
@@ -21,6 +30,7 @@ impl Framing {
         match self {
             Self::Http1 => "http1",
             Self::Opaque => "opaque",
+            Self::Http2 => "http2",
         }
     }
 }
@@ -36,7 +46,8 @@ impl Serialize for Framing {
 pub(crate) enum End {
     Complete,
     /// Known to be still going: `Content-Length` not reached, or a chunked
-    /// body without its zero-size chunk (every send's tail seen).
+    /// body whose end was not seen (and could have been: see
+    /// `requests/chunked.rs`).
     Incomplete,
     /// The framing cannot tell (opaque, body until close, a tail or the
     /// header end not captured): the next receive or the close ends it.
@@ -58,6 +69,8 @@ pub(crate) struct Response {
     pub content_type: Option<String>,
     header_len: Option<u64>,
     body: Body,
+    /// Trailer fields announced: a chunked body's end may be out of sight.
+    trailers: bool,
     /// The first send, whole, while its header block continues in the next
     /// send (whose head is captured too): the two are parsed together.
     pending_head: Option<Vec<u8>>,
@@ -71,8 +84,8 @@ pub(crate) struct Response {
     pub itl: Vec<u64>,
     itl_cap: usize,
     pub itl_truncated: bool,
-    terminator_seen: bool,
-    tail_missing: bool,
+    /// The chunked body's decoder, from the first send that carries body.
+    chunked: Option<Chunked>,
     /// Why the figures may be off (JSONL `notes`).
     pub notes: Vec<&'static str>,
 }
@@ -87,6 +100,7 @@ impl Response {
             content_type: None,
             header_len: None,
             body: Body::UntilClose,
+            trailers: false,
             pending_head: None,
             sent: 0,
             t_first_byte: send.t_ns,
@@ -97,8 +111,7 @@ impl Response {
             itl: Vec::new(),
             itl_cap,
             itl_truncated: false,
-            terminator_seen: false,
-            tail_missing: false,
+            chunked: None,
             notes: Vec::new(),
         };
         match head {
@@ -113,6 +126,7 @@ impl Response {
                     }
                 }
             }
+            Head::Http2 => r.framing = Framing::Http2,
             Head::Missing => r.notes.push("head_not_captured"),
             Head::Opaque | Head::Interim => {}
         }
@@ -128,17 +142,26 @@ impl Response {
     }
 
     pub fn end(&self) -> End {
-        if self.framing == Framing::Opaque {
+        if self.framing != Framing::Http1 {
             return End::Unknown;
         }
         match (self.body, self.header_len) {
-            (Body::Chunked, _) if self.terminator_seen => End::Complete,
-            (Body::Chunked, _) if self.tail_missing => End::Unknown,
-            (Body::Chunked, _) => End::Incomplete,
+            (Body::Chunked, _) => match &self.chunked {
+                Some(c) if c.done() => End::Complete,
+                // Trailer lines are not seen while the decoder is lost: the
+                // end may have passed unseen.
+                Some(c) if c.blind() || (self.trailers && !c.in_step()) => End::Unknown,
+                _ => End::Incomplete,
+            },
             (Body::Empty, Some(h)) => Self::reached(self.sent, h),
             (Body::Length(n), Some(h)) => Self::reached(self.sent, h.saturating_add(n)),
             (Body::UntilClose, _) | (_, None) => End::Unknown,
         }
+    }
+
+    /// An HTTP/1.x body without length or chunking: it ends at the close.
+    pub fn until_close(&self) -> bool {
+        self.framing == Framing::Http1 && self.body == Body::UntilClose && self.header_len.is_some()
     }
 
     fn reached(sent: u64, total: u64) -> End {
@@ -153,21 +176,32 @@ impl Response {
         self.status = h.status;
         self.header_len = h.header_len;
         self.body = h.body;
+        self.trailers = h.trailers;
         self.content_type = h.content_type;
     }
 
-    /// Headers that went on past the first send: parse both heads as one.
-    fn continue_head(&mut self, mut first: Vec<u8>, send: &Outgoing) {
-        if send.head.is_empty() {
+    /// Headers that went on past the first send: parse the sends seen so
+    /// far as one. While every send is seen whole and the blank line has
+    /// not come, the header block goes on (a server that writes it line by
+    /// line); a send not seen whole ends the search.
+    fn continue_head(&mut self, mut block: Vec<u8>, send: &Outgoing) {
+        let view = View::of_send(send.bytes, send.head, send.tail);
+        if view.gap > 0 || view.is_empty() {
             self.notes.push("header_end_not_captured");
             return;
         }
-        let first_len = first.len() as u64;
-        first.extend_from_slice(send.head);
-        if let Head::Http1(h) = http::parse_head(&first, first_len + send.bytes) {
+        let sent_before = block.len() as u64;
+        block.extend_from_slice(view.first);
+        block.extend_from_slice(view.last);
+        if let Head::Http1(h) = http::parse_head(&block, sent_before + send.bytes) {
             self.apply(h);
         }
-        if self.header_len.is_none() {
+        if self.header_len.is_some() {
+            return;
+        }
+        if block.len() < HEADER_BLOCK_MAX {
+            self.pending_head = Some(block);
+        } else {
             self.notes.push("header_end_not_captured");
         }
     }
@@ -176,32 +210,38 @@ impl Response {
         let before = self.sent;
         self.sent += send.bytes;
         self.t_last_send = send.t_ns;
-        let body = self.carries_body(before, send.bytes);
-        if self.body == Body::Chunked {
-            if send.tail.is_empty() {
-                self.tail_missing = true;
-            } else if body && http::ends_chunked_body(send.tail, send.bytes) {
-                self.terminator_seen = true;
-                if send.bytes == 5 {
-                    // The zero-size chunk alone ends the body; no token in it.
-                    return;
-                }
-            }
-        }
-        if body {
+        let Some(body_at) = self.body_offset(before, send.bytes) else {
+            return;
+        };
+        let data = if self.body == Body::Chunked && self.framing == Framing::Http1 {
+            let known_start = self.header_len.is_some();
+            let view = View::of_send(send.bytes, send.head, send.tail).skip(body_at);
+            self.chunked
+                .get_or_insert_with(|| {
+                    if known_start {
+                        Chunked::new()
+                    } else {
+                        Chunked::lost()
+                    }
+                })
+                .on_send(view)
+        } else {
+            true
+        };
+        if data {
             self.body_send(send.t_ns);
         }
     }
 
-    /// Whether bytes `before .. before + n` of the response reach past the
-    /// header block.
-    fn carries_body(&self, before: u64, n: u64) -> bool {
+    /// Where the body begins in a send that moved bytes `before .. before +
+    /// n` of the response; `None` when the send is all header block.
+    fn body_offset(&self, before: u64, n: u64) -> Option<u64> {
         match (self.framing, self.body, self.header_len) {
-            (Framing::Opaque, _, _) => true,
-            (Framing::Http1, Body::Empty, _) => false,
-            (Framing::Http1, _, Some(h)) => before + n > h,
+            (Framing::Opaque | Framing::Http2, _, _) => Some(0),
+            (Framing::Http1, Body::Empty, _) => None,
+            (Framing::Http1, _, Some(h)) => (before + n > h).then(|| h.saturating_sub(before)),
             // Header end unknown: the first send is taken as the headers.
-            (Framing::Http1, _, None) => before > 0 && self.pending_head.is_none(),
+            (Framing::Http1, _, None) => (before > 0 && self.pending_head.is_none()).then_some(0),
         }
     }
 
@@ -222,7 +262,7 @@ impl Response {
 /// by itself: a chunked terminator in its tail, or a whole response with a
 /// known length in one send.
 pub(crate) fn ends_a_response(send: &Outgoing) -> bool {
-    if http::ends_chunked_body(send.tail, send.bytes) {
+    if chunked::send_ends_body(View::of_send(send.bytes, send.head, send.tail)) {
         return true;
     }
     match http::parse_head(send.head, send.bytes) {

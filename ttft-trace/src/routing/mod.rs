@@ -11,7 +11,7 @@ pub use workloads::{Unbound, Workload, Workloads};
 
 use crate::{
     decode::{Event, decode},
-    requests::{CorrelatorStats, RequestRecord},
+    requests::{self, CorrelatorStats, RequestRecord},
 };
 
 /// What routing hands on, in the order it happened.
@@ -46,7 +46,8 @@ impl Router {
         match decode(bytes) {
             Ok(Event::Conn(ev)) if ev.op == CONN_OPEN => ws.hold_open(&ev),
             Ok(Event::Conn(ev)) => {
-                if let Some(w) = ws.of_socket(ev.sk, true) {
+                // Followed past its close, until the kernel is done with it.
+                if let Some(w) = ws.of_socket(ev.sk, requests::ends_socket(&ev)) {
                     w.correlator.on_conn(&ev);
                 }
             }

@@ -2,7 +2,7 @@
 //! sequence numbers (`tcp_probe`) against the response bytes sent.
 
 use super::*;
-use crate::requests::delivery::seq_at_or_after;
+use crate::requests::{Outcome, delivery::seq_at_or_after};
 
 const SK: u64 = 0x2000;
 const US: u64 = 1_000;
@@ -192,4 +192,109 @@ fn without_segment_events_nothing_waits() {
         (r.t_request_segment_ns, r.t_first_token_acked_ns),
         (None, None)
     );
+}
+
+/// A short response, then the server's close: the client's ACK of it comes
+/// after the close, where `tcp_probe` no longer sees it.
+fn answered_then_closed(w: &mut Wire, t_send: u64) {
+    answered(w, ms(1000), t_send);
+    w.state(CONN_CLOSE, SK, t_send + US, TCP_ESTABLISHED, TCP_FIN_WAIT1);
+}
+
+#[test]
+fn after_the_servers_close_everything_acknowledged_stands_for_the_ack() {
+    let mut w = wire(1_000);
+    answered_then_closed(&mut w, ms(1100));
+    // The retransmitted response and FIN, acknowledged 400 ms later.
+    assert!(w.drain(ms(1400)).is_empty(), "held for its ACK");
+    let acked = ms(1500);
+    w.state(CONN_STATE, SK, acked, TCP_FIN_WAIT1, TCP_FIN_WAIT2);
+    let r = w.one(ms(1600));
+    assert_eq!(r.outcome, Outcome::Ok);
+    assert_eq!(r.t_first_token_acked_ns, Some(acked));
+    assert_eq!(
+        r.client_ttft_estimate_ns,
+        Some(acked - (ms(1000) - 100 * US))
+    );
+    assert!(
+        r.notes.contains(&"first_token_acked_by_close"),
+        "{:?}",
+        r.notes
+    );
+    assert_eq!(
+        w.c.stats().connections,
+        1,
+        "followed until the kernel is done"
+    );
+    w.state(CONN_STATE, SK, ms(1700), TCP_FIN_WAIT2, TCP_CLOSE);
+    assert!(w.drain(ms(1800)).is_empty());
+    assert_eq!(w.c.stats().connections, 0);
+}
+
+#[test]
+fn after_the_clients_close_the_last_ack_stands_for_the_ack() {
+    let mut w = wire(1_000);
+    answered(&mut w, ms(1000), ms(1100));
+    w.state(CONN_CLOSE, SK, ms(1101), TCP_ESTABLISHED, TCP_CLOSE_WAIT);
+    w.state(CONN_STATE, SK, ms(1102), TCP_CLOSE_WAIT, TCP_LAST_ACK);
+    // A socket event after the close starts no request.
+    w.recv(SK, ms(1103), 10);
+    w.state(CONN_STATE, SK, ms(1300), TCP_LAST_ACK, TCP_CLOSE);
+    let r = w.one(ms(2000));
+    assert_eq!(r.t_first_token_acked_ns, Some(ms(1300)));
+    let s = w.c.stats();
+    assert_eq!((s.connections, s.unknown_conn_events), (0, 1));
+}
+
+#[test]
+fn a_socket_done_without_everything_acknowledged_gives_no_ack() {
+    // The server's close, then the socket ends without the FIN acknowledged
+    // (a reset, or the orphan's retries ran out).
+    let mut w = wire(1_000);
+    answered_then_closed(&mut w, ms(1100));
+    w.state(CONN_STATE, SK, ms(1200), TCP_FIN_WAIT1, TCP_CLOSE);
+    let r = w.one(ms(1300));
+    assert_eq!((r.outcome, r.t_first_token_acked_ns), (Outcome::Ok, None));
+    assert!(r.notes.iter().all(|n| *n != "first_token_acked_by_close"));
+}
+
+#[test]
+fn an_ack_seen_before_the_close_is_kept() {
+    let mut w = wire(1_000);
+    answered(&mut w, ms(1000), ms(1100));
+    w.segment(SK, ms(1100) + 30 * US, 0);
+    w.segment(SK, ms(1100) + 60 * US, 0);
+    w.state(CONN_CLOSE, SK, ms(1101), TCP_ESTABLISHED, TCP_FIN_WAIT1);
+    w.state(CONN_STATE, SK, ms(1102), TCP_FIN_WAIT1, TCP_FIN_WAIT2);
+    let r = w.one(ms(2000));
+    assert_eq!(r.t_first_token_acked_ns, Some(ms(1100) + 30 * US));
+    assert!(!r.notes.contains(&"first_token_acked_by_close"));
+}
+
+#[test]
+fn a_closed_connection_is_dropped_once_no_ack_is_awaited() {
+    // The socket's last state change never comes (lost, or the kernel keeps
+    // an orphan for minutes): nothing is awaited after `ack_wait_ns`.
+    let mut w = wire(1_000);
+    answered_then_closed(&mut w, ms(1100));
+    assert!(w.drain(ms(5000)).is_empty());
+    let r = w.one(ms(6200));
+    assert_eq!(r.t_first_token_acked_ns, None);
+    assert!(w.drain(ms(7300)).is_empty());
+    let s = w.c.stats();
+    assert_eq!((s.connections, s.connections_evicted), (0, 0));
+}
+
+#[test]
+fn a_segment_after_the_first_token_may_have_been_its_ack() {
+    // The client's ACK came at +30 µs, the connection's last segment before
+    // the close: what it acknowledged never shows. The state change 200 ms
+    // later would make the delivery far too late: it stays unknown.
+    let mut w = wire(1_000);
+    answered(&mut w, ms(1000), ms(1100));
+    w.segment(SK, ms(1100) + 30 * US, 0);
+    w.state(CONN_CLOSE, SK, ms(1101), TCP_ESTABLISHED, TCP_FIN_WAIT1);
+    w.state(CONN_STATE, SK, ms(1300), TCP_FIN_WAIT1, TCP_FIN_WAIT2);
+    let r = w.one(ms(2000));
+    assert_eq!((r.outcome, r.t_first_token_acked_ns), (Outcome::Ok, None));
 }

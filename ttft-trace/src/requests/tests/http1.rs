@@ -457,3 +457,17 @@ fn bodyless_and_until_close_responses() {
         (Outcome::Ok, Some(ms(20)), 1)
     );
 }
+
+#[test]
+fn a_connection_opened_before_tracing_is_adopted_at_its_next_request() {
+    // The kernel announces it at its first data segment, as opened from
+    // `ESTABLISHED`: requests on it are followed from there.
+    let mut w = Wire::new();
+    w.state(CONN_OPEN, 0x77, ms(1000), TCP_ESTABLISHED, TCP_ESTABLISHED);
+    w.recv(0x77, ms(1000), 200);
+    w.send(0x77, ms(1050), &json_response("200 OK", "{}"));
+    let r = w.one(ms(2000));
+    assert_eq!((r.request_index, r.ttft_ns), (0, Some(ms(50))));
+    let s = w.c.stats();
+    assert_eq!((s.connections_adopted, s.connections), (1, 1));
+}

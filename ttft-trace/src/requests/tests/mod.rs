@@ -3,6 +3,7 @@
 
 mod bounds;
 mod delivery;
+mod framing;
 mod http1;
 mod join;
 mod output;
@@ -10,12 +11,20 @@ mod output;
 use std::collections::HashMap;
 
 use ttft_trace_common::{
-    CONN_CLOSE, CONN_OPEN, ConnEvent, EVENT_CONN, EVENT_EPISODE, EVENT_SEGMENT, EpisodeEvent,
-    SEGMENT_ACKED, SEGMENT_DATA, SOCK_RECV, SOCK_SEND, SegmentEvent, SockEvent,
+    CONN_CLOSE, CONN_OPEN, CONN_STATE, ConnEvent, EVENT_CONN, EVENT_EPISODE, EVENT_SEGMENT,
+    EpisodeEvent, SEGMENT_ACKED, SEGMENT_DATA, SOCK_RECV, SOCK_SEND, SegmentEvent, SockEvent,
     event::{HEAD_BYTES, HEAD_SENDS, TAIL_BYTES},
 };
 
 use super::{Correlator, CorrelatorConfig, RequestRecord};
+
+/// TCP states (`include/net/tcp_states.h`).
+pub(super) const TCP_ESTABLISHED: u32 = 1;
+pub(super) const TCP_FIN_WAIT1: u32 = 4;
+pub(super) const TCP_FIN_WAIT2: u32 = 5;
+pub(super) const TCP_CLOSE: u32 = 7;
+pub(super) const TCP_CLOSE_WAIT: u32 = 8;
+pub(super) const TCP_LAST_ACK: u32 = 9;
 
 /// Milliseconds in nanoseconds.
 pub(super) const fn ms(v: u64) -> u64 {
@@ -31,6 +40,9 @@ pub(super) struct Wire {
     pub c: Correlator,
     sends_since_recv: HashMap<u64, u32>,
     seq: HashMap<u64, Seq>,
+    /// Sends after each receive that carry a head ([`HEAD_SENDS`] as the
+    /// probes do; more to model a capture of every send).
+    pub head_sends: u32,
 }
 
 /// A server socket's send sequence space, as `tcp_probe` reads it, and the
@@ -53,6 +65,7 @@ impl Wire {
             c: Correlator::new(cfg),
             sends_since_recv: HashMap::new(),
             seq: HashMap::new(),
+            head_sends: HEAD_SENDS,
         }
     }
 
@@ -61,8 +74,21 @@ impl Wire {
         self.c.on_conn(&conn(CONN_OPEN, sk, t));
     }
 
+    /// The connection closes and the kernel is done with it at once (as a
+    /// reset does): `ESTABLISHED -> CLOSE`.
     pub fn close(&mut self, sk: u64, t: u64) {
-        self.c.on_conn(&conn(CONN_CLOSE, sk, t));
+        self.state(CONN_CLOSE, sk, t, TCP_ESTABLISHED, TCP_CLOSE);
+    }
+
+    /// A state change of a closing connection; a close carries the time
+    /// of the last segment the probe saw ([`Wire::segment`]).
+    pub fn state(&mut self, op: u32, sk: u64, t: u64, old: u32, new: u32) {
+        let mut ev = conn(op, sk, t);
+        (ev.oldstate, ev.newstate) = (old, new);
+        if op == CONN_CLOSE {
+            ev.t_last_segment_ns = self.seq.get(&sk).and_then(|q| q.last).map_or(0, |(t, _)| t);
+        }
+        self.c.on_conn(&ev);
     }
 
     pub fn recv(&mut self, sk: u64, t: u64, bytes: i64) {
@@ -151,7 +177,7 @@ impl Wire {
             bytes: data.len() as i64,
             ..SockEvent::default()
         };
-        if *n <= HEAD_SENDS {
+        if *n <= self.head_sends {
             let h = data.len().min(HEAD_BYTES);
             ev.head[..h].copy_from_slice(&data[..h]);
             ev.head_len = h as u32;
