@@ -2,6 +2,7 @@
 
 mod bench;
 mod demo;
+mod hosttax;
 mod process;
 mod run;
 mod setup;
@@ -33,9 +34,14 @@ enum Task {
     },
     /// Clippy on the eBPF crate, which builds only for the BPF target.
     LintEbpf,
-    /// Measure probe overhead per cudaLaunchKernel and the event rate the
-    /// daemon keeps up with; writes target/bench/results.json.
-    Bench,
+    /// Measure what untraced processes pay while the tracer runs (the host
+    /// tax, checked against +5 %), probe overhead per cudaLaunchKernel and
+    /// the event rate the daemon keeps up with; writes target/bench/*.json.
+    Bench {
+        /// Host tax only, one round of short runs (for CI).
+        #[arg(long)]
+        quick: bool,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -53,9 +59,9 @@ fn main() -> anyhow::Result<()> {
             setup::setup()?;
             run::lint_ebpf()
         }
-        Task::Bench => {
+        Task::Bench { quick } => {
             setup::setup()?;
-            bench::bench()
+            bench::bench(quick)
         }
     }
 }
