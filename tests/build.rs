@@ -32,6 +32,7 @@ const FIXTURE_SOURCES: &[&str] = &[
     "workload_ext_host.c",
     "abi_check.c",
     "abi_shim/crt/host_defines.h",
+    "hosttax.c",
 ];
 
 /// Where the real runtime is unpacked, relative to the cache directory.
@@ -183,6 +184,12 @@ fn run() -> Result<(), String> {
             output: "abi_check",
             args: with(srcs(&["abi_check.c"])),
             inputs: vec![s("cuda_api.h"), s("abi_check.c")],
+        },
+        // The host-tax micro-benchmark of `cargo xtask bench`.
+        Step {
+            output: "hosttax",
+            args: with(srcs(&["hosttax.c"])),
+            inputs: vec![s("hosttax.c")],
         },
     ];
 

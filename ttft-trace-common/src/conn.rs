@@ -21,14 +21,32 @@ const _: () = {
     assert!(core::mem::offset_of!(ConnState, probe_t_ns) == 16);
 };
 
-/// The user buffer of a send syscall in progress.
+/// The user buffer of a send in progress on a thread, noted where the send
+/// starts and read where it ends (`sock_send_length`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SendArgs {
-    /// A plain buffer (`write`, `sendto`), or 0.
+    /// A plain buffer (`write`, `sendto`, or any send whose kernel iterator
+    /// is a single user buffer), or 0.
     pub buf: u64,
     /// An iovec array (`writev`, `sendmsg`), or 0.
     pub iov: u64,
     /// Entries in `iov`.
     pub iovlen: u64,
+    /// Bytes of the first iovec already sent before the send began (the
+    /// kernel iterator's `iov_offset`; 0 on the syscall path).
+    pub iov_offset: u64,
+    /// The socket (`tcp_sendmsg_locked` path), or 0 (syscall path: the
+    /// buffer belongs to whatever socket the syscall sends on).
+    pub sk: u64,
+    /// `tcp_sendmsg_locked` path: the kernel `msghdr` and the end of its
+    /// data (user address of the buffer's end, or kernel address of the
+    /// iovec array's end). Both stay the same while one send copies its
+    /// data in several steps, each of which fires the tracepoint again.
+    pub msg: u64,
+    pub end: u64,
+    /// Non-zero: `iov` is the kernel's copy of the iovec array (read with
+    /// `bpf_probe_read_kernel`), not the user's.
+    pub iov_kernel: u32,
+    pub _pad: u32,
 }

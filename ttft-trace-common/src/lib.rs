@@ -22,7 +22,7 @@ pub use event::{
     EVENT_EPISODE, EVENT_SEGMENT, EVENT_SOCK, EpisodeEvent, SEGMENT_ACKED, SEGMENT_DATA, SOCK_RECV,
     SOCK_SEND, SegmentEvent, SockEvent,
 };
-pub use offsets::TracepointOffsets;
+pub use offsets::{SendOffsets, TracepointOffsets};
 
 /// Implements `aya::Pod` for the types userspace reads from maps and the ring
 /// buffer. Only with the `user` feature: the eBPF side does not link aya.
@@ -41,5 +41,6 @@ mod pod {
     unsafe impl aya::Pod for crate::signals::SchedTotals {}
     unsafe impl aya::Pod for crate::GpuCounters {}
     unsafe impl aya::Pod for crate::TracepointOffsets {}
+    unsafe impl aya::Pod for crate::SendOffsets {}
     unsafe impl aya::Pod for crate::ThreadState {}
 }

@@ -62,3 +62,28 @@ pub struct TracepointOffsets {
 
 /// Offset value meaning "this field does not exist on this kernel".
 pub const ABSENT: u32 = u32::MAX;
+
+/// Kernel struct member offsets (bytes) and enum values that the
+/// `tcp:tcp_sendmsg_locked` raw tracepoint needs to find the user buffer of
+/// a send in its `struct msghdr *`. Read by userspace from the kernel's BTF
+/// at load time (there is no CO-RE for Rust eBPF); when they cannot be read
+/// the syscall tracepoints are used instead. `struct iovec` is taken as the
+/// user ABI's (`iov_base` at 0, `iov_len` at 8, 16 bytes), which userspace
+/// checks against the BTF too.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SendOffsets {
+    /// `struct msghdr`: `msg_iter`.
+    pub msg_iter: u32,
+    /// `struct iov_iter`: `iter_type` (one byte), `iov_offset`, `ubuf` (the
+    /// same union slot as `__iov`), `__iov`, `count`, `nr_segs`.
+    pub iter_type: u32,
+    pub iov_offset: u32,
+    pub ubuf: u32,
+    pub iov: u32,
+    pub count: u32,
+    pub nr_segs: u32,
+    /// `enum iter_type`: `ITER_UBUF` and `ITER_IOVEC`.
+    pub iter_ubuf: u32,
+    pub iter_iovec: u32,
+}

@@ -55,8 +55,9 @@ pub static LISTEN_PORTS: HashMap<u16, u32> = HashMap::with_max_entries(1024, 0);
 #[map]
 pub static CONNS: LruHashMap<u64, ConnState> = LruHashMap::with_max_entries(65536, 0);
 
-/// Buffer arguments of the send syscall in progress on a thread, kept from
-/// its `sys_enter` tracepoint for `sock_send_length` to read the bytes.
+/// Buffer of the send in progress on a thread, kept from where it starts
+/// (`tcp_sendmsg_locked`, or a send syscall's `sys_enter`) for
+/// `sock_send_length` to read the bytes.
 #[map]
 pub static SEND_ARGS: LruHashMap<u32, SendArgs> = LruHashMap::with_max_entries(16384, 0);
 

@@ -3,20 +3,24 @@
 //!
 //! `inet_sock_set_state` tells which sockets are server connections (accepted
 //! on a listening port of the tree), when they close, and their later states
-//! until the kernel is done with them; `sock_recv_length`
-//! and `sock_send_length` time each receive and send on them. The send
-//! syscalls' enter tracepoints keep the user buffer so that the first sends
-//! of each response can be peeked at (HTTP headers or body?) and every send's
-//! last bytes (end of a chunked response).
+//! until the kernel is done with them; `sock_recv_length` and
+//! `sock_send_length` time each receive and send on them. Where a send
+//! starts, its user buffer is noted so that the first sends of each response
+//! can be peeked at (HTTP headers or body?) and every send's last bytes (end
+//! of a chunked response): by the raw tracepoint `tcp:tcp_sendmsg_locked`,
+//! which runs for TCP sends only, or, on kernels without it (or without
+//! BTF), by the send syscalls' tracepoints, which put every syscall of every
+//! task on the host on the slow path while attached. Userspace picks one at
+//! load time.
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, generated},
-    macros::tracepoint,
-    programs::TracePointContext,
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel, generated},
+    macros::{raw_tracepoint, tracepoint},
+    programs::{RawTracePointContext, TracePointContext},
 };
 use ttft_trace_common::{
     CONN_CLOSE, CONN_OPEN, CONN_STATE, ConnEvent, ConnState, EVENT_CONN, EVENT_SOCK, SOCK_RECV,
-    SOCK_SEND, SendArgs, SockEvent, Stat,
+    SOCK_SEND, SendArgs, SendOffsets, SockEvent, Stat,
     event::{HEAD_BYTES, HEAD_SENDS, TAIL_BYTES},
 };
 
@@ -30,7 +34,8 @@ const TCP_CLOSE: i32 = 7;
 const TCP_LISTEN: i32 = 10;
 const AF_INET: u16 = 2;
 const MSG_PEEK: i32 = 2;
-/// iovec entries walked to find the one holding a send's last byte.
+/// iovec entries walked to find the first with data and the one holding a
+/// send's last byte.
 const MAX_IOV: u64 = 8;
 
 #[inline(always)]
@@ -168,7 +173,7 @@ pub fn sock_recv_length(ctx: TracePointContext) -> u32 {
 }
 
 /// `sock:sock_send_length`: fires at the end of every send, still inside
-/// the syscall, so the user buffer noted at its entry is readable.
+/// the syscall, so the user buffer noted where the send began is readable.
 #[tracepoint]
 pub fn sock_send_length(ctx: TracePointContext) -> u32 {
     let off = offsets();
@@ -178,20 +183,101 @@ pub fn sock_send_length(ctx: TracePointContext) -> u32 {
     ) else {
         return 0;
     };
-    if ret <= 0 {
-        return 0;
-    }
     let Some(state) = CONNS.get_ptr_mut(sk) else {
         return 0;
     };
+    let tid = bpf_get_current_pid_tgid() as u32;
+    // SAFETY: copied out at once.
+    let args = match unsafe { SEND_ARGS.get(tid) }.copied() {
+        // Noted by tcp_sendmsg_locked for this socket: this send is over.
+        Some(args) if args.sk == sk => {
+            let _ = SEND_ARGS.remove(tid);
+            Some(args)
+        }
+        // Noted by a send syscall's entry, which removes it at its exit.
+        Some(args) if args.sk == 0 => Some(args),
+        _ => None,
+    };
+    if ret <= 0 {
+        return 0;
+    }
     // SAFETY: live map value.
     let sends = unsafe { (*state).sends_since_recv };
     // SAFETY: as above.
     unsafe { (*state).sends_since_recv = sends.saturating_add(1) };
-    let tid = bpf_get_current_pid_tgid() as u32;
-    // SAFETY: copied out at once.
-    let args = unsafe { SEND_ARGS.get(tid) }.copied();
     emit_sock(SOCK_SEND, sk, ret, args, sends < HEAD_SENDS);
+    0
+}
+
+/// Kernel struct offsets for [`tcp_sendmsg_locked`], set by userspace from
+/// the kernel's BTF at load time.
+#[unsafe(no_mangle)]
+static SEND_OFFSETS: SendOffsets = SendOffsets {
+    msg_iter: 0,
+    iter_type: 0,
+    iov_offset: 0,
+    ubuf: 0,
+    iov: 0,
+    count: 0,
+    nr_segs: 0,
+    iter_ubuf: 0,
+    iter_iovec: 0,
+};
+
+#[inline(always)]
+fn kernel<T>(addr: u64) -> Option<T> {
+    // SAFETY: the helper checks the address.
+    unsafe { bpf_probe_read_kernel(addr as *const T) }.ok()
+}
+
+/// `tcp:tcp_sendmsg_locked` (raw: `struct sock *`, `struct msghdr *`, ...):
+/// fires in every step of a TCP send that copies data into the socket, the
+/// first time before any is copied. Notes the send's user buffer from the
+/// kernel's iterator over it, for `sock_send_length` to read at the end of
+/// the send; only for followed connections.
+#[raw_tracepoint(tracepoint = "tcp_sendmsg_locked")]
+pub fn tcp_sendmsg_locked(ctx: RawTracePointContext) -> i32 {
+    let sk: u64 = ctx.arg(0);
+    // SAFETY: value not kept past the lookup.
+    if unsafe { CONNS.get(sk) }.is_none() {
+        return 0;
+    }
+    let msg: u64 = ctx.arg(1);
+    // SAFETY: reading a static we own; userspace rewrites it before load.
+    let off = unsafe { core::ptr::read_volatile(&SEND_OFFSETS) };
+    let iter = msg + u64::from(off.msg_iter);
+    let field = |o: u32| kernel::<u64>(iter + u64::from(o)).unwrap_or(0);
+    let kind = u32::from(kernel::<u8>(iter + u64::from(off.iter_type)).unwrap_or(u8::MAX));
+    let (ptr, skip) = (field(off.ubuf), field(off.iov_offset));
+    let mut args = SendArgs {
+        sk,
+        msg,
+        ..SendArgs::default()
+    };
+    if kind == off.iter_ubuf {
+        args.buf = ptr + skip;
+        args.end = args.buf + field(off.count);
+    } else if kind == off.iter_iovec {
+        let segs = field(off.nr_segs);
+        args.iov = ptr;
+        args.iovlen = segs;
+        args.iov_offset = skip;
+        args.iov_kernel = 1;
+        args.end = ptr + segs * 16;
+    }
+    // Kernel memory (splice, sendfile) has no user buffer: noting the send
+    // still tells its later steps apart from a new send.
+    let tid = bpf_get_current_pid_tgid() as u32;
+    // SAFETY: value not kept past the comparison.
+    if let Some(prev) = unsafe { SEND_ARGS.get(tid) }
+        && prev.sk == sk
+        && prev.msg == msg
+        && prev.end == args.end
+    {
+        // A later step of the send already noted: the iterator has moved.
+        return 0;
+    }
+    let _ = SEND_ARGS.insert(tid, args, 0);
     0
 }
 
@@ -217,13 +303,11 @@ fn emit_sock(dir: u32, sk: u64, ret: i32, args: Option<SendArgs>, want_head: boo
         (*ev).tail_len = 0;
         if let Some(args) = args {
             let len = ret as u64;
-            if let Some((base, seg_len)) = first_segment(&args) {
-                if want_head {
-                    (*ev).head_len = read_user(&mut (*ev).head, base, len.min(seg_len));
-                }
-                if let Some((tail_base, tail_len)) = tail_segment(&args, base, seg_len, len) {
-                    (*ev).tail_len = read_user_tail(&mut (*ev).tail, tail_base, tail_len);
-                }
+            if want_head && let Some((base, seg_len)) = head_segment(&args) {
+                (*ev).head_len = read_user(&mut (*ev).head, base, len.min(seg_len));
+            }
+            if let Some((tail_base, tail_len)) = tail_segment(&args, len) {
+                (*ev).tail_len = read_user_tail(&mut (*ev).tail, tail_base, tail_len);
             }
         }
     }
@@ -269,35 +353,32 @@ fn read_user_tail(dst: &mut [u8; TAIL_BYTES], src: u64, len: u64) -> u32 {
     if rc == 0 { n as u32 } else { 0 }
 }
 
-/// (base, length) of the buffer's first segment: the plain buffer, or the
-/// first iovec.
+/// (base, length) of the first segment with data: the plain buffer, or the
+/// first non-empty iovec (servers pass empty ones, e.g. an empty prefix).
 #[inline(always)]
-fn first_segment(args: &SendArgs) -> Option<(u64, u64)> {
+fn head_segment(args: &SendArgs) -> Option<(u64, u64)> {
     if args.buf != 0 {
         return Some((args.buf, u64::MAX));
     }
-    if args.iov == 0 || args.iovlen == 0 {
-        return None;
+    for i in 0..MAX_IOV {
+        let seg = segment(args, i)?;
+        if seg.1 > 0 {
+            return Some(seg);
+        }
     }
-    iovec(args.iov, 0)
+    None
 }
 
 /// (base, bytes) of the segment that holds the send's last byte, with
 /// `bytes` the part of that segment that was sent.
 #[inline(always)]
-fn tail_segment(args: &SendArgs, base: u64, seg_len: u64, sent: u64) -> Option<(u64, u64)> {
+fn tail_segment(args: &SendArgs, sent: u64) -> Option<(u64, u64)> {
     if args.buf != 0 {
-        return Some((base, sent));
+        return Some((args.buf, sent));
     }
     let mut done = 0u64;
-    let mut seg = (base, seg_len);
     for i in 0..MAX_IOV {
-        if i > 0 {
-            if i >= args.iovlen {
-                return None;
-            }
-            seg = iovec(args.iov, i)?;
-        }
+        let seg = segment(args, i)?;
         if done + seg.1 >= sent {
             return Some((seg.0, sent - done));
         }
@@ -306,10 +387,29 @@ fn tail_segment(args: &SendArgs, base: u64, seg_len: u64, sent: u64) -> Option<(
     None
 }
 
-/// The `i`th `struct iovec { void *base; size_t len; }` of a user array.
+/// The `i`th iovec of the send, less what was sent of the first before the
+/// send began.
 #[inline(always)]
-fn iovec(iov: u64, i: u64) -> Option<(u64, u64)> {
-    let at = iov + i * 16;
+fn segment(args: &SendArgs, i: u64) -> Option<(u64, u64)> {
+    if args.iov == 0 || i >= args.iovlen {
+        return None;
+    }
+    let (base, len) = iovec(args, i)?;
+    if i > 0 {
+        return Some((base, len));
+    }
+    let skip = args.iov_offset.min(len);
+    Some((base + skip, len - skip))
+}
+
+/// The `i`th `struct iovec { void *base; size_t len; }` of the send's
+/// array: the user's, or the kernel's copy of it.
+#[inline(always)]
+fn iovec(args: &SendArgs, i: u64) -> Option<(u64, u64)> {
+    let at = args.iov + i * 16;
+    if args.iov_kernel != 0 {
+        return Some((kernel::<u64>(at)?, kernel::<u64>(at + 8)?));
+    }
     // SAFETY: bpf_probe_read_user checks the addresses.
     let base = unsafe { aya_ebpf::helpers::bpf_probe_read_user(at as *const u64) }.ok()?;
     // SAFETY: as above.
@@ -332,8 +432,7 @@ pub fn sys_enter_write(ctx: TracePointContext) -> u32 {
     let buf = read::<u64>(&ctx, offsets().write_buf).unwrap_or(0);
     stash(SendArgs {
         buf,
-        iov: 0,
-        iovlen: 0,
+        ..SendArgs::default()
     })
 }
 
@@ -343,8 +442,7 @@ pub fn sys_enter_sendto(ctx: TracePointContext) -> u32 {
     let buf = read::<u64>(&ctx, offsets().sendto_buf).unwrap_or(0);
     stash(SendArgs {
         buf,
-        iov: 0,
-        iovlen: 0,
+        ..SendArgs::default()
     })
 }
 
@@ -355,9 +453,9 @@ pub fn sys_enter_writev(ctx: TracePointContext) -> u32 {
     let iov = read::<u64>(&ctx, off.writev_vec).unwrap_or(0);
     let iovlen = read::<u64>(&ctx, off.writev_vlen).unwrap_or(0);
     stash(SendArgs {
-        buf: 0,
         iov,
         iovlen,
+        ..SendArgs::default()
     })
 }
 
@@ -373,9 +471,9 @@ pub fn sys_enter_sendmsg(ctx: TracePointContext) -> u32 {
     let iovlen =
         unsafe { aya_ebpf::helpers::bpf_probe_read_user((msg + 24) as *const u64) }.unwrap_or(0);
     stash(SendArgs {
-        buf: 0,
         iov,
         iovlen,
+        ..SendArgs::default()
     })
 }
 

@@ -1,8 +1,14 @@
 //! `cargo xtask bench`: costs that matter to a user, measured end to end.
+//! - the host tax: what untraced processes pay while the tracer runs
+//!   (see [`crate::hosttax`]), checked against +5 %;
 //! - the added cost per cudaLaunchKernel call, untraced vs traced (the
 //!   workload's tight launch loop, median of several runs);
 //! - the episode rate the daemon keeps up with before the kernel drops
 //!   events (ttft_trace_events_lost_total stays 0).
+//!
+//! `--quick` (for CI: well under a minute once built) runs the host tax
+//! only, one round of short runs: it shows the bench works and prints what
+//! breaks the threshold, but one round is too noisy to fail on.
 
 use std::process::Command;
 
@@ -11,6 +17,7 @@ use serde_json::{Value, json};
 
 use crate::{
     demo::{build_all, signal, start_tracer, wait_stopped},
+    hosttax,
     process::{output, repo_root},
 };
 
@@ -114,9 +121,46 @@ fn event_rate(root: &std::path::Path, episodes: u32, ringbuf: u32) -> Result<(f6
     Ok((f64::from(episodes) / secs, seen, lost))
 }
 
-pub fn bench() -> Result<()> {
+/// Writes `value` to target/bench/`name`.
+fn write_result(root: &std::path::Path, name: &str, value: &Value) -> Result<()> {
+    let dir = root.join("target/bench");
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(dir.join(name), serde_json::to_string_pretty(value)?)?;
+    println!("written to target/bench/{name}");
+    Ok(())
+}
+
+/// Prints the host-tax threshold's verdict; true when it holds.
+fn host_tax_verdict(failures: &[String]) -> bool {
+    for f in failures {
+        println!("FAIL {f}");
+    }
+    if failures.is_empty() {
+        println!(
+            "host tax: every operation within +{:.0} % under attach and daemon",
+            (hosttax::THRESHOLD - 1.0) * 100.0
+        );
+    }
+    failures.is_empty()
+}
+
+pub fn bench(quick: bool) -> Result<()> {
     let root = repo_root()?;
     build_all(&root)?;
+    if quick {
+        let plan = hosttax::Plan { rounds: 1, ms: 100 };
+        let (tax, failures) = hosttax::run(&root, &plan)?;
+        write_result(&root, "hosttax.json", &tax)?;
+        if !host_tax_verdict(&failures) {
+            println!(
+                "(--quick: one round of short runs is too noisy to fail on; the full bench does)"
+            );
+        }
+        return Ok(());
+    }
+    let plan = hosttax::Plan { rounds: 5, ms: 300 };
+    let (tax, tax_failures) = hosttax::run(&root, &plan)?;
+    write_result(&root, "hosttax.json", &tax)?;
     let mut untraced = Vec::new();
     let mut traced = Vec::new();
     for _ in 0..RUNS {
@@ -169,20 +213,18 @@ pub fn bench() -> Result<()> {
         discovery["cold_pass_ms"].as_f64().unwrap_or(f64::NAN),
     );
     let results = json!({
+        "host_tax": tax,
         "userspace_pipeline": pipeline,
         "daemon_discovery": discovery,
         "launch_ns_untraced": u, "launch_ns_traced": t, "launch_ns_added": t - u,
         "runs_untraced": untraced, "runs_traced": traced, "event_rate": rates,
     });
-    let dir = root.join("target/bench");
-    std::fs::create_dir_all(&dir)?;
-    std::fs::write(
-        dir.join("results.json"),
-        serde_json::to_string_pretty(&results)?,
-    )?;
+    write_result(&root, "results.json", &results)?;
     if t <= 0.0 || u <= 0.0 {
         bail!("implausible launch timings");
     }
-    println!("written to target/bench/results.json");
+    if !host_tax_verdict(&tax_failures) {
+        bail!("the host tax is over its threshold (FAIL lines above)");
+    }
     Ok(())
 }

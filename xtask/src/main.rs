@@ -3,6 +3,7 @@
 mod bench;
 mod demo;
 mod fuzz;
+mod hosttax;
 mod process;
 mod run;
 mod setup;
@@ -53,9 +54,14 @@ enum Task {
         #[arg(long, default_value_t = 20)]
         restart_s: u64,
     },
-    /// Measure probe overhead per cudaLaunchKernel and the event rate the
-    /// daemon keeps up with; writes target/bench/results.json.
-    Bench,
+    /// Measure what untraced processes pay while the tracer runs (the host
+    /// tax, checked against +5 %), probe overhead per cudaLaunchKernel and
+    /// the event rate the daemon keeps up with; writes target/bench/*.json.
+    Bench {
+        /// Host tax only, one round of short runs (for CI).
+        #[arg(long)]
+        quick: bool,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -81,9 +87,9 @@ fn main() -> anyhow::Result<()> {
             setup::setup()?;
             soak::soak(minutes, restart_s)
         }
-        Task::Bench => {
+        Task::Bench { quick } => {
             setup::setup()?;
-            bench::bench()
+            bench::bench(quick)
         }
     }
 }

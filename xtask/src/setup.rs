@@ -39,6 +39,7 @@ pub fn setup() -> Result<()> {
     prometheus()?;
     validators()?;
     systemd_analyze()?;
+    bench_tools()?;
     Ok(())
 }
 
@@ -194,6 +195,17 @@ fn systemd_analyze() -> Result<()> {
         "systemd",
         "systemd-analyze, to verify the systemd unit",
     )
+}
+
+/// bpftool (the bench reads the tracer's per-program run times) and
+/// bpftrace (the bench's floor: empty programs on the same tracepoints).
+fn bench_tools() -> Result<()> {
+    apt_tool(
+        "bpftool",
+        "bpftool",
+        "bpftool, for the bench's per-event costs",
+    )?;
+    apt_tool("bpftrace", "bpftrace", "bpftrace, for the bench's floor")
 }
 
 /// Installs `package` from apt when `tool` is missing, with an `apt-get

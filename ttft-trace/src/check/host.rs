@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use super::{CheckConfig, Item, Report, features_missing, parse_release, tracefs_mounts};
 use crate::caps::{self, CAP_SYS_ADMIN, CAP_SYS_RESOURCE, CapSet};
-use crate::probes::{self, LoadConfig, Probes, TRACEPOINTS};
+use crate::probes::{self, LoadConfig, Probes, SendHook, TRACEPOINTS};
 use crate::tracefs::{self, Format};
 
 const UNIT_HINT: &str = "as a service: deploy/systemd/ttft-trace.service";
@@ -63,12 +63,15 @@ fn kernel(release: Option<&str>, version: Option<(u32, u32, u32)>) -> Item {
 fn btf() -> Item {
     let path = Path::new("/sys/kernel/btf/vmlinux");
     if path.is_file() {
-        Item::ok("btf", "/sys/kernel/btf/vmlinux present")
+        Item::ok(
+            "btf",
+            "/sys/kernel/btf/vmlinux present (gives the send hook its struct offsets)",
+        )
     } else {
         Item::warn(
             "btf",
-            "no /sys/kernel/btf/vmlinux (the probes use tracefs formats, not CO-RE, so this is \
-             only informative)",
+            "no /sys/kernel/btf/vmlinux: the send hook falls back to syscall tracepoints (see \
+             the send hook item)",
             "a kernel built with CONFIG_DEBUG_INFO_BTF=y",
         )
     }
@@ -186,10 +189,17 @@ fn tracepoints(root: Option<&Path>) -> Vec<Item> {
         })
         .collect();
     items.push(match probes::tracepoint_offsets() {
-        Ok(_) => Item::ok(
-            "tracepoint fields",
-            "every field the probes read is in its format file",
-        ),
+        Ok(mut offsets) => match send_hook_planned(root, &mut offsets) {
+            Ok(()) => Item::ok(
+                "tracepoint fields",
+                "every field the probes read is in its format file",
+            ),
+            Err(e) => Item::fail(
+                "tracepoint fields",
+                e,
+                "a kernel with CONFIG_FTRACE_SYSCALLS=y, or with BTF and tcp:tcp_sendmsg_locked",
+            ),
+        },
         Err(e) => Item::fail(
             "tracepoint fields",
             e.to_string(),
@@ -197,6 +207,47 @@ fn tracepoints(root: Option<&Path>) -> Vec<Item> {
         ),
     });
     items
+}
+
+/// Checks what the planned send hook reads: the kernel's BTF and the raw
+/// tracepoint, or the syscall tracepoints' fields for the fallback.
+fn send_hook_planned(
+    root: &Path,
+    offsets: &mut ttft_trace_common::TracepointOffsets,
+) -> Result<(), String> {
+    let has_tracepoint = Format::read(root, "tcp", "tcp_sendmsg_locked").is_ok();
+    match probes::send_hook_plan() {
+        Ok(_) if has_tracepoint => Ok(()),
+        _ => probes::syscall_offsets(offsets).map_err(|e| e.to_string()),
+    }
+}
+
+/// The send hook this host gets, and what it costs everything else.
+fn send_hook_item(hook: SendHook) -> Item {
+    match hook {
+        SendHook::TcpSendmsgLocked => Item::ok(
+            "send hook",
+            format!(
+                "{}: processes not traced pay nothing measurable (see the README's cost table)",
+                hook.describe()
+            ),
+        ),
+        SendHook::Syscalls => {
+            let why = match probes::send_hook_plan() {
+                Err(why) => format!(" ({why})"),
+                Ok(_) => " (attaching tcp:tcp_sendmsg_locked failed)".into(),
+            };
+            Item::warn(
+                "send hook",
+                format!(
+                    "{}{why}: about +0.5 µs per syscall for every task on the host while tracing",
+                    hook.describe()
+                ),
+                "a kernel with BTF (CONFIG_DEBUG_INFO_BTF=y) and the tcp:tcp_sendmsg_locked \
+                 tracepoint (Linux 6.2+); unset TTFT_TRACE_SEND_HOOK",
+            )
+        }
+    }
 }
 
 fn capabilities(caps: CapSet) -> Vec<Item> {
@@ -314,13 +365,16 @@ fn load_and_fire(tracefs_ok: bool) -> Vec<Item> {
             ];
         }
     };
+    let (send_programs, send_tracepoints) = probes.send_hook().programs();
     let load = Item::ok(
         "ebpf load",
         format!(
-            "{programs} programs accepted by the verifier, {} tracepoints attached",
-            TRACEPOINTS.len()
+            "{} programs accepted by the verifier, {} tracepoints attached",
+            programs + send_programs,
+            TRACEPOINTS.len() + send_tracepoints
         ),
     );
+    let hook = send_hook_item(probes.send_hook());
     let fire = match probes.uprobe_selftest() {
         Ok(1) => Item::ok(
             "uprobe self-test",
@@ -337,7 +391,7 @@ fn load_and_fire(tracefs_ok: bool) -> Vec<Item> {
             format!("run as root, or grant {CAP_SYS_ADMIN} ({UNIT_HINT})"),
         ),
     };
-    vec![load, fire]
+    vec![load, hook, fire]
 }
 
 fn distinct_tracepoint_programs() -> usize {

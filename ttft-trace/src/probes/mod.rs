@@ -1,5 +1,6 @@
 //! Loading the eBPF object, attaching its programs, and reading its maps.
 
+pub mod btf;
 pub mod libraries;
 mod selftest;
 pub mod symbols;
@@ -12,11 +13,13 @@ use std::{
 use aya::{
     Ebpf, EbpfLoader,
     maps::{HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf},
-    programs::{TracePoint, UProbe, uprobe::UProbeScope},
+    programs::{RawTracePoint, TracePoint, UProbe, uprobe::UProbeScope},
 };
 use thiserror::Error;
 use ttft_trace_common::signals::{RUNQ_BUCKETS, RUNQ_SUM_SLOT, SchedTotals};
-use ttft_trace_common::{GpuCounters, MAP_FULL_STATS, Stat, TracepointOffsets, offsets::ABSENT};
+use ttft_trace_common::{
+    GpuCounters, MAP_FULL_STATS, SendOffsets, Stat, TracepointOffsets, offsets::ABSENT,
+};
 
 use crate::tracefs::{self, Format, TracefsError};
 use libraries::{CudaLibrary, FileId};
@@ -81,9 +84,83 @@ pub struct Attached {
     pub failed: Vec<(String, String)>,
 }
 
+/// Where the user buffer of a send on a followed connection is noted, so
+/// that the head of each response can be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendHook {
+    /// The raw tracepoint `tcp:tcp_sendmsg_locked`: runs for TCP sends only
+    /// and reads on only for followed connections; other syscalls pay
+    /// nothing.
+    TcpSendmsgLocked,
+    /// `syscalls:sys_{enter,exit}_{write,sendto,writev,sendmsg}`: while
+    /// attached, every syscall of every task on the host takes the kernel's
+    /// slow syscall path (hundreds of ns each). The fallback.
+    Syscalls,
+}
+
+impl SendHook {
+    pub fn describe(self) -> &'static str {
+        match self {
+            SendHook::TcpSendmsgLocked => {
+                "raw tracepoint tcp:tcp_sendmsg_locked (TCP sends only; no syscall tracepoint)"
+            }
+            SendHook::Syscalls => {
+                "syscall tracepoints sys_enter/sys_exit of write, sendto, writev, sendmsg \
+                 (fallback: every syscall of every task on the host pays the slow syscall path)"
+            }
+        }
+    }
+
+    /// (programs loaded, tracepoints attached) for this hook.
+    pub fn programs(self) -> (usize, usize) {
+        match self {
+            SendHook::TcpSendmsgLocked => (1, 1),
+            SendHook::Syscalls => {
+                let mut names: Vec<&str> =
+                    SYSCALL_SEND_TRACEPOINTS.iter().map(|(p, _)| *p).collect();
+                names.sort_unstable();
+                names.dedup();
+                (names.len(), SYSCALL_SEND_TRACEPOINTS.len())
+            }
+        }
+    }
+}
+
+/// Forces the send hook, for comparing the two (`cargo xtask bench`) and
+/// testing the fallback: `syscalls` or `tcp_sendmsg_locked`.
+pub const SEND_HOOK_ENV: &str = "TTFT_TRACE_SEND_HOOK";
+
+/// The send hook this host gets, with the BTF offsets it needs, or why the
+/// fallback is used.
+pub fn send_hook_plan() -> Result<SendOffsets, String> {
+    match std::env::var(SEND_HOOK_ENV).as_deref() {
+        Ok("syscalls") => return Err(format!("{SEND_HOOK_ENV}=syscalls")),
+        Ok("tcp_sendmsg_locked") | Err(_) => {}
+        Ok(other) => log::warn!("{SEND_HOOK_ENV}={other} is not a send hook; ignored"),
+    }
+    let btf = btf::Btf::vmlinux().map_err(|e| e.to_string())?;
+    btf::send_offsets(&btf).map_err(|e| e.to_string())
+}
+
+/// Programs of the syscall send hook: (program, tracepoint in `syscalls`).
+const SYSCALL_SEND_TRACEPOINTS: &[(&str, &str)] = &[
+    ("sys_enter_write", "sys_enter_write"),
+    ("sys_enter_sendto", "sys_enter_sendto"),
+    ("sys_enter_writev", "sys_enter_writev"),
+    ("sys_enter_sendmsg", "sys_enter_sendmsg"),
+    ("sys_exit_send", "sys_exit_write"),
+    ("sys_exit_send", "sys_exit_sendto"),
+    ("sys_exit_send", "sys_exit_writev"),
+    ("sys_exit_send", "sys_exit_sendmsg"),
+];
+
+/// The program and raw tracepoint of the default send hook.
+const SENDMSG_PROGRAM: &str = "tcp_sendmsg_locked";
+
 /// The loaded programs and the libraries they are attached to.
 pub struct Probes {
     ebpf: Ebpf,
+    send_hook: SendHook,
     /// Libraries attached, by the file they land on: uprobes attach to a
     /// file, and fire in every process that maps it.
     attached: HashMap<FileId, Attached>,
@@ -92,20 +169,13 @@ pub struct Probes {
 }
 
 /// Tracepoints and the programs attached to them: (program, category, name).
+/// The send hook's come on top (see [`SendHook`]).
 pub const TRACEPOINTS: &[(&str, &str, &str)] = &[
     ("sched_process_fork", "sched", "sched_process_fork"),
     ("sched_process_exit", "sched", "sched_process_exit"),
     ("inet_sock_set_state", "sock", "inet_sock_set_state"),
     ("sock_recv_length", "sock", "sock_recv_length"),
     ("sock_send_length", "sock", "sock_send_length"),
-    ("sys_enter_write", "syscalls", "sys_enter_write"),
-    ("sys_enter_sendto", "syscalls", "sys_enter_sendto"),
-    ("sys_enter_writev", "syscalls", "sys_enter_writev"),
-    ("sys_enter_sendmsg", "syscalls", "sys_enter_sendmsg"),
-    ("sys_exit_send", "syscalls", "sys_exit_write"),
-    ("sys_exit_send", "syscalls", "sys_exit_sendto"),
-    ("sys_exit_send", "syscalls", "sys_exit_writev"),
-    ("sys_exit_send", "syscalls", "sys_exit_sendmsg"),
     ("sched_switch", "sched", "sched_switch"),
     ("sched_wakeup", "sched", "sched_wakeup"),
     ("sched_wakeup_new", "sched", "sched_wakeup_new"),
@@ -123,10 +193,6 @@ pub fn tracepoint_offsets() -> Result<TracepointOffsets, TracefsError> {
     let state = Format::read(&root, "sock", "inet_sock_set_state")?;
     let len = Format::read(&root, "sock", "sock_send_length")?;
     let recv = Format::read(&root, "sock", "sock_recv_length")?;
-    let write = Format::read(&root, "syscalls", "sys_enter_write")?;
-    let sendto = Format::read(&root, "syscalls", "sys_enter_sendto")?;
-    let writev = Format::read(&root, "syscalls", "sys_enter_writev")?;
-    let sendmsg = Format::read(&root, "syscalls", "sys_enter_sendmsg")?;
     let switch = Format::read(&root, "sched", "sched_switch")?;
     let wakeup = Format::read(&root, "sched", "sched_wakeup")?;
     let wakeup_new = Format::read(&root, "sched", "sched_wakeup_new")?;
@@ -150,11 +216,12 @@ pub fn tracepoint_offsets() -> Result<TracepointOffsets, TracefsError> {
         len_sk: len.offset("sk")?,
         len_ret: len.offset("ret")?,
         len_flags: len.offset("flags")?,
-        write_buf: write.offset("buf")?,
-        sendto_buf: sendto.offset("buff")?,
-        writev_vec: writev.offset("vec")?,
-        writev_vlen: writev.offset("vlen")?,
-        sendmsg_msg: sendmsg.offset("msg")?,
+        // The syscall send hook's: see syscall_offsets.
+        write_buf: ABSENT,
+        sendto_buf: ABSENT,
+        writev_vec: ABSENT,
+        writev_vlen: ABSENT,
+        sendmsg_msg: ABSENT,
         switch_prev_state: switch.offset("prev_state")?,
         switch_next_pid: switch.offset("next_pid")?,
         wakeup_pid: wakeup.offset("pid")?,
@@ -190,6 +257,22 @@ pub fn tracepoint_offsets() -> Result<TracepointOffsets, TracefsError> {
     Ok(offsets)
 }
 
+/// Reads the syscall send hook's fields into `offsets`: only that hook
+/// needs them (CONFIG_FTRACE_SYSCALLS may be off where the default works).
+pub fn syscall_offsets(offsets: &mut TracepointOffsets) -> Result<(), TracefsError> {
+    let root = tracefs::root()?;
+    let write = Format::read(&root, "syscalls", "sys_enter_write")?;
+    let sendto = Format::read(&root, "syscalls", "sys_enter_sendto")?;
+    let writev = Format::read(&root, "syscalls", "sys_enter_writev")?;
+    let sendmsg = Format::read(&root, "syscalls", "sys_enter_sendmsg")?;
+    offsets.write_buf = write.offset("buf")?;
+    offsets.sendto_buf = sendto.offset("buff")?;
+    offsets.writev_vec = writev.offset("vec")?;
+    offsets.writev_vlen = writev.offset("vlen")?;
+    offsets.sendmsg_msg = sendmsg.offset("msg")?;
+    Ok(())
+}
+
 impl Probes {
     /// Loads every program, attaches the process-tree tracepoints. Uprobes
     /// wait for [`Probes::attach_library`].
@@ -205,12 +288,26 @@ impl Probes {
                 caps, &missing,
             )));
         }
-        let offsets = tracepoint_offsets()?;
+        let mut offsets = tracepoint_offsets()?;
+        let send_offsets = send_hook_plan();
+        let syscalls_ready = match &send_offsets {
+            Ok(_) => syscall_offsets(&mut offsets).is_ok(),
+            Err(why) => {
+                log::info!("send hook: syscall tracepoints ({why})");
+                syscall_offsets(&mut offsets)?;
+                true
+            }
+        };
         // Wake the reader early only when an eighth of the buffer is used;
         // otherwise it drains on its timer (see the probes' wakeup_flag).
         let wakeup_bytes = u64::from(ringbuf_bytes / 8);
         let mut ebpf = EbpfLoader::new()
             .override_global("OFFSETS", &offsets, true)
+            .override_global(
+                "SEND_OFFSETS",
+                send_offsets.as_ref().unwrap_or(&SendOffsets::default()),
+                true,
+            )
             .override_global("WAKEUP_BYTES", &wakeup_bytes, true)
             .override_global("SCHED_MIN_NS", &cfg.sched_min_ns, true)
             .override_global("LARGE_COPY_BYTES", &cfg.large_copy_bytes, true)
@@ -227,22 +324,36 @@ impl Probes {
             prog.load().map_err(|e| ProbeError::Program(name, e))?;
         }
         for &(name, category, tracepoint) in TRACEPOINTS {
-            let prog: &mut TracePoint = ebpf
-                .program_mut(name)
-                .ok_or(ProbeError::Missing(name))?
-                .try_into()
-                .map_err(|e| ProbeError::Program(name, e))?;
-            if prog.fd().is_err() {
-                prog.load().map_err(|e| ProbeError::Program(name, e))?;
-            }
-            prog.attach(category, tracepoint)
-                .map_err(|e| ProbeError::Program(name, e))?;
+            attach_tracepoint(&mut ebpf, name, category, tracepoint)?;
         }
+        let send_hook = match send_offsets {
+            Ok(_) => match attach_sendmsg(&mut ebpf) {
+                Ok(()) => SendHook::TcpSendmsgLocked,
+                Err(e) if syscalls_ready => {
+                    log::warn!("send hook: {e}; using the syscall tracepoints instead");
+                    SendHook::Syscalls
+                }
+                Err(e) => return Err(e),
+            },
+            Err(_) => SendHook::Syscalls,
+        };
+        if send_hook == SendHook::Syscalls {
+            for &(name, tracepoint) in SYSCALL_SEND_TRACEPOINTS {
+                attach_tracepoint(&mut ebpf, name, "syscalls", tracepoint)?;
+            }
+        }
+        log::info!("send hook: {}", send_hook.describe());
         Ok(Self {
             ebpf,
+            send_hook,
             attached: HashMap::new(),
             map_full: BTreeMap::new(),
         })
+    }
+
+    /// Which send hook is attached.
+    pub fn send_hook(&self) -> SendHook {
+        self.send_hook
     }
 
     /// Attaches the probes to one library, once per file. Returns None when
@@ -538,6 +649,41 @@ impl Probes {
             .ok_or(ProbeError::Missing("EVENTS"))?;
         RingBuf::try_from(map).map_err(|e| ProbeError::Map("EVENTS", e))
     }
+}
+
+/// Loads a tracepoint program (once: several tracepoints may share one)
+/// and attaches it.
+fn attach_tracepoint(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+    category: &str,
+    tracepoint: &str,
+) -> Result<(), ProbeError> {
+    let prog: &mut TracePoint = ebpf
+        .program_mut(name)
+        .ok_or(ProbeError::Missing(name))?
+        .try_into()
+        .map_err(|e| ProbeError::Program(name, e))?;
+    if prog.fd().is_err() {
+        prog.load().map_err(|e| ProbeError::Program(name, e))?;
+    }
+    prog.attach(category, tracepoint)
+        .map_err(|e| ProbeError::Program(name, e))?;
+    Ok(())
+}
+
+/// Loads and attaches the raw tracepoint of the default send hook.
+fn attach_sendmsg(ebpf: &mut Ebpf) -> Result<(), ProbeError> {
+    let prog: &mut RawTracePoint = ebpf
+        .program_mut(SENDMSG_PROGRAM)
+        .ok_or(ProbeError::Missing(SENDMSG_PROGRAM))?
+        .try_into()
+        .map_err(|e| ProbeError::Program(SENDMSG_PROGRAM, e))?;
+    prog.load()
+        .map_err(|e| ProbeError::Program(SENDMSG_PROGRAM, e))?;
+    prog.attach(SENDMSG_PROGRAM)
+        .map_err(|e| ProbeError::Program(SENDMSG_PROGRAM, e))?;
+    Ok(())
 }
 
 /// Removes a key from a hash map keyed by tgid; a missing key is fine.

@@ -1,0 +1,594 @@
+//! A small reader of the kernel's BTF (`/sys/kernel/btf/vmlinux`): just
+//! enough to find struct member offsets, enum values and a tracepoint's
+//! prototype. The eBPF side is Rust, which has no CO-RE relocations, so the
+//! layouts the send probe walks (`msghdr`, `iov_iter`, `iovec`) are read
+//! here at load time and handed over as a load-time global, as the tracefs
+//! offsets are.
+
+use std::path::Path;
+
+use thiserror::Error;
+use ttft_trace_common::SendOffsets;
+
+pub const VMLINUX: &str = "/sys/kernel/btf/vmlinux";
+
+const MAGIC: u16 = 0xeb9f;
+/// The BTF file a kernel exports is a few MiB; anything far larger is not one.
+const MAX_BYTES: u64 = 256 << 20;
+
+const KIND_INT: u32 = 1;
+const KIND_PTR: u32 = 2;
+const KIND_ARRAY: u32 = 3;
+const KIND_STRUCT: u32 = 4;
+const KIND_UNION: u32 = 5;
+const KIND_ENUM: u32 = 6;
+const KIND_TYPEDEF: u32 = 8;
+const KIND_VOLATILE: u32 = 9;
+const KIND_CONST: u32 = 10;
+const KIND_RESTRICT: u32 = 11;
+const KIND_FUNC_PROTO: u32 = 13;
+const KIND_VAR: u32 = 14;
+const KIND_DATASEC: u32 = 15;
+const KIND_DECL_TAG: u32 = 17;
+const KIND_TYPE_TAG: u32 = 18;
+const KIND_ENUM64: u32 = 19;
+
+#[derive(Debug, Error)]
+pub enum BtfError {
+    #[error("cannot read {0}: {1}")]
+    Read(String, std::io::Error),
+    #[error("not a BTF file: {0}")]
+    Format(&'static str),
+    #[error("BTF has no {0}")]
+    Missing(String),
+    #[error("BTF: {0}")]
+    Unexpected(String),
+}
+
+/// One type record: where its kind-specific trailer starts in the type section.
+#[derive(Debug, Clone, Copy)]
+struct Type {
+    name_off: u32,
+    kind: u32,
+    vlen: u32,
+    kind_flag: bool,
+    size_or_type: u32,
+    /// Byte offset of the trailer in the type section.
+    extra: usize,
+}
+
+/// Parsed BTF: type records indexed by id (id 0 is `void`).
+pub struct Btf {
+    types_data: Vec<u8>,
+    strings: Vec<u8>,
+    types: Vec<Type>,
+}
+
+fn u32_at(data: &[u8], at: usize) -> Result<u32, BtfError> {
+    data.get(at..at + 4)
+        .and_then(|b| b.try_into().ok())
+        .map(u32::from_le_bytes)
+        .ok_or(BtfError::Format("truncated"))
+}
+
+impl Btf {
+    /// Reads the running kernel's BTF.
+    pub fn vmlinux() -> Result<Self, BtfError> {
+        Self::read(Path::new(VMLINUX))
+    }
+
+    pub fn read(path: &Path) -> Result<Self, BtfError> {
+        use std::io::Read as _;
+        let err = |e| BtfError::Read(path.display().to_string(), e);
+        let mut data = Vec::new();
+        std::fs::File::open(path)
+            .map_err(err)?
+            .take(MAX_BYTES)
+            .read_to_end(&mut data)
+            .map_err(err)?;
+        Self::parse(&data)
+    }
+
+    /// Parses a little-endian BTF blob (the only byte order of the kernels
+    /// this tracer supports: x86_64 and aarch64).
+    pub fn parse(data: &[u8]) -> Result<Self, BtfError> {
+        if data.len() < 24 || u16::from_le_bytes([data[0], data[1]]) != MAGIC {
+            return Err(BtfError::Format("bad magic (or not little-endian)"));
+        }
+        let hdr_len = u32_at(data, 4)? as usize;
+        let field = |i: usize| u32_at(data, 8 + 4 * i).map(|v| v as usize);
+        let (type_off, type_len, str_off, str_len) = (field(0)?, field(1)?, field(2)?, field(3)?);
+        let section = |off: usize, len: usize| {
+            let start = hdr_len
+                .checked_add(off)
+                .ok_or(BtfError::Format("section offset"))?;
+            data.get(start..start.saturating_add(len))
+                .ok_or(BtfError::Format("section past the end"))
+        };
+        let types_data = section(type_off, type_len)?.to_vec();
+        let strings = section(str_off, str_len)?.to_vec();
+        let mut types = vec![Type {
+            name_off: 0,
+            kind: 0,
+            vlen: 0,
+            kind_flag: false,
+            size_or_type: 0,
+            extra: 0,
+        }];
+        let mut at = 0;
+        while at < types_data.len() {
+            let info = u32_at(&types_data, at + 4)?;
+            let t = Type {
+                name_off: u32_at(&types_data, at)?,
+                kind: (info >> 24) & 0x1f,
+                vlen: info & 0xffff,
+                kind_flag: info >> 31 == 1,
+                size_or_type: u32_at(&types_data, at + 8)?,
+                extra: at + 12,
+            };
+            let vlen = t.vlen as usize;
+            let trailer = match t.kind {
+                KIND_INT | KIND_VAR | KIND_DECL_TAG => 4,
+                KIND_ARRAY => 12,
+                KIND_STRUCT | KIND_UNION | KIND_DATASEC | KIND_ENUM64 => 12 * vlen,
+                KIND_ENUM | KIND_FUNC_PROTO => 8 * vlen,
+                0..=19 => 0,
+                _ => return Err(BtfError::Format("unknown type kind")),
+            };
+            types.push(t);
+            at = t.extra + trailer;
+        }
+        Ok(Self {
+            types_data,
+            strings,
+            types,
+        })
+    }
+
+    fn name(&self, t: &Type) -> &str {
+        self.string(t.name_off)
+    }
+
+    fn string(&self, off: u32) -> &str {
+        let start = off as usize;
+        let Some(rest) = self.strings.get(start..) else {
+            return "";
+        };
+        let end = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
+        std::str::from_utf8(&rest[..end]).unwrap_or("")
+    }
+
+    fn get(&self, id: u32) -> Result<&Type, BtfError> {
+        self.types
+            .get(id as usize)
+            .ok_or_else(|| BtfError::Unexpected(format!("type id {id} out of range")))
+    }
+
+    fn find(&self, kind: u32, name: &str) -> Result<u32, BtfError> {
+        self.types
+            .iter()
+            .position(|t| t.kind == kind && self.name(t) == name)
+            .map(|i| i as u32)
+            .ok_or_else(|| BtfError::Missing(name.to_string()))
+    }
+
+    /// Follows typedefs and qualifiers to the type they name.
+    fn strip(&self, mut id: u32) -> Result<u32, BtfError> {
+        // A chain longer than this is a loop in a corrupt file.
+        for _ in 0..32 {
+            let t = self.get(id)?;
+            match t.kind {
+                KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT | KIND_TYPE_TAG => {
+                    id = t.size_or_type;
+                }
+                _ => return Ok(id),
+            }
+        }
+        Err(BtfError::Unexpected("typedef chain too long".into()))
+    }
+
+    /// (name, type id, bit offset) of each member of a struct or union.
+    fn members(&self, id: u32) -> Result<Vec<(&str, u32, u32)>, BtfError> {
+        let t = *self.get(id)?;
+        if t.kind != KIND_STRUCT && t.kind != KIND_UNION {
+            return Err(BtfError::Unexpected(format!(
+                "type {} is not a struct",
+                self.name(&t)
+            )));
+        }
+        (0..t.vlen as usize)
+            .map(|i| {
+                let at = t.extra + 12 * i;
+                let name_off = u32_at(&self.types_data, at)?;
+                let ty = u32_at(&self.types_data, at + 4)?;
+                let off = u32_at(&self.types_data, at + 8)?;
+                // With kind_flag the high byte is a bitfield size.
+                let bits = if t.kind_flag { off & 0x00ff_ffff } else { off };
+                let name = self.string(name_off);
+                Ok((name, ty, bits))
+            })
+            .collect()
+    }
+
+    /// Byte offset and type of `member` in a struct or union, looking into
+    /// anonymous struct and union members as C does.
+    fn member_in(&self, id: u32, member: &str, depth: u32) -> Result<Option<(u32, u32)>, BtfError> {
+        if depth > 8 {
+            return Ok(None);
+        }
+        for (name, ty, bits) in self.members(id)? {
+            if name == member {
+                if bits % 8 != 0 {
+                    return Err(BtfError::Unexpected(format!("{member} is a bitfield")));
+                }
+                return Ok(Some((bits / 8, ty)));
+            }
+            if name.is_empty() {
+                let inner = self.strip(ty)?;
+                if let Some((off, t)) = self.member_in(inner, member, depth + 1)? {
+                    return Ok(Some((bits / 8 + off, t)));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Byte offset of `member` in `struct name`, and the member's size.
+    pub fn member(&self, strukt: &str, member: &str) -> Result<(u32, u32), BtfError> {
+        let id = self.find(KIND_STRUCT, strukt)?;
+        let (off, ty) = self
+            .member_in(id, member, 0)?
+            .ok_or_else(|| BtfError::Missing(format!("member {member} of struct {strukt}")))?;
+        Ok((off, self.size(ty)?))
+    }
+
+    fn size(&self, id: u32) -> Result<u32, BtfError> {
+        let t = self.get(self.strip(id)?)?;
+        match t.kind {
+            KIND_INT | KIND_STRUCT | KIND_UNION | KIND_ENUM | KIND_ENUM64 => Ok(t.size_or_type),
+            KIND_PTR => Ok(8),
+            k => Err(BtfError::Unexpected(format!("size of a type of kind {k}"))),
+        }
+    }
+
+    /// The value of enumerator `name` of `enum ty`.
+    pub fn enum_value(&self, ty: &str, name: &str) -> Result<u64, BtfError> {
+        let enum32 = self.find(KIND_ENUM, ty);
+        let (id, entry) = match enum32 {
+            Ok(id) => (id, 8),
+            Err(_) => (self.find(KIND_ENUM64, ty)?, 12),
+        };
+        let t = *self.get(id)?;
+        for i in 0..t.vlen as usize {
+            let at = t.extra + entry * i;
+            let name_off = u32_at(&self.types_data, at)?;
+            if self.string(name_off) == name {
+                let lo = u64::from(u32_at(&self.types_data, at + 4)?);
+                let hi = if entry == 12 {
+                    u64::from(u32_at(&self.types_data, at + 8)?)
+                } else {
+                    0
+                };
+                return Ok(hi << 32 | lo);
+            }
+        }
+        Err(BtfError::Missing(format!("{name} in enum {ty}")))
+    }
+
+    /// What each argument of a tracepoint's `TP_PROTO` points to (a struct
+    /// name, or "" for anything else). The kernel describes the prototype as
+    /// `typedef void (*btf_trace_NAME)(void *ctx, args...)`; the leading
+    /// context pointer is not an argument a raw tracepoint program sees.
+    pub fn tracepoint_args(&self, tracepoint: &str) -> Result<Vec<String>, BtfError> {
+        let typedef = self.find(KIND_TYPEDEF, &format!("btf_trace_{tracepoint}"))?;
+        let ptr = self.get(self.get(typedef)?.size_or_type)?;
+        let proto = *self.get(ptr.size_or_type)?;
+        if ptr.kind != KIND_PTR || proto.kind != KIND_FUNC_PROTO {
+            return Err(BtfError::Unexpected(format!(
+                "btf_trace_{tracepoint} is not a function pointer"
+            )));
+        }
+        (1..proto.vlen as usize)
+            .map(|i| {
+                let ty = u32_at(&self.types_data, proto.extra + 8 * i + 4)?;
+                let t = self.get(self.strip(ty)?)?;
+                if t.kind != KIND_PTR {
+                    return Ok(String::new());
+                }
+                let target = self.get(self.strip(t.size_or_type)?)?;
+                Ok(if target.kind == KIND_STRUCT {
+                    self.name(target).to_string()
+                } else {
+                    String::new()
+                })
+            })
+            .collect()
+    }
+}
+
+/// The raw-tracepoint argument index of `tcp:tcp_sendmsg_locked`'s socket
+/// and message; the probe reads these two fixed slots (a context read must
+/// have a constant offset), so the prototype is checked against them.
+pub const SENDMSG_SK_ARG: usize = 0;
+pub const SENDMSG_MSG_ARG: usize = 1;
+
+/// The offsets the `tcp_sendmsg_locked` probe needs, checked against what it
+/// assumes: the prototype `(struct sock *, struct msghdr *, ...)`, the
+/// one-byte `iter_type`, 8-byte pointers and sizes, and `ubuf` sharing its
+/// slot with `__iov`.
+pub fn send_offsets(btf: &Btf) -> Result<SendOffsets, BtfError> {
+    let args = btf.tracepoint_args("tcp_sendmsg_locked")?;
+    if args.get(SENDMSG_SK_ARG).map(String::as_str) != Some("sock")
+        || args.get(SENDMSG_MSG_ARG).map(String::as_str) != Some("msghdr")
+    {
+        return Err(BtfError::Unexpected(format!(
+            "tcp_sendmsg_locked takes ({}), not (struct sock *, struct msghdr *, ...)",
+            args.join(", ")
+        )));
+    }
+    let sized = |strukt: &str, member: &str, size: u32| -> Result<u32, BtfError> {
+        let (off, got) = btf.member(strukt, member)?;
+        if got != size {
+            return Err(BtfError::Unexpected(format!(
+                "{strukt}.{member} is {got} bytes, not {size}"
+            )));
+        }
+        Ok(off)
+    };
+    let ubuf = sized("iov_iter", "ubuf", 8)?;
+    let iov = sized("iov_iter", "__iov", 8)?;
+    if ubuf != iov {
+        return Err(BtfError::Unexpected(
+            "iov_iter.ubuf and __iov are not one union slot".into(),
+        ));
+    }
+    // The probe walks iovec arrays with the user ABI's layout.
+    let iovec = (
+        sized("iovec", "iov_base", 8)?,
+        sized("iovec", "iov_len", 8)?,
+        btf.size(btf.find(KIND_STRUCT, "iovec")?)?,
+    );
+    if iovec != (0, 8, 16) {
+        return Err(BtfError::Unexpected(format!(
+            "struct iovec is laid out as {iovec:?} (base, len, size), not (0, 8, 16)"
+        )));
+    }
+    let value = |name: &str| -> Result<u32, BtfError> {
+        u32::try_from(btf.enum_value("iter_type", name)?)
+            .map_err(|_| BtfError::Unexpected(format!("{name} out of range")))
+    };
+    Ok(SendOffsets {
+        msg_iter: btf.member("msghdr", "msg_iter")?.0,
+        iter_type: sized("iov_iter", "iter_type", 1)?,
+        iov_offset: sized("iov_iter", "iov_offset", 8)?,
+        ubuf,
+        iov,
+        count: sized("iov_iter", "count", 8)?,
+        nr_segs: sized("iov_iter", "nr_segs", 8)?,
+        iter_ubuf: value("ITER_UBUF")?,
+        iter_iovec: value("ITER_IOVEC")?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Builds BTF blobs by hand, as the kernel lays them out.
+    #[derive(Default)]
+    struct Builder {
+        types: Vec<u8>,
+        strings: Vec<u8>,
+        next_id: u32,
+    }
+
+    impl Builder {
+        fn new() -> Self {
+            Self {
+                strings: vec![0],
+                next_id: 1,
+                ..Self::default()
+            }
+        }
+
+        fn string(&mut self, s: &str) -> u32 {
+            if s.is_empty() {
+                return 0;
+            }
+            let off = self.strings.len() as u32;
+            self.strings.extend_from_slice(s.as_bytes());
+            self.strings.push(0);
+            off
+        }
+
+        fn push(&mut self, name: &str, kind: u32, vlen: u32, size_or_type: u32) -> u32 {
+            let name_off = self.string(name);
+            for w in [name_off, kind << 24 | vlen, size_or_type] {
+                self.types.extend_from_slice(&w.to_le_bytes());
+            }
+            self.next_id += 1;
+            self.next_id - 1
+        }
+
+        fn words(&mut self, words: &[u32]) {
+            for w in words {
+                self.types.extend_from_slice(&w.to_le_bytes());
+            }
+        }
+
+        fn int(&mut self, name: &str, size: u32) -> u32 {
+            let id = self.push(name, KIND_INT, 0, size);
+            self.words(&[size * 8]);
+            id
+        }
+
+        /// A struct or union of (name, type, byte offset) members.
+        fn record(
+            &mut self,
+            kind: u32,
+            name: &str,
+            size: u32,
+            members: &[(&str, u32, u32)],
+        ) -> u32 {
+            let id = self.push(name, kind, members.len() as u32, size);
+            for &(m, ty, off) in members {
+                let n = self.string(m);
+                self.words(&[n, ty, off * 8]);
+            }
+            id
+        }
+
+        fn blob(&self) -> Vec<u8> {
+            let mut out = Vec::new();
+            out.extend_from_slice(&MAGIC.to_le_bytes());
+            out.extend_from_slice(&[1, 0]);
+            let (tl, sl) = (self.types.len() as u32, self.strings.len() as u32);
+            for w in [24, 0, tl, tl, sl] {
+                out.extend_from_slice(&w.to_le_bytes());
+            }
+            out.extend_from_slice(&self.types);
+            out.extend_from_slice(&self.strings);
+            out
+        }
+    }
+
+    /// This kernel's layout of the structs the send probe reads (6.18),
+    /// with the anonymous unions where the kernel has them.
+    fn kernel_like(iov_offset_at: u32) -> Vec<u8> {
+        let mut b = Builder::new();
+        let u8_t = b.int("u8", 1);
+        let size_t = b.int("long unsigned int", 8);
+        let int_t = b.int("int", 4);
+        let void_ptr = b.push("", KIND_PTR, 0, 0);
+        let iovec = b.record(
+            KIND_STRUCT,
+            "iovec",
+            16,
+            &[("iov_base", void_ptr, 0), ("iov_len", size_t, 8)],
+        );
+        let iovec_ptr = b.push("", KIND_PTR, 0, iovec);
+        let inner_union = b.record(
+            KIND_UNION,
+            "",
+            8,
+            &[("__iov", iovec_ptr, 0), ("ubuf", void_ptr, 0)],
+        );
+        let inner_struct = b.record(
+            KIND_STRUCT,
+            "",
+            16,
+            &[("", inner_union, 0), ("count", size_t, 8)],
+        );
+        let outer_union = b.record(
+            KIND_UNION,
+            "",
+            16,
+            &[("__ubuf_iovec", iovec, 0), ("", inner_struct, 0)],
+        );
+        let segs_union = b.record(KIND_UNION, "", 8, &[("nr_segs", size_t, 0)]);
+        let iov_iter = b.record(
+            KIND_STRUCT,
+            "iov_iter",
+            40,
+            &[
+                ("iter_type", u8_t, 0),
+                ("iov_offset", size_t, iov_offset_at),
+                ("", outer_union, 16),
+                ("", segs_union, 32),
+            ],
+        );
+        let msghdr = b.record(
+            KIND_STRUCT,
+            "msghdr",
+            96,
+            &[
+                ("msg_name", void_ptr, 0),
+                ("msg_namelen", int_t, 8),
+                ("msg_iter", iov_iter, 16),
+            ],
+        );
+        let enum_id = b.push("iter_type", KIND_ENUM, 2, 4);
+        let (ubuf, iovec_name) = (b.string("ITER_UBUF"), b.string("ITER_IOVEC"));
+        b.words(&[ubuf, 0, iovec_name, 1]);
+        let _ = enum_id;
+        let sock = b.record(KIND_STRUCT, "sock", 8, &[("sk_x", size_t, 0)]);
+        let sock_ptr = b.push("", KIND_PTR, 0, sock);
+        let const_msghdr = b.push("", KIND_CONST, 0, msghdr);
+        let msghdr_ptr = b.push("", KIND_PTR, 0, const_msghdr);
+        let proto = b.push("", KIND_FUNC_PROTO, 4, 0);
+        b.words(&[0, void_ptr, 0, sock_ptr, 0, msghdr_ptr, 0, int_t]);
+        let fn_ptr = b.push("", KIND_PTR, 0, proto);
+        b.push("btf_trace_tcp_sendmsg_locked", KIND_TYPEDEF, 0, fn_ptr);
+        b.blob()
+    }
+
+    #[test]
+    fn finds_members_through_anonymous_unions() {
+        let btf = Btf::parse(&kernel_like(8)).expect("parse");
+        let off = send_offsets(&btf).expect("offsets");
+        assert_eq!(
+            off,
+            SendOffsets {
+                msg_iter: 16,
+                iter_type: 0,
+                iov_offset: 8,
+                ubuf: 16,
+                iov: 16,
+                count: 24,
+                nr_segs: 32,
+                iter_ubuf: 0,
+                iter_iovec: 1,
+            }
+        );
+    }
+
+    #[test]
+    fn a_moved_member_moves_its_offset() {
+        let btf = Btf::parse(&kernel_like(4)).expect("parse");
+        assert_eq!(
+            btf.member("iov_iter", "iov_offset").expect("member"),
+            (4, 8)
+        );
+    }
+
+    #[test]
+    fn prototype_args_name_their_structs() {
+        let btf = Btf::parse(&kernel_like(8)).expect("parse");
+        assert_eq!(
+            btf.tracepoint_args("tcp_sendmsg_locked").expect("args"),
+            vec!["sock".to_string(), "msghdr".into(), String::new()]
+        );
+        assert!(matches!(
+            btf.tracepoint_args("tcp_probe"),
+            Err(BtfError::Missing(_))
+        ));
+    }
+
+    #[test]
+    fn rejects_what_is_not_btf() {
+        assert!(Btf::parse(b"not btf at all, not btf at all").is_err());
+        let mut blob = kernel_like(8);
+        blob.truncate(blob.len() - 40);
+        assert!(Btf::parse(&blob).is_err());
+    }
+
+    /// The running kernel's own BTF, where it has one: the probe depends on
+    /// reading it, and this kernel (6.18) has `tcp_sendmsg_locked`.
+    #[test]
+    fn reads_this_kernels_btf() {
+        if !Path::new(VMLINUX).exists() {
+            eprintln!("skipped: no {VMLINUX}");
+            return;
+        }
+        let btf = Btf::vmlinux().expect("vmlinux BTF");
+        match send_offsets(&btf) {
+            Ok(off) => {
+                assert_ne!(off.iter_ubuf, off.iter_iovec);
+                assert_eq!(off.ubuf, off.iov);
+                assert!(off.count > off.ubuf && off.nr_segs > off.count);
+            }
+            Err(BtfError::Missing(what)) => eprintln!("this kernel lacks {what}"),
+            Err(e) => panic!("{e}"),
+        }
+    }
+}

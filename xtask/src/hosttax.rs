@@ -1,0 +1,439 @@
+//! The host tax: what processes the tracer does not trace pay while it runs
+//! (`cargo xtask bench`, also `--quick`).
+//!
+//! The fixture `hosttax` times six operations of an untraced process (see
+//! `tests/fixtures/hosttax.c`). Each round runs them untraced, then under
+//! each tracer setup in turn, untraced again between setups, so that drift
+//! of the machine falls on both sides; the figure per setup and operation
+//! is the median over rounds, and the ratio is against the median of every
+//! untraced run. Setups:
+//! - `attach`, `daemon`: the tracer as shipped, `attach --pid` tracing a
+//!   busy workload (the stub runtime launching in a loop) and `daemon`
+//!   finding that workload itself. These must stay within +5 %.
+//! - `attach_syscall_hook`: `attach` with the send hook forced to the
+//!   syscall tracepoints (`TTFT_TRACE_SEND_HOOK=syscalls`): the fallback on
+//!   kernels without BTF or `tcp:tcp_sendmsg_locked`, and what every host
+//!   paid before.
+//! - `empty_tracepoints` (where bpftrace is installed): empty programs on
+//!   the scheduler and `tcp_probe` tracepoints the tracer uses: the floor
+//!   any program there costs, against which ours is judged.
+//!
+//! Per-event costs of the tracer's own programs come from the kernel's BPF
+//! run-time statistics (`kernel.bpf_stats_enabled`, read with bpftool):
+//! time inside each program per run, over every run during the setup
+//! (untraced tasks' switches and segments, almost all of them).
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::Path,
+    process::{Child, Command, Stdio},
+    thread,
+    time::Duration,
+};
+
+use anyhow::{Context as _, Result, bail};
+use serde_json::{Value, json};
+
+use crate::demo::{signal, start_tracer};
+
+/// Operations of `hosttax`, in report order.
+const CASES: &[(&str, &str)] = &[
+    ("write", "1-byte write() to /dev/null"),
+    ("sendmsg", "1-byte sendmsg() + read on a UNIX socket pair"),
+    (
+        "pipe",
+        "pipe ping-pong between two processes, per round trip",
+    ),
+    (
+        "tcp",
+        "loopback TCP 1-byte ping-pong (TCP_NODELAY), per round trip",
+    ),
+    ("fork", "fork() + _exit() + waitpid()"),
+    (
+        "ctxsw",
+        "pipe ping-pong pinned to one CPU (2 context switches), per round trip",
+    ),
+];
+
+/// The most a shipped setup may add to any operation.
+pub const THRESHOLD: f64 = 1.05;
+
+/// Setups judged against [`THRESHOLD`].
+const JUDGED: &[&str] = &["attach", "daemon"];
+
+/// The tracer's programs whose per-run cost is reported.
+const PROGRAMS: &[&str] = &[
+    "sched_switch",
+    "sched_wakeup",
+    "sched_wakeup_new",
+    "tcp_probe",
+    "sock_send_length",
+    "sock_recv_length",
+    "tcp_sendmsg_locked",
+    "sys_enter_write",
+    "sys_exit_send",
+];
+
+pub struct Plan {
+    /// Rounds of (untraced, each setup).
+    pub rounds: usize,
+    /// Milliseconds each operation runs per measurement.
+    pub ms: u32,
+}
+
+/// What one setup needs running while it is measured.
+struct Setup {
+    name: &'static str,
+    what: &'static str,
+}
+
+fn setups(bpftrace: bool) -> Vec<Setup> {
+    let mut v = vec![
+        Setup {
+            name: "attach_syscall_hook",
+            what: "ttft-trace attach --pid WORKLOAD, TTFT_TRACE_SEND_HOOK=syscalls (the fallback; \
+                   the default before)",
+        },
+        Setup {
+            name: "attach",
+            what: "ttft-trace attach --pid WORKLOAD",
+        },
+        Setup {
+            name: "daemon",
+            what: "ttft-trace daemon (finds WORKLOAD itself)",
+        },
+    ];
+    if bpftrace {
+        v.push(Setup {
+            name: "empty_tracepoints",
+            what: "bpftrace, empty programs on sched_switch, sched_wakeup, sched_wakeup_new, \
+                   tcp_probe (the floor)",
+        });
+    }
+    v
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// One timed run of every operation: case -> ns per operation.
+fn measure(bin: &Path, ms: u32) -> Result<BTreeMap<&'static str, f64>> {
+    let mut out = BTreeMap::new();
+    for &(case, _) in CASES {
+        let o = Command::new(bin)
+            .args([case, &ms.to_string()])
+            .output()
+            .with_context(|| format!("running {}", bin.display()))?;
+        if !o.status.success() {
+            bail!(
+                "hosttax {case} failed: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        let v: Value = serde_json::from_slice(&o.stdout)?;
+        out.insert(case, v["ns_per_op"].as_f64().context("no ns_per_op")?);
+    }
+    Ok(out)
+}
+
+/// Starts what `setup` needs; the child is stopped with SIGINT after.
+fn start(root: &Path, setup: &str, workload: u32) -> Result<Child> {
+    let attach_args = vec![
+        "--pid".to_string(),
+        workload.to_string(),
+        "--no-listen".into(),
+        "--interval".into(),
+        "3600".into(),
+    ];
+    match setup {
+        "attach_syscall_hook" => {
+            // SAFETY: xtask is single-threaded here; the variable is set
+            // only for the tracer started next and removed right after.
+            unsafe { std::env::set_var("TTFT_TRACE_SEND_HOOK", "syscalls") };
+            let child = start_tracer(root, "attach", &attach_args, "attached");
+            // SAFETY: as above.
+            unsafe { std::env::remove_var("TTFT_TRACE_SEND_HOOK") };
+            child
+        }
+        "attach" => start_tracer(root, "attach", &attach_args, "attached"),
+        "daemon" => start_tracer(
+            root,
+            "daemon",
+            &[
+                "--listen=".into(),
+                "--no-nvml".into(),
+                "--interval".into(),
+                "3600".into(),
+            ],
+            "attached",
+        ),
+        "empty_tracepoints" => {
+            let mut child = Command::new("bpftrace")
+                .args([
+                    "-e",
+                    "tracepoint:sched:sched_switch {} tracepoint:sched:sched_wakeup {} \
+                     tracepoint:sched:sched_wakeup_new {} tracepoint:tcp:tcp_probe {}",
+                ])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .context("starting bpftrace")?;
+            // bpftrace prints "Attaching N probes..." once they are live.
+            let mut line = String::new();
+            let stdout = child.stdout.take().context("bpftrace stdout")?;
+            std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line)?;
+            thread::sleep(Duration::from_millis(200));
+            Ok(child)
+        }
+        other => bail!("unknown setup {other}"),
+    }
+}
+
+fn stop(mut child: Child) -> Result<()> {
+    signal(child.id(), "INT")?;
+    child.wait()?;
+    Ok(())
+}
+
+/// The BPF programs loaded now (bpftool's JSON objects).
+fn programs() -> Result<Vec<Value>> {
+    let out = Command::new("bpftool")
+        .args(["prog", "show", "--json"])
+        .output()
+        .context("running bpftool (cargo xtask setup installs it)")?;
+    let progs: Value = serde_json::from_slice(&out.stdout)?;
+    Ok(progs.as_array().cloned().unwrap_or_default())
+}
+
+/// Ids of the loaded programs named like the tracer's: another tracer on the
+/// host (another ttft-trace, above all one with the syscall hook) taxes
+/// every run, so runs are made only when none is loaded.
+fn tracer_like_ids() -> Result<BTreeSet<u64>> {
+    Ok(programs()?
+        .iter()
+        .filter(|p| PROGRAMS.contains(&p["name"].as_str().unwrap_or("")))
+        .filter_map(|p| p["id"].as_u64())
+        .collect())
+}
+
+/// Whether a tracer-like program other than `own` is loaded: another
+/// tracer on the host taxes every run, untraced or not (the ratios then
+/// understate the tax). Waits up to `wait` for it to go.
+fn other_tracer(own: &BTreeSet<u64>, wait: Duration) -> Result<bool> {
+    let deadline = std::time::Instant::now() + wait;
+    loop {
+        if tracer_like_ids()?.is_subset(own) {
+            return Ok(false);
+        }
+        if std::time::Instant::now() >= deadline {
+            return Ok(true);
+        }
+        thread::sleep(Duration::from_secs(1));
+    }
+}
+
+/// Mean ns per run of each of the tracer's programs loaded since `before`,
+/// from the kernel's run-time statistics.
+fn program_costs(before: &BTreeSet<u64>) -> Result<BTreeMap<String, Value>> {
+    let mut costs = BTreeMap::new();
+    for p in programs()? {
+        let name = p["name"].as_str().unwrap_or("");
+        if !PROGRAMS.contains(&name) || p["id"].as_u64().is_none_or(|id| before.contains(&id)) {
+            continue;
+        }
+        let (Some(t), Some(n)) = (p["run_time_ns"].as_u64(), p["run_cnt"].as_u64()) else {
+            continue;
+        };
+        if n > 0 {
+            costs.insert(
+                name.to_string(),
+                json!({"runs": n, "ns_per_run": t as f64 / n as f64}),
+            );
+        }
+    }
+    Ok(costs)
+}
+
+/// Turns the kernel's BPF run-time statistics on while alive, and restores
+/// the previous setting when dropped.
+struct BpfStats(String);
+
+impl BpfStats {
+    const PATH: &'static str = "/proc/sys/kernel/bpf_stats_enabled";
+
+    fn enable() -> Result<Self> {
+        let old = std::fs::read_to_string(Self::PATH)?.trim().to_string();
+        std::fs::write(Self::PATH, "1")?;
+        Ok(Self(old))
+    }
+}
+
+impl Drop for BpfStats {
+    fn drop(&mut self) {
+        let _ = std::fs::write(Self::PATH, &self.0);
+    }
+}
+
+/// The busy traced workload: the stub runtime launching in a loop, with
+/// short sleeps between episodes (so its threads switch too).
+fn start_workload(root: &Path) -> Result<Child> {
+    Command::new(root.join("target/fixtures/workload"))
+        .args([
+            "--style",
+            "sync",
+            "--episodes",
+            "100000000",
+            "--launches",
+            "4",
+            "--kernel-us",
+            "200",
+            "--gap-us",
+            "500",
+        ])
+        .stdout(Stdio::null())
+        .spawn()
+        .context("starting the workload fixture")
+}
+
+/// Runs the host-tax measurement; returns its results and the lines that
+/// break the threshold.
+pub fn run(root: &Path, plan: &Plan) -> Result<(Value, Vec<String>)> {
+    let bin = root.join("target/fixtures/hosttax");
+    let bpftrace = Command::new("bpftrace")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    let setups = setups(bpftrace);
+    let mut workload = start_workload(root)?;
+    let result = (|| -> Result<_> {
+        let _stats = BpfStats::enable()?;
+        let mut untraced: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+        let mut traced: BTreeMap<(&str, &str), Vec<f64>> = BTreeMap::new();
+        let mut costs: BTreeMap<&str, BTreeMap<String, Value>> = BTreeMap::new();
+        // Once, at the start: another tracer may be finishing.
+        let mut other = other_tracer(&BTreeSet::new(), Duration::from_secs(60))?;
+        if other {
+            eprintln!(
+                "bench: WARNING: another tracer's programs are loaded (another ttft-trace?); \
+                 every run pays their tax, so the ratios understate ours"
+            );
+        }
+        for round in 0..plan.rounds {
+            for setup in &setups {
+                eprintln!(
+                    "bench: host tax round {}/{}: untraced, then {}",
+                    round + 1,
+                    plan.rounds,
+                    setup.name
+                );
+                for (case, ns) in measure(&bin, plan.ms)? {
+                    untraced.entry(case).or_default().push(ns);
+                }
+                let before = tracer_like_ids()?;
+                let child = start(root, setup.name, workload.id())?;
+                let own: BTreeSet<u64> = tracer_like_ids()?.difference(&before).copied().collect();
+                other |= other_tracer(&own, Duration::ZERO)?;
+                let got = measure(&bin, plan.ms);
+                if setup.name != "empty_tracepoints" {
+                    costs.insert(setup.name, program_costs(&before)?);
+                }
+                stop(child)?;
+                for (case, ns) in got? {
+                    traced.entry((setup.name, case)).or_default().push(ns);
+                }
+            }
+        }
+        Ok((untraced, traced, costs, other))
+    })();
+    let _ = workload.kill();
+    let _ = workload.wait();
+    let (untraced, traced, costs, other) = result?;
+
+    if other {
+        println!(
+            "WARNING: another tracer was loaded during the runs: the figures below are taxed by it too"
+        );
+    }
+    let mut rows = Vec::new();
+    let mut failures = Vec::new();
+    println!(
+        "host tax: untraced processes, ns per operation (median of {} alternating runs of {} ms each)",
+        plan.rounds, plan.ms
+    );
+    for &(case, what) in CASES {
+        let base = median(&untraced[case]);
+        let mut row = json!({"case": case, "what": what, "untraced_ns": base, "untraced_runs": untraced[case]});
+        let mut line = format!("  {case:8} untraced {base:>10.0}");
+        for setup in &setups {
+            let runs = &traced[&(setup.name, case)];
+            let ns = median(runs);
+            let ratio = ns / base;
+            row[setup.name] = json!({"ns": ns, "ratio": ratio, "runs": runs});
+            line += &format!(
+                " | {} {ns:.0} ({:+.1} %)",
+                setup.name,
+                (ratio - 1.0) * 100.0
+            );
+            if JUDGED.contains(&setup.name) && ratio > THRESHOLD {
+                failures.push(format!(
+                    "host tax over +{:.0} %: {case} ({what}) costs {:+.1} % under {} ({base:.0} -> {ns:.0} ns)",
+                    (THRESHOLD - 1.0) * 100.0,
+                    (ratio - 1.0) * 100.0,
+                    setup.name
+                ));
+            }
+        }
+        println!("{line}");
+        rows.push(row);
+    }
+    // The pinned ping-pong is two context switches (and two wakeups) a
+    // round trip: the added time per switch, the floor's included.
+    let per_switch: BTreeMap<&str, f64> = setups
+        .iter()
+        .map(|s| {
+            let added = median(&traced[&(s.name, "ctxsw")]) - median(&untraced["ctxsw"]);
+            (s.name, added / 2.0)
+        })
+        .collect();
+    let list: Vec<String> = per_switch
+        .iter()
+        .map(|(s, ns)| format!("{s} {ns:+.0} ns"))
+        .collect();
+    println!("added per context switch (ctxsw / 2): {}", list.join(", "));
+    println!(
+        "per-event cost of the tracer's programs (kernel BPF run-time statistics, mean over every run):"
+    );
+    for (setup, progs) in &costs {
+        let list: Vec<String> = progs
+            .iter()
+            .map(|(name, v)| {
+                format!(
+                    "{name} {:.0} ns x {}",
+                    v["ns_per_run"].as_f64().unwrap_or(f64::NAN),
+                    v["runs"]
+                )
+            })
+            .collect();
+        println!("  {setup}: {}", list.join(", "));
+    }
+    let setups_json: Vec<Value> = setups
+        .iter()
+        .map(|s| json!({"name": s.name, "what": s.what}))
+        .collect();
+    let results = json!({
+        "rounds": plan.rounds,
+        "ms_per_run": plan.ms,
+        "threshold_ratio": THRESHOLD,
+        "judged_setups": JUDGED,
+        "setups": setups_json,
+        "cases": rows,
+        "program_costs": costs,
+        "added_ns_per_context_switch": per_switch,
+        "failures": failures,
+        "other_tracer_seen": other,
+    });
+    Ok((results, failures))
+}
