@@ -39,6 +39,7 @@ pub fn setup() -> Result<()> {
     prometheus()?;
     validators()?;
     systemd_analyze()?;
+    chromium()?;
     Ok(())
 }
 
@@ -193,6 +194,16 @@ fn systemd_analyze() -> Result<()> {
         "systemd-analyze",
         "systemd",
         "systemd-analyze, to verify the systemd unit",
+    )
+}
+
+/// Debian's chromium, for the test that renders `ttft-trace report --html`
+/// in a real headless browser (tests/tests/report.rs).
+fn chromium() -> Result<()> {
+    apt_tool(
+        "chromium",
+        "chromium",
+        "chromium, to render the HTML report in a headless browser",
     )
 }
 
