@@ -202,7 +202,8 @@ fn cdf(out: &mut String, runs: &[&Run]) {
         super::svg::label(slo),
         escape(&shares.join(", "))
     );
-    legend(out, runs, f.right - 300.0, f.bottom - 40.0);
+    // Top left: where a CDF has not risen yet.
+    legend(out, runs, f.left + 16.0, f.top + 16.0);
     out.push_str("</svg>\n");
 }
 
