@@ -9,7 +9,7 @@ mod stats;
 mod svg;
 mod table;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use std::{
     fs::File,
