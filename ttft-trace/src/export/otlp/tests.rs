@@ -395,3 +395,42 @@ fn a_receiver_stopped_and_restarted_loses_spans_counted_and_memory_stays_bounded
         "{text}"
     );
 }
+
+#[test]
+fn the_ratio_samples_that_share_of_trace_ids() {
+    use super::sampled;
+    use opentelemetry::trace::TraceId;
+    // Ids spread evenly over the space, as random ones are.
+    let ids: Vec<TraceId> = (0..1000u128)
+        .map(|i| TraceId::from(i * (u128::MAX / 1000) + 12345))
+        .collect();
+    let share = |ratio: f64| ids.iter().filter(|&&id| sampled(id, ratio)).count();
+    assert_eq!(share(0.0), 0);
+    assert_eq!(share(1.0), 1000);
+    let quarter = share(0.25);
+    assert!((240..=260).contains(&quarter), "{quarter}");
+}
+
+#[test]
+fn slow_requests_are_exported_whatever_the_ratio() {
+    let addr = free_addr();
+    let collector = Collector::default();
+    let _receiver = serve(addr, collector.clone());
+    let registry = Registry::new();
+    let cfg = OtlpConfig {
+        sample_ratio: 0.0,
+        ..config(addr)
+    };
+    let mut otlp = Otlp::start(&cfg, &registry).expect("starts");
+    let requests: Vec<JudgedRequest> = (0..12).map(judged).collect();
+    for j in &requests {
+        otlp.request(&labels(), 42, j);
+    }
+    otlp.shutdown();
+    let slow = requests.iter().filter(|j| j.attribution.slow);
+    assert_eq!(otlp.exported(), slow.clone().map(spans_of).sum::<u64>());
+    assert_eq!(
+        otlp.counters.unsampled.get(),
+        (requests.len() - slow.count()) as u64
+    );
+}
