@@ -72,6 +72,9 @@ pub struct Otlp {
     /// exported when this, `--otlp-endpoint`, `OTEL_EXPORTER_OTLP_ENDPOINT`
     /// or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` is set.
     pub endpoint: Option<String>,
+    /// `grpc` or `http/protobuf`; default: `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`,
+    /// `OTEL_EXPORTER_OTLP_PROTOCOL`, then `grpc`.
+    pub protocol: Option<String>,
     /// Share of the requests that are not slow to export; slow ones always are.
     pub sample_ratio: f64,
     /// Requests queued for export at most; beyond, spans are dropped and counted.
@@ -82,6 +85,7 @@ impl Default for Otlp {
     fn default() -> Self {
         Self {
             endpoint: None,
+            protocol: None,
             sample_ratio: 1.0,
             queue_requests: 2048,
         }

@@ -17,7 +17,12 @@ use thiserror::Error;
 
 pub use file::{DaemonConfig, Discovery, Labels, Nvml, Otlp};
 
-use crate::{causes::CauseConfig, export::otlp::OtlpConfig, nvml::NvmlConfig, workloads::Filters};
+use crate::{
+    causes::CauseConfig,
+    export::otlp::{OtlpConfig, Protocol},
+    nvml::NvmlConfig,
+    workloads::Filters,
+};
 
 #[derive(Debug, Error)]
 pub enum ConfigError {
@@ -31,6 +36,8 @@ pub enum ConfigError {
     Regex(String, #[source] regex::Error),
     #[error("listen = {0:?}: {1}")]
     Listen(String, #[source] std::net::AddrParseError),
+    #[error("{0}: the OTLP protocol must be grpc or http/protobuf, not {1:?}")]
+    Protocol(&'static str, String),
     #[error("the OTLP sample ratio must be between 0 and 1, not {0}")]
     SampleRatio(f64),
     #[error("{what} must be a positive number of seconds, not {value}")]
@@ -174,8 +181,23 @@ fn otlp_config(
     if !(0.0..=1.0).contains(&sample_ratio) {
         return Err(ConfigError::SampleRatio(sample_ratio));
     }
+    let (source, name) = match &file.protocol {
+        Some(p) => ("otlp.protocol", Some(p.clone())),
+        None => [
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
+        ]
+        .into_iter()
+        .find_map(|v| Some((v, env(v)?.to_string_lossy().into_owned())))
+        .map_or(("", None), |(v, p)| (v, Some(p))),
+    };
+    let protocol = match name {
+        None => Protocol::Grpc,
+        Some(p) => Protocol::parse(&p).ok_or(ConfigError::Protocol(source, p))?,
+    };
     Ok(Some(OtlpConfig {
         endpoint,
+        protocol,
         sample_ratio,
         queue_requests: file.queue_requests.max(1),
         ..OtlpConfig::default()
@@ -248,6 +270,7 @@ mod tests {
         );
         let from_file = Otlp {
             endpoint: Some("http://file:4317".into()),
+            protocol: None,
             sample_ratio: 0.25,
             queue_requests: 10,
         };

@@ -32,13 +32,47 @@ use prometheus::{IntCounter, IntCounterVec, Opts, Registry};
 
 use crate::{clock::monotonic_ns, judging::JudgedRequest, workloads::WorkloadLabels};
 
+/// The OTLP transport, as `OTEL_EXPORTER_OTLP_PROTOCOL` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Protocol {
+    #[default]
+    Grpc,
+    HttpProtobuf,
+}
+
+impl Protocol {
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "grpc" => Some(Self::Grpc),
+            "http/protobuf" => Some(Self::HttpProtobuf),
+            _ => None,
+        }
+    }
+}
+
+/// The traces URL for OTLP/HTTP: a base URL (`http://host:4318`) gets the
+/// signal's path, as the exporter does for `OTEL_EXPORTER_OTLP_ENDPOINT`; a
+/// URL with a path is used as it is.
+fn http_traces_url(endpoint: &str) -> String {
+    let after_scheme = endpoint
+        .split_once("://")
+        .map_or(endpoint, |(_, rest)| rest);
+    match after_scheme.split_once('/') {
+        None => format!("{endpoint}/v1/traces"),
+        Some((_, "")) => format!("{endpoint}v1/traces"),
+        Some(_) => endpoint.to_string(),
+    }
+}
+
 /// How requests are exported as traces.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OtlpConfig {
-    /// gRPC endpoint (`http://host:4317`); `None`: the exporter's own
-    /// resolution (`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`,
-    /// `OTEL_EXPORTER_OTLP_ENDPOINT`, then `http://localhost:4317`).
+    /// Collector URL (gRPC `http://host:4317`, HTTP `http://host:4318`);
+    /// `None`: the exporter's own resolution
+    /// (`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, `OTEL_EXPORTER_OTLP_ENDPOINT`,
+    /// then localhost).
     pub endpoint: Option<String>,
+    pub protocol: Protocol,
     /// Share of the requests that are not slow to export (0..=1); slow ones
     /// always are.
     pub sample_ratio: f64,
@@ -54,6 +88,7 @@ impl Default for OtlpConfig {
     fn default() -> Self {
         Self {
             endpoint: None,
+            protocol: Protocol::Grpc,
             sample_ratio: 1.0,
             queue_requests: 2048,
             batch_spans: 512,
@@ -166,11 +201,12 @@ impl Otlp {
             flush_every: cfg.flush_every,
         };
         let endpoint = cfg.endpoint.clone();
+        let protocol = cfg.protocol;
         let resource = resource(clock);
         thread::Builder::new()
             .name("otlp-export".into())
             .spawn(move || {
-                worker.run(endpoint, resource, ready_tx);
+                worker.run(protocol, endpoint, resource, ready_tx);
                 let _ = done_tx.send(());
             })
             .map_err(OtlpError::Thread)?;
@@ -276,6 +312,7 @@ struct Worker {
 impl Worker {
     fn run(
         self,
+        protocol: Protocol,
         endpoint: Option<String>,
         resource: Resource,
         ready: mpsc::Sender<Result<(), String>>,
@@ -290,13 +327,25 @@ impl Worker {
                 return;
             }
         };
-        // The tonic channel is made inside the runtime it will run on.
+        // The tonic channel and the hyper client are made inside the
+        // runtime they will run on.
         let built = {
             let _in_rt = rt.enter();
-            let b = opentelemetry_otlp::SpanExporter::builder().with_tonic();
-            match endpoint {
-                Some(e) => b.with_endpoint(e).build(),
-                None => b.build(),
+            let b = opentelemetry_otlp::SpanExporter::builder();
+            match protocol {
+                Protocol::Grpc => match endpoint {
+                    Some(e) => b.with_tonic().with_endpoint(e).build(),
+                    None => b.with_tonic().build(),
+                },
+                Protocol::HttpProtobuf => {
+                    let b = b
+                        .with_http()
+                        .with_protocol(opentelemetry_otlp::Protocol::HttpBinary);
+                    match endpoint {
+                        Some(e) => b.with_endpoint(http_traces_url(&e)).build(),
+                        None => b.build(),
+                    }
+                }
             }
         };
         let mut exporter = match built {

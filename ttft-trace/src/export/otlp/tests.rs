@@ -434,3 +434,67 @@ fn slow_requests_are_exported_whatever_the_ratio() {
         (requests.len() - slow.count()) as u64
     );
 }
+
+/// An OTLP/HTTP receiver (binary protobuf on `/v1/traces`), on a runtime
+/// of its own.
+fn serve_http(addr: SocketAddr, c: Collector) -> tokio::runtime::Runtime {
+    use prost::Message as _;
+    let rt = runtime();
+    let listener = std::net::TcpListener::bind(addr).expect("bind the receiver");
+    listener.set_nonblocking(true).expect("nonblocking");
+    let export = move |body: axum::body::Bytes| async move {
+        let req = ExportTraceServiceRequest::decode(body).expect("an OTLP request");
+        c.got.lock().expect("lock").push(req);
+        let resp = ExportTraceServiceResponse {
+            partial_success: None,
+        };
+        (
+            [(axum::http::header::CONTENT_TYPE, "application/x-protobuf")],
+            resp.encode_to_vec(),
+        )
+    };
+    rt.spawn(async move {
+        let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
+        let app = axum::Router::new().route("/v1/traces", axum::routing::post(export));
+        axum::serve(listener, app).await.expect("receiver runs");
+    });
+    rt
+}
+
+#[test]
+fn http_protobuf_reaches_an_http_receiver() {
+    let addr = free_addr();
+    let collector = Collector::default();
+    let _receiver = serve_http(addr, collector.clone());
+    let registry = Registry::new();
+    let cfg = OtlpConfig {
+        protocol: super::Protocol::HttpProtobuf,
+        ..config(addr)
+    };
+    let mut otlp = Otlp::start(&cfg, &registry).expect("starts");
+    let requests: Vec<JudgedRequest> = (0..6).map(judged).collect();
+    for j in &requests {
+        otlp.request(&labels(), 42, j);
+    }
+    otlp.shutdown();
+    let want: u64 = requests.iter().map(spans_of).sum();
+    assert_eq!(otlp.exported(), want);
+    let got: usize = collector
+        .got
+        .lock()
+        .expect("lock")
+        .iter()
+        .flat_map(|r| &r.resource_spans)
+        .flat_map(|rs| &rs.scope_spans)
+        .map(|ss| ss.spans.len())
+        .sum();
+    assert_eq!(got as u64, want);
+}
+
+#[test]
+fn http_base_urls_get_the_traces_path() {
+    use super::http_traces_url as url;
+    assert_eq!(url("http://c:4318"), "http://c:4318/v1/traces");
+    assert_eq!(url("http://c:4318/"), "http://c:4318/v1/traces");
+    assert_eq!(url("https://c/otlp/v1/traces"), "https://c/otlp/v1/traces");
+}
