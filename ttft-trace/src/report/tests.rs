@@ -204,7 +204,7 @@ fn the_table_shows_figures_objective_causes_and_evidence() {
         "Successful requests:                     4\n",
         "Within objective (TTFT <= 450.00 ms):    60.00%",
         "1 not readable, 0 too long (line 9:",
-        "TTFT         5    420.00    400.00    740.00    884.00    898.40    900.00",
+        "TTFT           5    420.00    400.00    740.00    884.00    898.40    900.00",
         "  network:                               1 (33.3%), 600.00 ms explained",
         "  unexplained:                           1 (33.3%)",
         "#1 at +0.300 s  TTFT 900.00 ms = queue 720.00 + GPU 135.00 + egress 45.00",
