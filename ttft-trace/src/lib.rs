@@ -22,6 +22,7 @@ pub mod nvml;
 pub mod ports;
 pub mod probes;
 pub mod record;
+pub mod report;
 pub mod requests;
 pub mod rootfs;
 pub mod routing;

@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 use ttft_trace::{
     check,
     config::flags::{AttachArgs, DaemonArgs},
+    report::{self, ReportArgs},
     session,
 };
 
@@ -42,6 +43,11 @@ enum Command {
     /// Trace every process on the host that maps a CUDA library, as it
     /// appears; serve their metrics, labelled by workload.
     Daemon(DaemonArgs),
+    /// Read a JSONL file the tracer wrote: TTFT and its breakdown
+    /// (mean, median, P90, P99, P99.9), the share within the objective,
+    /// the cause mix and the slowest requests; optionally beside another
+    /// run, and as an HTML page with plots. Needs no privileges.
+    Report(ReportArgs),
 }
 
 fn main() -> ExitCode {
@@ -58,17 +64,21 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let rt = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+    };
     match cli.command {
         Command::Attach(args) => {
-            rt.block_on(session::attach(args.into_config()?))?;
+            rt()?.block_on(session::attach(args.into_config()?))?;
         }
         Command::Daemon(args) => {
-            rt.block_on(session::daemon(args.into_config()?))?;
+            rt()?.block_on(session::daemon(args.into_config()?))?;
         }
+        // No runtime: the report only reads files.
+        Command::Report(args) => report::print(&args)?,
         Command::Check { json, nvml_lib } => {
             let report = check::run(&check::CheckConfig { nvml_lib });
             if json {

@@ -40,6 +40,7 @@ pub fn setup() -> Result<()> {
     validators()?;
     systemd_analyze()?;
     bench_tools()?;
+    chromium()?;
     Ok(())
 }
 
@@ -206,6 +207,16 @@ fn bench_tools() -> Result<()> {
         "bpftool, for the bench's per-event costs",
     )?;
     apt_tool("bpftrace", "bpftrace", "bpftrace, for the bench's floor")
+}
+
+/// Debian's chromium, for the test that renders `ttft-trace report --html`
+/// in a real headless browser (tests/tests/report.rs).
+fn chromium() -> Result<()> {
+    apt_tool(
+        "chromium",
+        "chromium",
+        "chromium, to render the HTML report in a headless browser",
+    )
 }
 
 /// Installs `package` from apt when `tool` is missing, with an `apt-get

@@ -26,6 +26,8 @@ pub struct DaemonConfig {
     pub discovery: Discovery,
     pub labels: Labels,
     pub nvml: Nvml,
+    /// Requests as traces to an OTLP collector.
+    pub otlp: Otlp,
     /// Attribution thresholds (any fields of the causes config).
     pub causes: Option<CauseConfig>,
 }
@@ -63,6 +65,33 @@ pub struct Nvml {
     pub library: Option<PathBuf>,
 }
 
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Otlp {
+    /// OTLP/gRPC endpoint of a collector (`http://host:4317`). Traces are
+    /// exported when this, `--otlp-endpoint`, `OTEL_EXPORTER_OTLP_ENDPOINT`
+    /// or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` is set.
+    pub endpoint: Option<String>,
+    /// `grpc` or `http/protobuf`; default: `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`,
+    /// `OTEL_EXPORTER_OTLP_PROTOCOL`, then `grpc`.
+    pub protocol: Option<String>,
+    /// Share of the requests that are not slow to export; slow ones always are.
+    pub sample_ratio: f64,
+    /// Requests queued for export at most; beyond, spans are dropped and counted.
+    pub queue_requests: usize,
+}
+
+impl Default for Otlp {
+    fn default() -> Self {
+        Self {
+            endpoint: None,
+            protocol: None,
+            sample_ratio: 1.0,
+            queue_requests: 2048,
+        }
+    }
+}
+
 impl Default for DaemonConfig {
     fn default() -> Self {
         Self {
@@ -75,6 +104,7 @@ impl Default for DaemonConfig {
             discovery: Discovery::default(),
             labels: Labels::default(),
             nvml: Nvml::default(),
+            otlp: Otlp::default(),
             causes: None,
         }
     }

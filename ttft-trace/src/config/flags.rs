@@ -121,6 +121,18 @@ pub struct CommonArgs {
     /// NVML library to load (default: libnvidia-ml.so.1 from the loader's path).
     #[arg(long, value_name = "PATH")]
     pub nvml_lib: Option<PathBuf>,
+    /// Export each request as a trace to this OTLP collector (gRPC
+    /// http://host:4317, or OTLP/HTTP http://host:4318 with
+    /// OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf or otlp.protocol in the
+    /// settings file); OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT also turns it
+    /// on, and the other OTEL_EXPORTER_OTLP_*, OTEL_SERVICE_NAME and
+    /// OTEL_RESOURCE_ATTRIBUTES variables apply.
+    #[arg(long, value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
+    /// Share of the requests that are not slow to export as traces (slow
+    /// ones always are); default 1.
+    #[arg(long, value_name = "RATIO")]
+    pub otlp_sample_ratio: Option<f64>,
 }
 
 impl AttachArgs {

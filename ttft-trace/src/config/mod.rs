@@ -15,9 +15,14 @@ use std::{
 
 use thiserror::Error;
 
-pub use file::{DaemonConfig, Discovery, Labels, Nvml};
+pub use file::{DaemonConfig, Discovery, Labels, Nvml, Otlp};
 
-use crate::{causes::CauseConfig, nvml::NvmlConfig, workloads::Filters};
+use crate::{
+    causes::CauseConfig,
+    export::otlp::{OtlpConfig, Protocol},
+    nvml::NvmlConfig,
+    workloads::Filters,
+};
 
 #[derive(Debug, Error)]
 pub enum ConfigError {
@@ -31,6 +36,10 @@ pub enum ConfigError {
     Regex(String, #[source] regex::Error),
     #[error("listen = {0:?}: {1}")]
     Listen(String, #[source] std::net::AddrParseError),
+    #[error("{0}: the OTLP protocol must be grpc or http/protobuf, not {1:?}")]
+    Protocol(&'static str, String),
+    #[error("the OTLP sample ratio must be between 0 and 1, not {0}")]
+    SampleRatio(f64),
     #[error("{what} must be a positive number of seconds, not {value}")]
     Duration { what: &'static str, value: f64 },
 }
@@ -51,6 +60,8 @@ pub struct TraceConfig {
     /// NVML sampling; None: off.
     pub nvml: Option<NvmlConfig>,
     pub labels: LabelConfig,
+    /// Traces over OTLP; None: off.
+    pub otlp: Option<OtlpConfig>,
 }
 
 /// How workloads are named in the metrics.
@@ -141,7 +152,56 @@ fn trace_config(
                 },
             )?,
         },
+        otlp: otlp_config(&file.otlp, common, |v| std::env::var_os(v))?,
     })
+}
+
+/// OTLP export is on when an endpoint is named: by the flag, the file, or
+/// the standard variables (which the exporter then reads itself).
+fn otlp_config(
+    file: &Otlp,
+    common: &flags::CommonArgs,
+    env: impl Fn(&str) -> Option<std::ffi::OsString>,
+) -> Result<Option<OtlpConfig>, ConfigError> {
+    let endpoint = common
+        .otlp_endpoint
+        .clone()
+        .or_else(|| file.endpoint.clone())
+        .filter(|e| !e.is_empty());
+    let from_env = [
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+    ]
+    .iter()
+    .any(|v| env(v).is_some_and(|e| !e.is_empty()));
+    if endpoint.is_none() && !from_env {
+        return Ok(None);
+    }
+    let sample_ratio = common.otlp_sample_ratio.unwrap_or(file.sample_ratio);
+    if !(0.0..=1.0).contains(&sample_ratio) {
+        return Err(ConfigError::SampleRatio(sample_ratio));
+    }
+    let (source, name) = match &file.protocol {
+        Some(p) => ("otlp.protocol", Some(p.clone())),
+        None => [
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
+        ]
+        .into_iter()
+        .find_map(|v| Some((v, env(v)?.to_string_lossy().into_owned())))
+        .map_or(("", None), |(v, p)| (v, Some(p))),
+    };
+    let protocol = match name {
+        None => Protocol::Grpc,
+        Some(p) => Protocol::parse(&p).ok_or(ConfigError::Protocol(source, p))?,
+    };
+    Ok(Some(OtlpConfig {
+        endpoint,
+        protocol,
+        sample_ratio,
+        queue_requests: file.queue_requests.max(1),
+        ..OtlpConfig::default()
+    }))
 }
 
 /// The attribution thresholds: defaults (or the settings file's), then the
@@ -189,5 +249,51 @@ mod tests {
         let err = causes_config(None, Some(&path), 200).expect_err("bad json");
         assert!(err.to_string().contains("causes.json"), "{err}");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn otlp_is_on_when_an_endpoint_is_named_by_flag_file_or_variable() {
+        let common = |endpoint: Option<&str>, ratio: Option<f64>| flags::CommonArgs {
+            duration: None,
+            ports: vec![],
+            causes_config: None,
+            no_nvml: true,
+            nvml_lib: None,
+            otlp_endpoint: endpoint.map(str::to_string),
+            otlp_sample_ratio: ratio,
+        };
+        let no_env = |_: &str| None;
+        let file = Otlp::default();
+        assert_eq!(
+            otlp_config(&file, &common(None, None), no_env).expect("ok"),
+            None
+        );
+        let from_file = Otlp {
+            endpoint: Some("http://file:4317".into()),
+            protocol: None,
+            sample_ratio: 0.25,
+            queue_requests: 10,
+        };
+        let cfg = otlp_config(&from_file, &common(Some("http://flag:4317"), None), no_env)
+            .expect("ok")
+            .expect("on");
+        assert_eq!(
+            cfg.endpoint.as_deref(),
+            Some("http://flag:4317"),
+            "the flag wins"
+        );
+        assert_eq!((cfg.sample_ratio, cfg.queue_requests), (0.25, 10));
+        let env = |v: &str| (v == "OTEL_EXPORTER_OTLP_ENDPOINT").then(|| "http://env:4317".into());
+        let cfg = otlp_config(&file, &common(None, Some(0.5)), env)
+            .expect("ok")
+            .expect("on from the variable");
+        assert_eq!(
+            cfg.endpoint, None,
+            "the exporter reads the variables itself"
+        );
+        assert_eq!(cfg.sample_ratio, 0.5);
+        let err = otlp_config(&file, &common(Some("http://x:4317"), Some(1.5)), no_env)
+            .expect_err("refused");
+        assert!(err.to_string().contains("between 0 and 1"), "{err}");
     }
 }

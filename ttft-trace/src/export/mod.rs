@@ -4,6 +4,7 @@
 //! summary ([`terminal`]). Workloads' label sets start and retire here.
 
 pub mod jsonl;
+pub mod otlp;
 pub mod prometheus;
 mod series;
 pub mod summary;
@@ -20,6 +21,7 @@ use crate::{
     requests::CorrelatorStats, routing::Workload, tracking::KernelStats, workloads::WorkloadLabels,
 };
 use jsonl::{Jsonl, Totals};
+use otlp::{Otlp, OtlpConfig};
 use terminal::Terminal;
 
 /// Ended workloads whose request statistics are kept for the totals line;
@@ -29,6 +31,8 @@ const MAX_ENDED_STATS: usize = 1024;
 pub struct Sinks {
     pub series: Series,
     jsonl: Jsonl,
+    /// Traces to an OTLP collector, when configured.
+    otlp: Option<Otlp>,
     terminal: Terminal,
     /// Request statistics of workloads that ended, for the totals line.
     ended_stats: VecDeque<(u32, CorrelatorStats)>,
@@ -68,6 +72,7 @@ impl Sinks {
         Ok(Self {
             series,
             jsonl,
+            otlp: None,
             terminal: Terminal::default(),
             ended_stats: VecDeque::new(),
             ended_stats_dropped: 0,
@@ -79,6 +84,12 @@ impl Sinks {
     /// that cannot trace does not create it).
     pub fn open_jsonl(&mut self, path: &Path) -> anyhow::Result<()> {
         self.jsonl.open(path)
+    }
+
+    /// Starts exporting requests as traces over OTLP.
+    pub fn start_otlp(&mut self, cfg: &OtlpConfig) -> anyhow::Result<()> {
+        self.otlp = Some(Otlp::start(cfg, self.series.registry())?);
+        Ok(())
     }
 
     /// SIGHUP: the JSONL file is reopened (log rotation).
@@ -125,6 +136,9 @@ impl Sinks {
         self.series.request(&w.label_values(), j);
         self.terminal.request(j);
         self.jsonl.request(w, j);
+        if let Some(o) = &mut self.otlp {
+            o.request(&w.labels, w.root, j);
+        }
     }
 
     pub fn library_attached(&mut self, a: &Attached) {
@@ -193,6 +207,9 @@ impl Sinks {
             unrouted_events: end.unrouted_events,
         });
         self.jsonl.flush();
+        if let Some(o) = &mut self.otlp {
+            o.shutdown();
+        }
         if self.jsonl.errors() > 0 {
             log::warn!(
                 "{} writes to the JSONL file failed; those lines are missing",

@@ -73,6 +73,9 @@ impl Session {
         if let Some(path) = &cfg.jsonl {
             sinks.open_jsonl(path)?;
         }
+        if let Some(otlp) = &cfg.otlp {
+            sinks.start_otlp(otlp)?;
+        }
         let gpu = match &cfg.nvml {
             Some(nvml_cfg) => start_nvml(nvml_cfg, &sinks)?,
             None => None,
