@@ -426,10 +426,16 @@ fn inspect_budgeted(
 /// Converts a virtual address to the file offset a uprobe wants, through the
 /// loadable segment that holds it.
 fn file_offset<'d, R: object::ReadRef<'d>>(elf: &object::File<'d, R>, addr: u64) -> Option<u64> {
+    // The header's values are the file owner's: a segment that wraps the
+    // address space is no segment (found by the elf_files fuzz target).
     elf.segments().find_map(|seg| {
         let (offset, size) = seg.file_range();
         let start = seg.address();
-        (addr >= start && addr < start + size).then(|| addr - start + offset)
+        let end = start.checked_add(size)?;
+        if addr < start || addr >= end {
+            return None;
+        }
+        (addr - start).checked_add(offset)
     })
 }
 
