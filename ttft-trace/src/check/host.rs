@@ -228,7 +228,9 @@ fn send_hook_item(hook: SendHook) -> Item {
         SendHook::TcpSendmsgLocked => Item::ok(
             "send hook",
             format!(
-                "{}: processes not traced pay nothing measurable (see the README's cost table)",
+                "{}: the syscalls of processes not traced pay nothing; their socket \
+                 calls and context switches still run the sock and sched programs (about \
+                 0.1-0.2 µs each, the README's cost table)",
                 hook.describe()
             ),
         ),
