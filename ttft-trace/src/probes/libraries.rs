@@ -469,6 +469,11 @@ pub struct Scanner {
 }
 
 impl Scanner {
+    /// Files inspected and remembered so far.
+    pub fn files_seen(&self) -> usize {
+        self.cache.len()
+    }
+
     pub fn scan(&mut self, pid: u32) -> Result<Scan, LibraryError> {
         let mut scan = Scan::default();
         for mapped in mapped_files(pid)? {

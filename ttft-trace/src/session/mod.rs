@@ -158,6 +158,7 @@ impl Session {
             self.end_workload(root, now);
         }
         self.tracking.forget_exited()?;
+        self.tracking.release_memory();
         self.sinks.series.retire(now);
         Ok(self.tracking.workloads())
     }
