@@ -1,9 +1,14 @@
 //! Loading the eBPF object, attaching its programs, and reading its maps.
 
 pub mod btf;
+mod kernel_maps;
 pub mod libraries;
 mod selftest;
+mod send_hook;
 pub mod symbols;
+
+pub use send_hook::{SEND_HOOK_ENV, SendHook, send_hook_plan, syscall_offsets};
+use send_hook::{SYSCALL_SEND_TRACEPOINTS, attach_sendmsg};
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -12,14 +17,10 @@ use std::{
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf},
-    programs::{RawTracePoint, TracePoint, UProbe, uprobe::UProbeScope},
+    programs::{TracePoint, UProbe, uprobe::UProbeScope},
 };
 use thiserror::Error;
-use ttft_trace_common::signals::{RUNQ_BUCKETS, RUNQ_SUM_SLOT, SchedTotals};
-use ttft_trace_common::{
-    GpuCounters, MAP_FULL_STATS, SendOffsets, Stat, TracepointOffsets, offsets::ABSENT,
-};
+use ttft_trace_common::{SendOffsets, TracepointOffsets, offsets::ABSENT};
 
 use crate::tracefs::{self, Format, TracefsError};
 use libraries::{CudaLibrary, FileId};
@@ -83,79 +84,6 @@ pub struct Attached {
     /// Symbols whose attach failed, with the reason.
     pub failed: Vec<(String, String)>,
 }
-
-/// Where the user buffer of a send on a followed connection is noted, so
-/// that the head of each response can be read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SendHook {
-    /// The raw tracepoint `tcp:tcp_sendmsg_locked`: runs for TCP sends only
-    /// and reads on only for followed connections; other syscalls pay
-    /// nothing.
-    TcpSendmsgLocked,
-    /// `syscalls:sys_{enter,exit}_{write,sendto,writev,sendmsg}`: while
-    /// attached, every syscall of every task on the host takes the kernel's
-    /// slow syscall path (hundreds of ns each). The fallback.
-    Syscalls,
-}
-
-impl SendHook {
-    pub fn describe(self) -> &'static str {
-        match self {
-            SendHook::TcpSendmsgLocked => {
-                "raw tracepoint tcp:tcp_sendmsg_locked (TCP sends only; no syscall tracepoint)"
-            }
-            SendHook::Syscalls => {
-                "syscall tracepoints sys_enter/sys_exit of write, sendto, writev, sendmsg \
-                 (fallback: every syscall of every task on the host pays the slow syscall path)"
-            }
-        }
-    }
-
-    /// (programs loaded, tracepoints attached) for this hook.
-    pub fn programs(self) -> (usize, usize) {
-        match self {
-            SendHook::TcpSendmsgLocked => (1, 1),
-            SendHook::Syscalls => {
-                let mut names: Vec<&str> =
-                    SYSCALL_SEND_TRACEPOINTS.iter().map(|(p, _)| *p).collect();
-                names.sort_unstable();
-                names.dedup();
-                (names.len(), SYSCALL_SEND_TRACEPOINTS.len())
-            }
-        }
-    }
-}
-
-/// Forces the send hook, for comparing the two (`cargo xtask bench`) and
-/// testing the fallback: `syscalls` or `tcp_sendmsg_locked`.
-pub const SEND_HOOK_ENV: &str = "TTFT_TRACE_SEND_HOOK";
-
-/// The send hook this host gets, with the BTF offsets it needs, or why the
-/// fallback is used.
-pub fn send_hook_plan() -> Result<SendOffsets, String> {
-    match std::env::var(SEND_HOOK_ENV).as_deref() {
-        Ok("syscalls") => return Err(format!("{SEND_HOOK_ENV}=syscalls")),
-        Ok("tcp_sendmsg_locked") | Err(_) => {}
-        Ok(other) => log::warn!("{SEND_HOOK_ENV}={other} is not a send hook; ignored"),
-    }
-    let btf = btf::Btf::vmlinux().map_err(|e| e.to_string())?;
-    btf::send_offsets(&btf).map_err(|e| e.to_string())
-}
-
-/// Programs of the syscall send hook: (program, tracepoint in `syscalls`).
-const SYSCALL_SEND_TRACEPOINTS: &[(&str, &str)] = &[
-    ("sys_enter_write", "sys_enter_write"),
-    ("sys_enter_sendto", "sys_enter_sendto"),
-    ("sys_enter_writev", "sys_enter_writev"),
-    ("sys_enter_sendmsg", "sys_enter_sendmsg"),
-    ("sys_exit_send", "sys_exit_write"),
-    ("sys_exit_send", "sys_exit_sendto"),
-    ("sys_exit_send", "sys_exit_writev"),
-    ("sys_exit_send", "sys_exit_sendmsg"),
-];
-
-/// The program and raw tracepoint of the default send hook.
-const SENDMSG_PROGRAM: &str = "tcp_sendmsg_locked";
 
 /// The loaded programs and the libraries they are attached to.
 pub struct Probes {
@@ -255,22 +183,6 @@ pub fn tracepoint_offsets() -> Result<TracepointOffsets, TracefsError> {
         }
     }
     Ok(offsets)
-}
-
-/// Reads the syscall send hook's fields into `offsets`: only that hook
-/// needs them (CONFIG_FTRACE_SYSCALLS may be off where the default works).
-pub fn syscall_offsets(offsets: &mut TracepointOffsets) -> Result<(), TracefsError> {
-    let root = tracefs::root()?;
-    let write = Format::read(&root, "syscalls", "sys_enter_write")?;
-    let sendto = Format::read(&root, "syscalls", "sys_enter_sendto")?;
-    let writev = Format::read(&root, "syscalls", "sys_enter_writev")?;
-    let sendmsg = Format::read(&root, "syscalls", "sys_enter_sendmsg")?;
-    offsets.write_buf = write.offset("buf")?;
-    offsets.sendto_buf = sendto.offset("buff")?;
-    offsets.writev_vec = writev.offset("vec")?;
-    offsets.writev_vlen = writev.offset("vlen")?;
-    offsets.sendmsg_msg = sendmsg.offset("msg")?;
-    Ok(())
 }
 
 impl Probes {
@@ -420,235 +332,6 @@ impl Probes {
     pub fn attached(&self) -> impl Iterator<Item = &Attached> {
         self.attached.values()
     }
-
-    /// Starts tracing a process as part of `workload` (the root's tgid);
-    /// its children are added by the kernel, in the same workload. A full
-    /// map is counted and warned about, not an error: the process is then
-    /// not traced, everything else is.
-    pub fn track(&mut self, pid: u32, workload: u32) -> Result<(), ProbeError> {
-        let mut map: BpfHashMap<_, u32, u32> = BpfHashMap::try_from(
-            self.ebpf
-                .map_mut("TRACKED")
-                .ok_or(ProbeError::Missing("TRACKED"))?,
-        )
-        .map_err(|e| ProbeError::Map("TRACKED", e))?;
-        let result = map.insert(pid, workload, 0);
-        self.full_unless_stored("TRACKED", result, || format!("process {pid}"))
-    }
-
-    /// Counts an insert refused because its map is full (E2BIG; ENOMEM for
-    /// maps allocated as they fill), with a warning; other errors are errors.
-    fn full_unless_stored(
-        &mut self,
-        name: &'static str,
-        result: Result<(), aya::maps::MapError>,
-        what: impl FnOnce() -> String,
-    ) -> Result<(), ProbeError> {
-        match result {
-            Ok(()) => Ok(()),
-            Err(aya::maps::MapError::SyscallError(e))
-                if matches!(e.io_error.raw_os_error(), Some(libc::E2BIG | libc::ENOMEM)) =>
-            {
-                *self.map_full.entry(name).or_default() += 1;
-                log::warn!("eBPF map {name} is full: {} not stored", what());
-                Ok(())
-            }
-            Err(e) => Err(ProbeError::Map(name, e)),
-        }
-    }
-
-    /// Inserts refused because the map was full, by map, since the start:
-    /// in the kernel (the [`MAP_FULL_STATS`]) and from here.
-    pub fn map_full(&self) -> Result<Vec<(&'static str, u64)>, ProbeError> {
-        MAP_FULL_STATS
-            .iter()
-            .map(|&(stat, name)| {
-                let here = self.map_full.get(name).copied().unwrap_or(0);
-                Ok((name, self.stat(stat)?.wrapping_add(here)))
-            })
-            .collect()
-    }
-
-    /// Lets the kernel announce `tgid` again (its pid may be reused).
-    pub fn forget_announced(&mut self, tgid: u32) -> Result<(), ProbeError> {
-        remove_key::<u64>(&mut self.ebpf, "ANNOUNCED", tgid)
-    }
-
-    /// Marks a TCP port as a listening port of the traced tree: connections
-    /// accepted on it are followed as server connections.
-    pub fn add_listen_port(&mut self, port: u16) -> Result<(), ProbeError> {
-        let mut map: BpfHashMap<_, u16, u32> = BpfHashMap::try_from(
-            self.ebpf
-                .map_mut("LISTEN_PORTS")
-                .ok_or(ProbeError::Missing("LISTEN_PORTS"))?,
-        )
-        .map_err(|e| ProbeError::Map("LISTEN_PORTS", e))?;
-        let result = map.insert(port, 1, 0);
-        self.full_unless_stored("LISTEN_PORTS", result, || format!("port {port}"))
-    }
-
-    /// Stops tracing an id (a process that exited, or a thread's id).
-    pub fn untrack(&mut self, pid: u32) -> Result<(), ProbeError> {
-        remove_key::<u32>(&mut self.ebpf, "TRACKED", pid)
-    }
-
-    /// Ids in the tracked map (processes and, transiently, threads), each
-    /// with its workload id.
-    pub fn tracked(&self) -> Result<Vec<(u32, u32)>, ProbeError> {
-        let map: BpfHashMap<_, u32, u32> = BpfHashMap::try_from(
-            self.ebpf
-                .map("TRACKED")
-                .ok_or(ProbeError::Missing("TRACKED"))?,
-        )
-        .map_err(|e| ProbeError::Map("TRACKED", e))?;
-        Ok(map.iter().filter_map(Result::ok).collect())
-    }
-
-    /// The workload of a tracked id, if it is tracked now.
-    pub fn tracked_workload(&self, id: u32) -> Result<Option<u32>, ProbeError> {
-        self.lookup_workload("TRACKED", id)
-    }
-
-    /// The workload an event's process belongs to: tracked now, or a traced
-    /// process that has exited (its last events may still be in the ring
-    /// buffer when its exit removed it from TRACKED).
-    pub fn workload_of(&self, id: u32) -> Result<Option<u32>, ProbeError> {
-        match self.lookup_workload("TRACKED", id)? {
-            Some(w) => Ok(Some(w)),
-            None => self.lookup_workload("EXITED", id),
-        }
-    }
-
-    fn lookup_workload(&self, name: &'static str, id: u32) -> Result<Option<u32>, ProbeError> {
-        let map: BpfHashMap<_, u32, u32> =
-            BpfHashMap::try_from(self.ebpf.map(name).ok_or(ProbeError::Missing(name))?)
-                .map_err(|e| ProbeError::Map(name, e))?;
-        match map.get(&id, 0) {
-            Ok(w) => Ok(Some(w)),
-            Err(aya::maps::MapError::KeyNotFound) => Ok(None),
-            Err(e) => Err(ProbeError::Map(name, e)),
-        }
-    }
-
-    /// Per-process counters, summed over CPUs.
-    pub fn counters(&self) -> Result<BTreeMap<u32, GpuCounters>, ProbeError> {
-        self.per_process("COUNTERS", GpuCounters::add)
-    }
-
-    /// Reads a per-CPU map keyed by tgid, summing each value over CPUs.
-    fn per_process<V: aya::Pod + Default>(
-        &self,
-        name: &'static str,
-        add: fn(&mut V, &V),
-    ) -> Result<BTreeMap<u32, V>, ProbeError> {
-        let map: PerCpuHashMap<_, u32, V> =
-            PerCpuHashMap::try_from(self.ebpf.map(name).ok_or(ProbeError::Missing(name))?)
-                .map_err(|e| ProbeError::Map(name, e))?;
-        let mut out = BTreeMap::new();
-        for entry in map.iter() {
-            let (tgid, per_cpu) = entry.map_err(|e| ProbeError::Map(name, e))?;
-            let mut sum = V::default();
-            for c in per_cpu.iter() {
-                add(&mut sum, c);
-            }
-            out.insert(tgid, sum);
-        }
-        Ok(out)
-    }
-
-    /// Forgets a process's counters once they have been read for the last time.
-    pub fn drop_counters(&mut self, tgid: u32) -> Result<(), ProbeError> {
-        self.drop_per_cpu::<GpuCounters>("COUNTERS", tgid)
-    }
-
-    /// Forgets a process's scheduler totals once they have been read for
-    /// the last time.
-    pub fn drop_sched_totals(&mut self, tgid: u32) -> Result<(), ProbeError> {
-        self.drop_per_cpu::<SchedTotals>("SCHED_TOTALS", tgid)
-    }
-
-    fn drop_per_cpu<V: aya::Pod>(
-        &mut self,
-        name: &'static str,
-        tgid: u32,
-    ) -> Result<(), ProbeError> {
-        let mut map: PerCpuHashMap<_, u32, V> =
-            PerCpuHashMap::try_from(self.ebpf.map_mut(name).ok_or(ProbeError::Missing(name))?)
-                .map_err(|e| ProbeError::Map(name, e))?;
-        match map.remove(&tgid) {
-            // An LRU map may have evicted it already.
-            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
-            Err(aya::maps::MapError::SyscallError(e))
-                if e.io_error.raw_os_error() == Some(libc::ENOENT) =>
-            {
-                Ok(())
-            }
-            Err(e) => Err(ProbeError::Map(name, e)),
-        }
-    }
-
-    /// Exited processes whose workload the kernel still keeps (EXITED),
-    /// for events read after their exit.
-    pub fn exited(&self) -> Result<Vec<u32>, ProbeError> {
-        let map: BpfHashMap<_, u32, u32> = BpfHashMap::try_from(
-            self.ebpf
-                .map("EXITED")
-                .ok_or(ProbeError::Missing("EXITED"))?,
-        )
-        .map_err(|e| ProbeError::Map("EXITED", e))?;
-        Ok(map.keys().filter_map(Result::ok).collect())
-    }
-
-    /// Forgets an exited process's workload, its last events read.
-    pub fn forget_exited(&mut self, tgid: u32) -> Result<(), ProbeError> {
-        remove_key::<u32>(&mut self.ebpf, "EXITED", tgid)
-    }
-
-    /// Per-process scheduler totals, summed over CPUs.
-    pub fn sched_totals(&self) -> Result<BTreeMap<u32, SchedTotals>, ProbeError> {
-        self.per_process("SCHED_TOTALS", SchedTotals::add)
-    }
-
-    /// The run-queue delay histogram (bucket counts, sum in ns), summed over CPUs.
-    pub fn runq_histogram(&self) -> Result<(Vec<u64>, u64), ProbeError> {
-        let map: PerCpuArray<_, u64> = PerCpuArray::try_from(
-            self.ebpf
-                .map("RUNQ_HIST")
-                .ok_or(ProbeError::Missing("RUNQ_HIST"))?,
-        )
-        .map_err(|e| ProbeError::Map("RUNQ_HIST", e))?;
-        let slot = |i: u32| -> Result<u64, ProbeError> {
-            let v = map
-                .get(&i, 0)
-                .map_err(|e| ProbeError::Map("RUNQ_HIST", e))?;
-            Ok(v.iter().copied().fold(0u64, u64::wrapping_add))
-        };
-        let buckets = (0..RUNQ_BUCKETS).map(slot).collect::<Result<Vec<_>, _>>()?;
-        Ok((buckets, slot(RUNQ_SUM_SLOT)?))
-    }
-
-    /// A kernel statistic, summed over CPUs.
-    pub fn stat(&self, stat: Stat) -> Result<u64, ProbeError> {
-        let map: PerCpuArray<_, u64> = PerCpuArray::try_from(
-            self.ebpf
-                .map("STATS_MAP")
-                .ok_or(ProbeError::Missing("STATS_MAP"))?,
-        )
-        .map_err(|e| ProbeError::Map("STATS_MAP", e))?;
-        let values = map
-            .get(&(stat as u32), 0)
-            .map_err(|e| ProbeError::Map("STATS_MAP", e))?;
-        Ok(values.iter().copied().fold(0u64, u64::wrapping_add))
-    }
-
-    /// Takes the ring buffer out, for the event loop to own.
-    pub fn take_events(&mut self) -> Result<RingBuf<MapData>, ProbeError> {
-        let map = self
-            .ebpf
-            .take_map("EVENTS")
-            .ok_or(ProbeError::Missing("EVENTS"))?;
-        RingBuf::try_from(map).map_err(|e| ProbeError::Map("EVENTS", e))
-    }
 }
 
 /// Loads a tracepoint program (once: several tracepoints may share one)
@@ -670,38 +353,6 @@ fn attach_tracepoint(
     prog.attach(category, tracepoint)
         .map_err(|e| ProbeError::Program(name, e))?;
     Ok(())
-}
-
-/// Loads and attaches the raw tracepoint of the default send hook.
-fn attach_sendmsg(ebpf: &mut Ebpf) -> Result<(), ProbeError> {
-    let prog: &mut RawTracePoint = ebpf
-        .program_mut(SENDMSG_PROGRAM)
-        .ok_or(ProbeError::Missing(SENDMSG_PROGRAM))?
-        .try_into()
-        .map_err(|e| ProbeError::Program(SENDMSG_PROGRAM, e))?;
-    prog.load()
-        .map_err(|e| ProbeError::Program(SENDMSG_PROGRAM, e))?;
-    prog.attach(SENDMSG_PROGRAM)
-        .map_err(|e| ProbeError::Program(SENDMSG_PROGRAM, e))?;
-    Ok(())
-}
-
-/// Removes a key from a hash map keyed by tgid; a missing key is fine.
-fn remove_key<V: aya::Pod>(
-    ebpf: &mut Ebpf,
-    name: &'static str,
-    key: u32,
-) -> Result<(), ProbeError> {
-    let map = ebpf.map_mut(name).ok_or(ProbeError::Missing(name))?;
-    match BpfHashMap::<_, u32, V>::try_from(map).and_then(|mut m| m.remove(&key)) {
-        Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
-        Err(aya::maps::MapError::SyscallError(e))
-            if e.io_error.raw_os_error() == Some(libc::ENOENT) =>
-        {
-            Ok(())
-        }
-        Err(e) => Err(ProbeError::Map(name, e)),
-    }
 }
 
 /// A uprobe attach error; a permission error of perf_event_open names the
