@@ -8,7 +8,7 @@ use aya_ebpf::{
 use ttft_trace_common::{Stat, offsets::ABSENT};
 
 use crate::maps::{
-    EXITED, SCHED_STATE, THREADS, TRACKED, bump_stat, is_tracked, offsets, workload_of,
+    EXITED, SCHED_STATE, SEND_ARGS, THREADS, TRACKED, bump_stat, is_tracked, offsets, workload_of,
 };
 
 /// `sched:sched_process_fork`: runs in the parent's context, so the parent
@@ -40,6 +40,8 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
     }
     let _ = THREADS.remove(tid);
     let _ = SCHED_STATE.remove(tid);
+    // A send noted but never completed (the thread died in it).
+    let _ = SEND_ARGS.remove(tid);
     let off = offsets();
     let group_dead = if off.exit_group_dead == ABSENT {
         tid == tgid
