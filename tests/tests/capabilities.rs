@@ -133,7 +133,7 @@ fn check_passes_here_and_lists_every_item() -> Result<()> {
         "ok    uprobes",
         "ok    tracepoint sched:sched_switch",
         "ok    tracepoint sock:sock_send_length",
-        "ok    tracepoint syscalls:sys_exit_sendmsg",
+        "ok    send hook",
         "ok    tracepoint tcp:tcp_retransmit_skb",
         "ok    tracepoint fields",
         "ok    capability CAP_SYS_ADMIN",
