@@ -19,7 +19,10 @@ pub use file::{DaemonConfig, Discovery, Labels, Nvml, Otlp};
 
 use crate::{
     causes::CauseConfig,
-    export::otlp::{OtlpConfig, Protocol},
+    export::{
+        LabelConfig,
+        otlp::{OtlpConfig, Protocol},
+    },
     nvml::NvmlConfig,
     workloads::Filters,
 };
@@ -62,27 +65,6 @@ pub struct TraceConfig {
     pub labels: LabelConfig,
     /// Traces over OTLP; None: off.
     pub otlp: Option<OtlpConfig>,
-}
-
-/// How workloads are named in the metrics.
-#[derive(Debug, Clone)]
-pub struct LabelConfig {
-    /// Add a `pid` label (the workload root's).
-    pub with_pid: bool,
-    /// Most label sets; later workloads share the overflow set.
-    pub max_sets: usize,
-    /// Series of a workload gone this long are removed.
-    pub retire_after: Duration,
-}
-
-impl Default for LabelConfig {
-    fn default() -> Self {
-        Self {
-            with_pid: false,
-            max_sets: 100,
-            retire_after: Duration::from_secs(300),
-        }
-    }
 }
 
 /// `ttft-trace attach`.

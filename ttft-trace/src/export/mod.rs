@@ -14,11 +14,11 @@ use std::{collections::VecDeque, path::Path};
 
 use ttft_trace_common::GpuCounters;
 
-pub use series::Series;
+pub use series::{LabelConfig, Series};
 
 use crate::{
-    config::LabelConfig, episodes::EpisodeRecord, judging::JudgedRequest, probes::Attached,
-    requests::CorrelatorStats, routing::Workload, tracking::KernelStats, workloads::WorkloadLabels,
+    episodes::EpisodeRecord, judging::JudgedRequest, probes::Attached, requests::CorrelatorStats,
+    routing::Workload, tracking::KernelStats, workloads::WorkloadLabels,
 };
 use jsonl::{Jsonl, Totals};
 use otlp::{Otlp, OtlpConfig};

@@ -3,17 +3,39 @@
 //! retired together here, under label sets capped by [`LabelSets`]; the
 //! host-wide ones (scheduler, TCP, kernel statistics) beside them.
 
+use std::time::Duration;
+
 use prometheus::Registry;
 use ttft_trace_common::GpuCounters;
 
 use super::prometheus::{CauseMetrics, Metrics, MetricsError, RequestMetrics, SignalMetrics};
 use crate::{
-    config::LabelConfig,
     episodes::EpisodeRecord,
     judging::JudgedRequest,
     tracking::KernelStats,
     workloads::{LabelSets, WorkloadLabels},
 };
+
+/// How workloads are named in the metrics.
+#[derive(Debug, Clone)]
+pub struct LabelConfig {
+    /// Add a `pid` label (the workload root's).
+    pub with_pid: bool,
+    /// Most label sets; later workloads share the overflow set.
+    pub max_sets: usize,
+    /// Series of a workload gone this long are removed.
+    pub retire_after: Duration,
+}
+
+impl Default for LabelConfig {
+    fn default() -> Self {
+        Self {
+            with_pid: false,
+            max_sets: 100,
+            retire_after: Duration::from_secs(300),
+        }
+    }
+}
 
 pub struct Series {
     core: Metrics,

@@ -24,7 +24,8 @@ use nvml_wrapper::Nvml;
 use nvml_wrapper::error::NvmlError as WrapperError;
 
 pub use metrics::GpuMetrics;
-pub use sampler::{GpuInfo, Sampler};
+pub use readings::GpuInfo;
+pub use sampler::Sampler;
 pub use throttle::{REASONS as THROTTLE_REASONS, ThrottleReasons};
 pub use timeline::{GpuSample, SampleRing, WindowReadings};
 

@@ -2,6 +2,7 @@
 //! and the bookkeeping that logs a failing reading once until it recovers.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use log::{info, warn};
 use nvml_wrapper::Device;
@@ -9,10 +10,49 @@ use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor};
 use nvml_wrapper::error::NvmlError as WrapperError;
 
 use super::metrics::GpuMetrics;
-use super::sampler::{GpuInfo, Shared};
 use super::throttle::ThrottleReasons;
-use super::timeline::GpuSample;
+use super::timeline::{GpuSample, SampleRing};
 use crate::clock::monotonic_ns;
+
+/// Identity of one GPU.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct GpuInfo {
+    /// NVML device index (the `gpu` label).
+    pub index: u32,
+    /// NVML UUID (`GPU-…`; the `uuid` label), "unknown" when NVML could not say.
+    pub uuid: String,
+    /// Product name, "unknown" when NVML could not say.
+    pub name: String,
+}
+
+/// State shared between the sampler thread and the queries.
+#[derive(Debug, Default)]
+pub(crate) struct State {
+    /// One ring per GPU, in the order of `Sampler::gpus`.
+    pub(crate) rings: Vec<(u32, SampleRing)>,
+    /// pid → GPU indices (sorted) from NVML's running compute and graphics process lists.
+    pub(crate) pids: HashMap<u32, Vec<u32>>,
+    /// Samples taken so far (all GPUs).
+    pub(crate) samples_taken: u64,
+    /// Process-list refreshes done so far.
+    pub(crate) process_refreshes: u64,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Shared {
+    state: RwLock<State>,
+}
+
+impl Shared {
+    // A panic while the lock is held leaves consistent data (each update is one push or one
+    // map swap), so a poisoned lock is still read.
+    pub(super) fn read(&self) -> RwLockReadGuard<'_, State> {
+        self.state.read().unwrap_or_else(|e| e.into_inner())
+    }
+    pub(super) fn write(&self) -> RwLockWriteGuard<'_, State> {
+        self.state.write().unwrap_or_else(|e| e.into_inner())
+    }
+}
 
 /// One NVML reading, for "failed once" bookkeeping, logs and the error counter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

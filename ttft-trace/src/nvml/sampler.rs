@@ -1,57 +1,16 @@
 //! The sampler thread: reads every GPU each period, keeps the history, updates the metrics and
 //! refreshes the process → GPU map.
 
-use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use nvml_wrapper::{Device, Nvml};
 
 use super::metrics::GpuMetrics;
-use super::readings::{FailureLog, Reading, read_sample, refresh_processes};
+use super::readings::{FailureLog, GpuInfo, Reading, Shared, read_sample, refresh_processes};
 use super::timeline::{GpuSample, SampleRing, WindowReadings};
-
-/// Identity of one GPU.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct GpuInfo {
-    /// NVML device index (the `gpu` label).
-    pub index: u32,
-    /// NVML UUID (`GPU-…`; the `uuid` label), "unknown" when NVML could not say.
-    pub uuid: String,
-    /// Product name, "unknown" when NVML could not say.
-    pub name: String,
-}
-
-/// State shared between the sampler thread and the queries.
-#[derive(Debug, Default)]
-pub(crate) struct State {
-    /// One ring per GPU, in the order of `Sampler::gpus`.
-    pub(crate) rings: Vec<(u32, SampleRing)>,
-    /// pid → GPU indices (sorted) from NVML's running compute and graphics process lists.
-    pub(crate) pids: HashMap<u32, Vec<u32>>,
-    /// Samples taken so far (all GPUs).
-    pub(crate) samples_taken: u64,
-    /// Process-list refreshes done so far.
-    pub(crate) process_refreshes: u64,
-}
-
-#[derive(Debug, Default)]
-pub(crate) struct Shared {
-    state: RwLock<State>,
-}
-
-impl Shared {
-    // A panic while the lock is held leaves consistent data (each update is one push or one
-    // map swap), so a poisoned lock is still read.
-    fn read(&self) -> RwLockReadGuard<'_, State> {
-        self.state.read().unwrap_or_else(|e| e.into_inner())
-    }
-    pub(super) fn write(&self) -> RwLockWriteGuard<'_, State> {
-        self.state.write().unwrap_or_else(|e| e.into_inner())
-    }
-}
 
 /// Settings of a running sampler (from `NvmlConfig`, resolved).
 #[derive(Debug, Clone)]

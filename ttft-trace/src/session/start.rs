@@ -14,7 +14,7 @@ use crate::{
     probes::{LoadConfig, Probes},
     routing::Router,
     targets,
-    tracking::{Discovery, Mode, Tracking},
+    tracking::{Discovery, Mode, Tracking, WaitFor},
 };
 
 /// `ttft-trace attach --pid PID`: one workload, the target's process tree.
@@ -37,7 +37,13 @@ pub async fn attach(cfg: AttachConfig) -> Result<Stop> {
     // Ports first: with --wait, the first request may be what makes the
     // server load its CUDA library (a lazily started engine process).
     s.tracking.follow_ports(&cfg.trace.ports)?;
-    s.tracking.wait_for_library(&cfg).await?;
+    s.tracking
+        .wait_for_library(&WaitFor {
+            pid: cfg.pid,
+            wait: cfg.wait,
+            timeout: cfg.wait_timeout,
+        })
+        .await?;
     s.apply_changes();
     s.run_to_end(listener, &cfg.trace, &title).await
 }

@@ -17,6 +17,7 @@ use aya::maps::{MapData, RingBuf};
 use ttft_trace_common::{GpuCounters, Stat, signals::SchedTotals};
 
 pub use discovery::Discovery;
+pub use wait::WaitFor;
 
 use crate::{
     ports,

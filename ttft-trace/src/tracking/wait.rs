@@ -6,7 +6,14 @@ use std::{collections::BTreeSet, time::Duration, time::Instant};
 use anyhow::{Result, bail};
 
 use super::Tracking;
-use crate::config::AttachConfig;
+
+/// What `attach` waits for: a CUDA library in the tree of `pid`.
+pub struct WaitFor {
+    pub pid: u32,
+    /// Wait at all (`--wait`); otherwise say what was searched.
+    pub wait: bool,
+    pub timeout: Option<Duration>,
+}
 
 /// How often `--wait` looks for a CUDA library to appear.
 const WAIT_POLL: Duration = Duration::from_millis(10);
@@ -16,7 +23,7 @@ impl Tracking {
     /// blocks (asynchronously) until one appears in the tree, the target
     /// exits, or the timeout passes; without `--wait`, explains what was
     /// searched.
-    pub async fn wait_for_library(&mut self, cfg: &AttachConfig) -> Result<()> {
+    pub async fn wait_for_library(&mut self, cfg: &WaitFor) -> Result<()> {
         if self.probes.attached().next().is_some() {
             return Ok(());
         }
@@ -57,7 +64,7 @@ impl Tracking {
             );
         }
         log::info!("waiting for pid {} to load a CUDA library", cfg.pid);
-        let deadline = cfg.wait_timeout.map(|t| Instant::now() + t);
+        let deadline = cfg.timeout.map(|t| Instant::now() + t);
         loop {
             tokio::time::sleep(WAIT_POLL).await;
             if self.live_processes()?.is_empty() {

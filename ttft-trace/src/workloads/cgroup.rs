@@ -9,7 +9,6 @@
 
 use std::path::Path;
 
-use super::labels;
 use crate::rootfs::{self, Root};
 
 /// Most bytes read of `/proc/PID/cgroup` (a path is at most 4 KiB a
@@ -122,7 +121,7 @@ pub fn pod_names(pid: u32) -> (String, String) {
     };
     let name = |raw: Option<&[u8]>, max: usize, what: &str| {
         let raw = raw?;
-        let name = labels::kubernetes_name(raw, max);
+        let name = kubernetes_name(raw, max);
         if name.is_none() {
             log::warn!("process {pid}: its {what} is no Kubernetes name; not used as a label");
         }
@@ -146,9 +145,59 @@ pub fn pod_names(pid: u32) -> (String, String) {
     (pod, namespace)
 }
 
+/// A Kubernetes object name read from a target (a file or its
+/// environment): the first line, surrounding whitespace trimmed, when it is
+/// a DNS-1123 name of at most `max` characters (lower-case letters, digits,
+/// `-` and `.`, starting and ending with a letter or digit); None
+/// otherwise, so that nothing else a container writes becomes a label.
+pub fn kubernetes_name(raw: &[u8], max: usize) -> Option<String> {
+    let line = raw.split(|&b| b == b'\n').next().unwrap_or_default();
+    let name = line.trim_ascii();
+    let inner_ok =
+        |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-' || *b == b'.';
+    let end_ok = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+    let ok = !name.is_empty()
+        && name.len() <= max
+        && name.iter().all(inner_ok)
+        && name.first().is_some_and(end_ok)
+        && name.last().is_some_and(end_ok);
+    // Only ASCII bytes passed: the conversion cannot fail.
+    ok.then(|| String::from_utf8_lossy(name).into_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_kubernetes_names_become_labels() {
+        assert_eq!(
+            kubernetes_name(b"vllm-0.serving\n", 253).as_deref(),
+            Some("vllm-0.serving")
+        );
+        assert_eq!(
+            kubernetes_name(b"  inference \r\n", 63).as_deref(),
+            Some("inference")
+        );
+        for bad in [
+            &b""[..],
+            b"\n",
+            b"root:x:0:0:root:/root:/bin/bash",
+            b"Serving",
+            b"-lead",
+            b"trail-",
+            b"\x00\x00\x00",
+            b"caf\xc3\xa9",
+            b"a\"} 1\nfake_metric 2",
+        ] {
+            assert_eq!(kubernetes_name(bad, 253), None, "{bad:?}");
+        }
+        let long = [b'a'; 64];
+        assert_eq!(kubernetes_name(&long, 63), None);
+        assert_eq!(kubernetes_name(&long[..63], 63).map(|s| s.len()), Some(63));
+        // Only the first line counts.
+        assert_eq!(kubernetes_name(b"ns\nsecret", 63).as_deref(), Some("ns"));
+    }
 
     const ID: &str = "4f1c3c2a9e8b7d6f5a4b3c2d1e0f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f";
 
