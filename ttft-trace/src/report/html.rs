@@ -132,14 +132,20 @@ fn legend(out: &mut String, runs: &[&Run], x: f64, y: f64) {
     }
 }
 
-fn cdf(out: &mut String, runs: &[&Run]) {
-    let height = 340.0;
-    let f = Frame {
+/// The plotting area of a full-width chart `height` pixels tall, with room
+/// for the y labels on the left and the x labels below.
+fn plot_frame(height: f64) -> Frame {
+    Frame {
         left: 70.0,
         top: 20.0,
         right: WIDTH - 20.0,
         bottom: height - 50.0,
-    };
+    }
+}
+
+fn cdf(out: &mut String, runs: &[&Run]) {
+    let height = 340.0;
+    let f = plot_frame(height);
     let slo = runs.first().map_or(0, |r| r.slo_ns) as f64 / 1e6;
     let max = runs
         .iter()
@@ -209,12 +215,7 @@ fn cdf(out: &mut String, runs: &[&Run]) {
 
 fn over_time(out: &mut String, runs: &[&Run]) {
     let height = 320.0;
-    let f = Frame {
-        left: 70.0,
-        top: 20.0,
-        right: WIDTH - 20.0,
-        bottom: height - 50.0,
-    };
+    let f = plot_frame(height);
     let slo = runs.first().map_or(0, |r| r.slo_ns) as f64 / 1e6;
     let t_max = runs
         .iter()
