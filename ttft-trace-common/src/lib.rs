@@ -19,8 +19,8 @@ pub use counters::{Direction, GpuCounters, MAP_FULL_STATS, Stat};
 pub use episode::{Completion, ThreadState};
 pub use event::{
     API_DRIVER, API_RUNTIME, CONN_CLOSE, CONN_OPEN, CONN_STATE, ConnEvent, EVENT_CONN,
-    EVENT_EPISODE, EVENT_SEGMENT, EVENT_SOCK, EpisodeEvent, SEGMENT_ACKED, SEGMENT_DATA, SOCK_RECV,
-    SOCK_SEND, SegmentEvent, SockEvent,
+    EVENT_EPISODE, EVENT_SEGMENT, EVENT_SOCK, EpisodeEvent, SEGMENT_ACK_EXACT, SEGMENT_ACKED,
+    SEGMENT_DATA, SOCK_RECV, SOCK_SEND, SegmentEvent, SockEvent,
 };
 pub use offsets::{SendOffsets, TracepointOffsets};
 

@@ -119,6 +119,8 @@ pub static OFFSETS: TracepointOffsets = TracepointOffsets {
     probe_family: 0,
     probe_saddr: 0,
     probe_daddr: 0,
+    probe_skb: 0,
+    skb_ack_seq: 0,
 };
 
 /// Scheduler intervals shorter than this are only summed, not sent.

@@ -113,6 +113,17 @@ pub const TRACEPOINTS: &[(&str, &str, &str)] = &[
     ("tcp_probe", "tcp", "tcp_probe"),
 ];
 
+/// Where `tcp_probe` finds a segment's own acknowledgment number: its
+/// `skbaddr` field and the kernel's BTF. Without them, what a segment
+/// acknowledged is seen at the next segment (and the last one's never).
+pub fn ack_seq_plan(offsets: &TracepointOffsets) -> Result<u32, String> {
+    if offsets.probe_skb == ABSENT {
+        return Err("tcp:tcp_probe has no skbaddr on this kernel".into());
+    }
+    let btf = btf::Btf::vmlinux().map_err(|e| e.to_string())?;
+    btf::skb_ack_seq_offset(&btf).map_err(|e| e.to_string())
+}
+
 /// Reads the tracepoint offsets the probes need from tracefs.
 pub fn tracepoint_offsets() -> Result<TracepointOffsets, TracefsError> {
     let root = tracefs::root()?;
@@ -166,6 +177,9 @@ pub fn tracepoint_offsets() -> Result<TracepointOffsets, TracefsError> {
         probe_family: probe.offset("family")?,
         probe_saddr: probe.offset("saddr")?,
         probe_daddr: probe.offset("daddr")?,
+        probe_skb: probe.optional_offset("skbaddr").unwrap_or(ABSENT),
+        // From BTF: see ack_seq_plan.
+        skb_ack_seq: ABSENT,
     };
     if wakeup_new.offset("pid")? != offsets.wakeup_pid {
         return Err(TracefsError::Parse(
@@ -201,6 +215,10 @@ impl Probes {
             )));
         }
         let mut offsets = tracepoint_offsets()?;
+        match ack_seq_plan(&offsets) {
+            Ok(at) => offsets.skb_ack_seq = at,
+            Err(why) => log::info!("ACK timing: at the next segment ({why})"),
+        }
         let send_offsets = send_hook_plan();
         let syscalls_ready = match &send_offsets {
             Ok(_) => syscall_offsets(&mut offsets).is_ok(),
