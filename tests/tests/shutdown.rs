@@ -1,7 +1,9 @@
 //! Root-only: a signal stops tracing promptly even while the traced
 //! workload floods the ring buffer (the event loop routes a bounded batch
 //! of records per turn, so signals and timers are never starved), and the
-//! run still ends with its summary and totals.
+//! run still ends with its summary and totals. The process exits at once;
+//! its `ttft-detach` child holds the uprobes until the kernel has taken
+//! them out, and then is gone.
 
 use std::time::{Duration, Instant};
 
@@ -80,5 +82,58 @@ fn sigterm_is_honoured_under_an_event_flood() -> Result<()> {
         out.stdout
     );
     assert!(episodes > 1000, "the flood was traced: {episodes} episodes");
+    assert!(
+        exited < Duration::from_secs(2),
+        "exited {exited:?} after SIGTERM:\n{}",
+        out.stderr
+    );
+    background_detach_ends(&out.stderr)
+}
+
+/// The child named in the log (`detaching N probe perf events in the
+/// background (process P, ...`) exits within the kernel's ~0.1 s per
+/// uprobe (0.3 s allowed, and 2 s more), and no uprobe link is left.
+fn background_detach_ends(stderr: &str) -> Result<()> {
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("in the background (process "))
+        .ok_or_else(|| anyhow::anyhow!("no background detach logged:\n{stderr}"))?;
+    let number_after = |key: &str| -> Result<u64> {
+        let rest = line
+            .split(key)
+            .nth(1)
+            .ok_or_else(|| anyhow::anyhow!("{key:?} not in {line:?}"))?;
+        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        Ok(digits.parse()?)
+    };
+    let (events, pid) = (number_after("detaching ")?, number_after("(process ")?);
+    let allowed = Duration::from_secs(2) + Duration::from_millis(300 * events);
+    let started = Instant::now();
+    while std::path::Path::new(&format!("/proc/{pid}")).exists() {
+        assert!(
+            started.elapsed() < allowed,
+            "ttft-detach {pid} still there after {allowed:?} ({events} uprobes)"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    eprintln!(
+        "ttft-detach ({events} uprobes) gone {:?} after the tracer",
+        started.elapsed()
+    );
+    let links = std::process::Command::new("bpftool")
+        .args(["link", "show", "--json"])
+        .output()?;
+    let links: serde_json::Value = serde_json::from_slice(&links.stdout)?;
+    let uprobes: Vec<&serde_json::Value> = links
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|l| {
+            l["event_type"]
+                .as_str()
+                .is_some_and(|t| t.starts_with("uprobe") || t.starts_with("uretprobe"))
+        })
+        .collect();
+    assert!(uprobes.is_empty(), "uprobe links left: {uprobes:?}");
     Ok(())
 }

@@ -1,12 +1,14 @@
 //! Loading the eBPF object, attaching its programs, and reading its maps.
 
 pub mod btf;
+mod detach;
 mod kernel_maps;
 pub mod libraries;
 mod selftest;
 mod send_hook;
 pub mod symbols;
 
+pub use detach::detach_in_background;
 pub use send_hook::{SEND_HOOK_ENV, SendHook, send_hook_plan, syscall_offsets};
 use send_hook::{SYSCALL_SEND_TRACEPOINTS, attach_sendmsg};
 
