@@ -4,9 +4,10 @@
 //! through the SDK's periodic reader and the OTLP metric exporter (same
 //! endpoint, protocol and `OTEL_*` variables as the spans).
 //!
-//! A collector that is down costs neither memory nor tracing time: a
-//! measurement only adds to a cumulative histogram in memory (a fixed size
-//! per attribute set, and the sets are capped), the reader's own thread
+//! A collector that is down costs no memory and no tracing time beyond the
+//! measurement itself: a measurement only adds to a cumulative histogram
+//! in memory (a fixed size per attribute set, and the sets are capped),
+//! the reader's own thread
 //! exports a copy of them every interval, and a failed export is counted in
 //! `ttft_trace_otlp_metric_exports_total{result="failed"}` and forgotten
 //! (the next one carries the same cumulative totals).
@@ -51,7 +52,8 @@ pub const DURATION_BOUNDARIES: [f64; 14] = [
 
 /// Attribute sets kept per histogram. The SDK keeps a cumulative histogram
 /// per set for the daemon's life (retired workloads included), so this is
-/// what bounds its memory: about 1 KiB a set, three histograms. Sets past
+/// what bounds its memory: about 1 KiB a set by estimate (bucket counters,
+/// sum, min, max, the attribute list), three histograms. Sets past
 /// the cap are folded by the SDK into one set marked
 /// `otel.metric.overflow=true`. The workload labels are already capped by
 /// `--max-label-sets` (later workloads share `comm="_other"`); the other
