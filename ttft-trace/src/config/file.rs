@@ -79,6 +79,9 @@ pub struct Otlp {
     pub sample_ratio: f64,
     /// Requests queued for export at most; beyond, spans are dropped and counted.
     pub queue_requests: usize,
+    /// `gen_ai.operation.name` on the GenAI metrics (`chat`,
+    /// `text_completion`, ...): request paths are not read.
+    pub gen_ai_operation_name: String,
 }
 
 impl Default for Otlp {
@@ -88,6 +91,7 @@ impl Default for Otlp {
             protocol: None,
             sample_ratio: 1.0,
             queue_requests: 2048,
+            gen_ai_operation_name: "chat".into(),
         }
     }
 }

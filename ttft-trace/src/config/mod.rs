@@ -182,6 +182,7 @@ fn otlp_config(
         protocol,
         sample_ratio,
         queue_requests: file.queue_requests.max(1),
+        gen_ai_operation_name: file.gen_ai_operation_name.clone(),
         ..OtlpConfig::default()
     }))
 }
@@ -255,6 +256,7 @@ mod tests {
             protocol: None,
             sample_ratio: 0.25,
             queue_requests: 10,
+            gen_ai_operation_name: "text_completion".into(),
         };
         let cfg = otlp_config(&from_file, &common(Some("http://flag:4317"), None), no_env)
             .expect("ok")
@@ -265,6 +267,7 @@ mod tests {
             "the flag wins"
         );
         assert_eq!((cfg.sample_ratio, cfg.queue_requests), (0.25, 10));
+        assert_eq!(cfg.gen_ai_operation_name, "text_completion");
         let env = |v: &str| (v == "OTEL_EXPORTER_OTLP_ENDPOINT").then(|| "http://env:4317".into());
         let cfg = otlp_config(&file, &common(None, Some(0.5)), env)
             .expect("ok")
