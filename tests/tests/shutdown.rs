@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use ttft_trace_tests::{
     fixtures::{self, Style, Workload},
-    tracer::{Tracer, root_test},
+    tracer::{Tracer, root_test, uprobe_links},
 };
 
 #[test]
@@ -44,6 +44,8 @@ fn sigterm_is_honoured_under_an_event_flood() -> Result<()> {
     let mut tracer = Tracer::start(&args, 1)?;
     fixtures::cont(child.id())?;
     std::thread::sleep(Duration::from_secs(2));
+    let while_tracing = uprobe_links()?;
+    assert!(while_tracing > 0, "bpftool shows the tracer's uprobe links");
     let sent = Instant::now();
     if let Some(tracer_pid) = tracer.pid() {
         // SAFETY: plain kill(2) on our own child.
@@ -120,20 +122,7 @@ fn background_detach_ends(stderr: &str) -> Result<()> {
         "ttft-detach ({events} uprobes) gone {:?} after the tracer",
         started.elapsed()
     );
-    let links = std::process::Command::new("bpftool")
-        .args(["link", "show", "--json"])
-        .output()?;
-    let links: serde_json::Value = serde_json::from_slice(&links.stdout)?;
-    let uprobes: Vec<&serde_json::Value> = links
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|l| {
-            l["event_type"]
-                .as_str()
-                .is_some_and(|t| t.starts_with("uprobe") || t.starts_with("uretprobe"))
-        })
-        .collect();
-    assert!(uprobes.is_empty(), "uprobe links left: {uprobes:?}");
+    let left = uprobe_links()?;
+    assert_eq!(left, 0, "uprobe links left after ttft-detach ended");
     Ok(())
 }

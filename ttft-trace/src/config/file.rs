@@ -43,6 +43,10 @@ pub struct Discovery {
     pub ports: Vec<u16>,
     /// How often /proc is scanned for processes that map a CUDA library.
     pub rescan_ms: u64,
+    /// Probes of a library no traced process has mapped for this long are
+    /// detached (longer than a server's restart, so that a restart keeps
+    /// them).
+    pub detach_unmapped_s: f64,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -121,6 +125,7 @@ impl Default for Discovery {
             cgroup_prefix: None,
             ports: Vec::new(),
             rescan_ms: 1000,
+            detach_unmapped_s: 60.0,
         }
     }
 }

@@ -81,6 +81,8 @@ pub struct DaemonOptions {
     pub filters: Filters,
     /// How often /proc is scanned for new CUDA processes.
     pub rescan: Duration,
+    /// Probes of a library no traced process maps this long are detached.
+    pub detach_unmapped: Duration,
     /// Libraries to probe from the start (e.g. not mapped by anyone yet).
     pub cuda_libs: Vec<PathBuf>,
     pub trace: TraceConfig,

@@ -19,7 +19,10 @@ use std::{
 
 use aya::{
     Ebpf, EbpfLoader,
-    programs::{TracePoint, UProbe, uprobe::UProbeScope},
+    programs::{
+        TracePoint, UProbe,
+        uprobe::{UProbeLinkId, UProbeScope},
+    },
 };
 use thiserror::Error;
 use ttft_trace_common::{SendOffsets, TracepointOffsets, offsets::ABSENT};
@@ -87,13 +90,19 @@ pub struct Attached {
     pub failed: Vec<(String, String)>,
 }
 
+/// One file's probes: what was attached, and the links to detach them by.
+struct Probed {
+    report: Attached,
+    links: Vec<(&'static str, UProbeLinkId)>,
+}
+
 /// The loaded programs and the libraries they are attached to.
 pub struct Probes {
     ebpf: Ebpf,
     send_hook: SendHook,
     /// Libraries attached, by the file they land on: uprobes attach to a
     /// file, and fire in every process that maps it.
-    attached: HashMap<FileId, Attached>,
+    attached: HashMap<FileId, Probed>,
     /// Inserts refused from userspace because the map was full, by map.
     map_full: BTreeMap<&'static str, u64>,
 }
@@ -303,16 +312,61 @@ impl Probes {
             symbols: 0,
             failed: Vec::new(),
         };
+        let mut links = Vec::new();
         for (sym, offset) in &lib.symbols {
             match self.attach_symbol(sym, *offset, lib) {
-                Ok(()) => report.symbols += 1,
-                // Every other symbol would fail the same way: say why, once.
-                Err(e @ ProbeError::UprobeDenied { .. }) => return Err(e),
+                Ok(mut attached) => {
+                    report.symbols += 1;
+                    links.append(&mut attached);
+                }
+                Err(e @ ProbeError::UprobeDenied { .. }) => {
+                    // Every other symbol would fail the same way: say why,
+                    // once, and leave none of this file's probes behind.
+                    self.detach_links(links);
+                    return Err(e);
+                }
                 Err(e) => report.failed.push((sym.name.to_string(), e.to_string())),
             }
         }
-        self.attached.insert(key, report.clone());
+        self.attached.insert(
+            key,
+            Probed {
+                report: report.clone(),
+                links,
+            },
+        );
         Ok(Some(report))
+    }
+
+    /// Detaches the probes of one file (no traced process maps it any
+    /// more). The kernel takes about 0.1 s per uprobe to remove it (see
+    /// [`detach_in_background`]): the links are closed on a thread of their
+    /// own, so the event loop does not wait.
+    pub fn detach_library(&mut self, id: &FileId) -> Option<Attached> {
+        let probed = self.attached.remove(id)?;
+        self.detach_links(probed.links);
+        Some(probed.report)
+    }
+
+    fn detach_links(&mut self, links: Vec<(&'static str, UProbeLinkId)>) {
+        let owned: Vec<_> = links
+            .into_iter()
+            .filter_map(|(program, id)| uprobe(&mut self.ebpf, program).ok()?.take_link(id).ok())
+            .collect();
+        if owned.is_empty() {
+            return;
+        }
+        let spawned = std::thread::Builder::new()
+            .name("ttft-detach-lib".into())
+            .spawn(move || drop(owned));
+        if let Err(e) = spawned {
+            log::warn!("detaching on the event loop's thread ({e})");
+        }
+    }
+
+    /// The files probed now.
+    pub fn attached_files(&self) -> impl Iterator<Item = &FileId> {
+        self.attached.keys()
     }
 
     /// Entry and (where needed) return probe of one symbol: both or neither,
@@ -327,30 +381,29 @@ impl Probes {
         sym: &symbols::ProbedSymbol,
         offset: u64,
         lib: &CudaLibrary,
-    ) -> Result<(), ProbeError> {
-        let ret_link = if sym.needs_return {
+    ) -> Result<Vec<(&'static str, UProbeLinkId)>, ProbeError> {
+        let mut links = Vec::with_capacity(2);
+        if sym.needs_return {
             let ret_name = sym.api.return_program();
             let ret = uprobe(&mut self.ebpf, ret_name)?;
             let link = ret
                 .attach(offset, &lib.open_path, UProbeScope::AllProcesses)
                 .map_err(|e| uprobe_error(ret_name, &lib.path, e))?;
-            Some((ret_name, link))
-        } else {
-            None
-        };
-        let entry = uprobe(&mut self.ebpf, sym.program)?;
-        if let Err(e) = entry.attach(offset, &lib.open_path, UProbeScope::AllProcesses) {
-            if let Some((ret_name, link)) = ret_link {
-                let ret = uprobe(&mut self.ebpf, ret_name)?;
-                let _ = ret.detach(link);
-            }
-            return Err(uprobe_error(sym.program, &lib.path, e));
+            links.push((ret_name, link));
         }
-        Ok(())
+        let entry = uprobe(&mut self.ebpf, sym.program)?;
+        match entry.attach(offset, &lib.open_path, UProbeScope::AllProcesses) {
+            Ok(link) => links.push((sym.program, link)),
+            Err(e) => {
+                self.detach_links(links);
+                return Err(uprobe_error(sym.program, &lib.path, e));
+            }
+        }
+        Ok(links)
     }
 
     pub fn attached(&self) -> impl Iterator<Item = &Attached> {
-        self.attached.values()
+        self.attached.values().map(|p| &p.report)
     }
 }
 

@@ -81,6 +81,7 @@ impl Session {
                 }
                 Change::Joined { pid, root } => self.router.workloads.learn(pid, root),
                 Change::Attached(a) => self.sinks.library_attached(&a),
+                Change::Detached(a) => self.sinks.library_detached(&a),
             }
         }
     }
