@@ -14,7 +14,7 @@ pub mod offsets;
 pub mod process;
 pub mod signals;
 
-pub use conn::{ConnState, SendArgs};
+pub use conn::{ConnState, LISTEN_ANY_NETNS, LISTEN_SOME_NETNS, ListenKey, SendArgs};
 pub use counters::{Direction, GpuCounters, MAP_FULL_STATS, Stat};
 pub use episode::{Completion, ThreadState};
 pub use event::{
@@ -42,5 +42,6 @@ mod pod {
     unsafe impl aya::Pod for crate::GpuCounters {}
     unsafe impl aya::Pod for crate::TracepointOffsets {}
     unsafe impl aya::Pod for crate::SendOffsets {}
+    unsafe impl aya::Pod for crate::ListenKey {}
     unsafe impl aya::Pod for crate::ThreadState {}
 }

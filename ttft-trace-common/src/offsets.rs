@@ -65,6 +65,12 @@ pub struct TracepointOffsets {
     /// (`cb` + `struct tcp_skb_cb`'s `ack_seq`, from BTF), or [`ABSENT`]:
     /// without it, what a segment acknowledged shows at the next one.
     pub skb_ack_seq: u32,
+    /// Offset of the network namespace pointer in a `struct sock`
+    /// (`__sk_common.skc_net`), and of its inode number in `struct net`
+    /// (`ns.inum`), from BTF, or [`ABSENT`]: without them, listening ports
+    /// are matched in every namespace.
+    pub sk_net: u32,
+    pub net_inum: u32,
 }
 
 /// Offset value meaning "this field does not exist on this kernel".

@@ -20,7 +20,8 @@ use ttft_trace_common::{
 };
 
 use crate::{
-    maps::{CONNS, EVENTS, LISTEN_PORTS, bump_stat, offsets, wakeup_flag},
+    listen,
+    maps::{CONNS, EVENTS, bump_stat, offsets, wakeup_flag},
     sock::{now_ns, read},
 };
 
@@ -121,8 +122,9 @@ fn adopt(ctx: &TracePointContext, sk: u64) -> Option<*mut ConnState> {
         return None;
     }
     let sport = read::<u16>(ctx, off.probe_sport)?;
-    // SAFETY: value not kept past the lookup.
-    unsafe { LISTEN_PORTS.get(sport) }?;
+    if !listen::is_followed(sk, sport) {
+        return None;
+    }
     CONNS.insert(sk, ConnState::default(), 0).ok()?;
     let family = read::<u16>(ctx, off.probe_family).unwrap_or(0);
     let mut ev = ConnEvent {

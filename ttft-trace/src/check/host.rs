@@ -216,7 +216,7 @@ fn tracepoints(root: Option<&Path>) -> Vec<Item> {
 fn ack_timing_item() -> Item {
     let plan = probes::tracepoint_offsets()
         .map_err(|e| e.to_string())
-        .and_then(|offsets| probes::ack_seq_plan(&offsets));
+        .and_then(|offsets| probes::StructOffsets::read(&offsets).ack_seq);
     match plan {
         Ok(_) => Item::ok(
             "ACK timing",

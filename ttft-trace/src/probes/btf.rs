@@ -405,6 +405,27 @@ pub fn skb_ack_seq_offset(btf: &Btf) -> Result<u32, BtfError> {
     Ok(cb + ack)
 }
 
+/// Offsets of a socket's network namespace pointer in `struct sock`
+/// (`__sk_common.skc_net`, a `possible_net_t` whose only member is the
+/// pointer) and of the namespace's inode number in `struct net` (`ns.inum`).
+pub fn netns_offsets(btf: &Btf) -> Result<(u32, u32), BtfError> {
+    let (common, _) = btf.member("sock", "__sk_common")?;
+    let (net, net_size) = btf.member("sock_common", "skc_net")?;
+    if net_size != 8 {
+        return Err(BtfError::Unexpected(format!(
+            "sock_common.skc_net is {net_size} bytes, not a pointer"
+        )));
+    }
+    let (ns, _) = btf.member("net", "ns")?;
+    let (inum, inum_size) = btf.member("ns_common", "inum")?;
+    if inum_size != 4 {
+        return Err(BtfError::Unexpected(format!(
+            "ns_common.inum is {inum_size} bytes, not 4"
+        )));
+    }
+    Ok((common + net, ns + inum))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -661,6 +682,11 @@ mod tests {
         let btf = Btf::vmlinux().expect("vmlinux BTF");
         match skb_ack_seq_offset(&btf) {
             Ok(off) => assert!(off > 0 && off % 4 == 0, "ack_seq at {off}"),
+            Err(BtfError::Missing(what)) => eprintln!("this kernel lacks {what}"),
+            Err(e) => panic!("{e}"),
+        }
+        match netns_offsets(&btf) {
+            Ok((net, inum)) => assert!(net % 8 == 0 && inum % 4 == 0, "{net} {inum}"),
             Err(BtfError::Missing(what)) => eprintln!("this kernel lacks {what}"),
             Err(e) => panic!("{e}"),
         }

@@ -105,6 +105,9 @@ pub struct Probes {
     attached: HashMap<FileId, Probed>,
     /// Inserts refused from userspace because the map was full, by map.
     map_full: BTreeMap<&'static str, u64>,
+    /// The probes read a socket's network namespace: listening ports are
+    /// kept per namespace.
+    netns_known: bool,
 }
 
 /// Tracepoints and the programs attached to them: (program, category, name).
@@ -124,15 +127,38 @@ pub const TRACEPOINTS: &[(&str, &str, &str)] = &[
     ("tcp_probe", "tcp", "tcp_probe"),
 ];
 
-/// Where `tcp_probe` finds a segment's own acknowledgment number: its
-/// `skbaddr` field and the kernel's BTF. Without them, what a segment
-/// acknowledged is seen at the next segment (and the last one's never).
-pub fn ack_seq_plan(offsets: &TracepointOffsets) -> Result<u32, String> {
-    if offsets.probe_skb == ABSENT {
-        return Err("tcp:tcp_probe has no skbaddr on this kernel".into());
+/// Kernel struct offsets the socket probes read, from the kernel's BTF, or
+/// why each cannot be had.
+pub struct StructOffsets {
+    /// Where `tcp_probe` finds a segment's own acknowledgment number (with
+    /// its `skbaddr` field). Without it, what a segment acknowledged is seen
+    /// at the next segment (and the last one's never).
+    pub ack_seq: Result<u32, String>,
+    /// A socket's network namespace: without it, listening ports are
+    /// matched in every namespace.
+    pub netns: Result<(u32, u32), String>,
+}
+
+impl StructOffsets {
+    pub fn read(offsets: &TracepointOffsets) -> Self {
+        let btf = match btf::Btf::vmlinux() {
+            Ok(btf) => btf,
+            Err(e) => {
+                return Self {
+                    ack_seq: Err(e.to_string()),
+                    netns: Err(e.to_string()),
+                };
+            }
+        };
+        Self {
+            ack_seq: if offsets.probe_skb == ABSENT {
+                Err("tcp:tcp_probe has no skbaddr on this kernel".into())
+            } else {
+                btf::skb_ack_seq_offset(&btf).map_err(|e| e.to_string())
+            },
+            netns: btf::netns_offsets(&btf).map_err(|e| e.to_string()),
+        }
     }
-    let btf = btf::Btf::vmlinux().map_err(|e| e.to_string())?;
-    btf::skb_ack_seq_offset(&btf).map_err(|e| e.to_string())
 }
 
 /// Reads the tracepoint offsets the probes need from tracefs.
@@ -189,8 +215,10 @@ pub fn tracepoint_offsets() -> Result<TracepointOffsets, TracefsError> {
         probe_saddr: probe.offset("saddr")?,
         probe_daddr: probe.offset("daddr")?,
         probe_skb: probe.optional_offset("skbaddr").unwrap_or(ABSENT),
-        // From BTF: see ack_seq_plan.
+        // From BTF: see StructOffsets.
         skb_ack_seq: ABSENT,
+        sk_net: ABSENT,
+        net_inum: ABSENT,
     };
     if wakeup_new.offset("pid")? != offsets.wakeup_pid {
         return Err(TracefsError::Parse(
@@ -226,9 +254,14 @@ impl Probes {
             )));
         }
         let mut offsets = tracepoint_offsets()?;
-        match ack_seq_plan(&offsets) {
+        let structs = StructOffsets::read(&offsets);
+        match structs.ack_seq {
             Ok(at) => offsets.skb_ack_seq = at,
             Err(why) => log::info!("ACK timing: at the next segment ({why})"),
+        }
+        match structs.netns {
+            Ok((net, inum)) => (offsets.sk_net, offsets.net_inum) = (net, inum),
+            Err(why) => log::info!("listening ports: matched in every network namespace ({why})"),
         }
         let send_offsets = send_hook_plan();
         let syscalls_ready = match &send_offsets {
@@ -287,6 +320,7 @@ impl Probes {
         Ok(Self {
             ebpf,
             send_hook,
+            netns_known: offsets.sk_net != ABSENT,
             attached: HashMap::new(),
             map_full: BTreeMap::new(),
         })

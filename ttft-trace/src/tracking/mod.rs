@@ -91,7 +91,8 @@ pub struct Tracking {
     mode: Mode,
     /// Roots of the workloads traced now.
     roots: BTreeSet<u32>,
-    listen_ports: BTreeSet<u16>,
+    /// (network namespace, port) followed; None: every namespace.
+    listen_ports: BTreeSet<(Option<u32>, u16)>,
     counters: CounterTracker,
     /// Last scheduler totals read per process still in the kernel's map,
     /// and the sum of those gone from it, so that the exported counters
@@ -217,11 +218,11 @@ impl Tracking {
     pub fn follow_ports(&mut self, extra: &[u16]) -> Result<()> {
         let live: Vec<u32> = self.live_processes()?.iter().map(|(p, _)| *p).collect();
         let mut found = ports::listening_ports(&live);
-        found.extend(extra);
+        found.extend(extra.iter().map(|&port| (None, port)));
         let mut new = Vec::new();
-        for port in found {
-            if self.listen_ports.insert(port) {
-                self.probes.add_listen_port(port)?;
+        for (netns, port) in found {
+            if self.listen_ports.insert((netns, port)) {
+                self.probes.add_listen_port(netns, port)?;
                 new.push(port.to_string());
             }
         }
