@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Result;
 use ttft_trace_tests::{
     fixtures::{Style, Variant, Workload, temp_path},
-    tracer::{Tracer, root_test},
+    tracer::{Tracer, http_get, root_test},
 };
 
 /// Entries of `LISTEN_PORTS` (ttft-trace-ebpf/src/maps.rs).
@@ -66,5 +66,93 @@ fn a_full_listen_ports_map_is_counted_not_fatal() -> Result<()> {
     assert_eq!(refused, usize::from(EXTRA), "{}", out.stderr);
     let traced = out.episodes().iter().filter(|e| e.pid == pid).count();
     assert_eq!(traced, 20, "the workload is traced all the same");
+    Ok(())
+}
+
+/// `TRACKED` sized to 3 entries (`[kernel_maps] tracked = 3`): of five
+/// workloads started at once, those that find it full are refused (a
+/// warning, and `ttft_trace_map_full_total{map="TRACKED"}` counts every
+/// refusal: each scan tries again) and not reported as traced; the daemon
+/// goes on and traces every episode of the ones it holds (and, once those
+/// have exited, the others: seen [10, 10, 10, 10, 9] of 10 each).
+#[test]
+fn a_full_tracked_map_is_counted_not_fatal() -> Result<()> {
+    let Some(_g) = root_test("a_full_tracked_map_is_counted_not_fatal") else {
+        return Ok(());
+    };
+    let config = temp_path("maps-full-config", "toml");
+    std::fs::write(&config, "[kernel_maps]\ntracked = 3\n")?;
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let listen = addr.to_string();
+    let args: Vec<String> = [
+        "--listen",
+        &listen,
+        "--config",
+        config.to_str().unwrap_or_default(),
+        "--rescan-ms",
+        "200",
+        "--no-nvml",
+        "--interval",
+        "60",
+        "--comm",
+        "^workload$",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut tracer = Tracer::start_daemon(&args)?;
+    let mut children = Vec::new();
+    for _ in 0..5 {
+        let w = Workload::new(Style::Sync)
+            .variant(Variant::Linked)
+            .episodes(10)
+            .gap_us(5_000)
+            .stop_before_work(true);
+        children.push(w.spawn_stopped()?);
+    }
+    tracer.wait_for_stderr("eBPF map TRACKED is full", 1, Duration::from_secs(20))?;
+    tracer.wait_for_stderr("tracing workload pid", 3, Duration::from_secs(20))?;
+    // Two processes refused, again at each 200 ms scan.
+    std::thread::sleep(Duration::from_secs(1));
+    let metrics = http_get(addr, "/metrics")?;
+    let refused: f64 = metrics
+        .lines()
+        .find(|l| l.starts_with("ttft_trace_map_full_total{map=\"TRACKED\"}"))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0.0);
+    eprintln!("ttft_trace_map_full_total{{map=\"TRACKED\"}} {refused}");
+    assert!(refused >= 4.0, "refusals counted: {refused}");
+    let pids: Vec<u32> = children.iter().map(|c| c.id()).collect();
+    for child in &mut children {
+        // SAFETY: plain kill(2) on our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGCONT) };
+        let st = child.wait_timeout(Duration::from_secs(30))?;
+        assert!(st.success(), "{st}");
+    }
+    tracer.wait_for_stderr("has exited", 3, Duration::from_secs(10))?;
+    let out = tracer.interrupt(Duration::from_secs(30))?;
+    let _ = std::fs::remove_file(&config);
+    assert!(out.success, "the daemon ended badly:\n{}", out.stderr);
+    let episodes = out.episodes();
+    let traced: Vec<usize> = pids
+        .iter()
+        .map(|&pid| episodes.iter().filter(|e| e.pid == pid).count())
+        .collect();
+    eprintln!("episodes traced per workload (10 each): {traced:?}");
+    let whole = traced.iter().filter(|&&n| n == 10).count();
+    assert!(
+        whole >= 3,
+        "the workloads held are traced whole: {traced:?}"
+    );
+    let claimed = out
+        .stderr
+        .lines()
+        .filter(|l| l.contains("tracing workload pid"))
+        .count();
+    assert!(
+        claimed <= 3 + 2,
+        "a refused process is not reported as traced until it is:\n{}",
+        out.stderr
+    );
     Ok(())
 }

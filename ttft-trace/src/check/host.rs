@@ -373,6 +373,7 @@ fn load_and_fire(tracefs_ok: bool) -> Vec<Item> {
         sched_min_ns: 1_000_000,
         large_copy_bytes: 1 << 20,
         discover: false,
+        map_entries: Vec::new(),
     };
     let mut probes = match Probes::load(&cfg) {
         Ok(p) => p,

@@ -30,6 +30,53 @@ pub struct DaemonConfig {
     pub otlp: Otlp,
     /// Attribution thresholds (any fields of the causes config).
     pub causes: Option<CauseConfig>,
+    /// Entries of the kernel maps that bound what is followed.
+    pub kernel_maps: KernelMaps,
+}
+
+/// Entries of the kernel maps whose size bounds what is followed (the
+/// defaults are the sizes compiled into the probes). `TRACKED`,
+/// `LISTEN_PORTS` and `LISTEN_NETNS` refuse inserts when full (counted in
+/// `ttft_trace_map_full_total`); `CONNS` evicts its least recently used
+/// connection.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(default, deny_unknown_fields)]
+pub struct KernelMaps {
+    /// Traced processes (and threads between fork and exit).
+    pub tracked: u32,
+    /// Listening ports.
+    pub listen_ports: u32,
+    /// (network namespace, port) pairs.
+    pub listen_netns: u32,
+    /// Followed server connections.
+    pub conns: u32,
+}
+
+impl Default for KernelMaps {
+    fn default() -> Self {
+        Self {
+            tracked: 16_384,
+            listen_ports: 1024,
+            listen_netns: 4096,
+            conns: 65_536,
+        }
+    }
+}
+
+impl KernelMaps {
+    /// (map name, entries) for the loader; zero is refused (a map needs one).
+    pub fn entries(&self) -> Result<[(&'static str, u32); 4], ConfigError> {
+        let all = [
+            ("TRACKED", self.tracked),
+            ("LISTEN_PORTS", self.listen_ports),
+            ("LISTEN_NETNS", self.listen_netns),
+            ("CONNS", self.conns),
+        ];
+        if let Some((name, _)) = all.iter().find(|(_, n)| *n == 0) {
+            return Err(ConfigError::MapEntries(name));
+        }
+        Ok(all)
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -114,6 +161,7 @@ impl Default for DaemonConfig {
             nvml: Nvml::default(),
             otlp: Otlp::default(),
             causes: None,
+            kernel_maps: KernelMaps::default(),
         }
     }
 }

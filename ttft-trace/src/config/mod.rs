@@ -45,6 +45,8 @@ pub enum ConfigError {
     SampleRatio(f64),
     #[error("{what} must be a positive number of seconds, not {value}")]
     Duration { what: &'static str, value: f64 },
+    #[error("kernel_maps: {0} needs at least one entry")]
+    MapEntries(&'static str),
 }
 
 /// What both modes share.
@@ -54,6 +56,8 @@ pub struct TraceConfig {
     pub interval: Duration,
     pub jsonl: Option<PathBuf>,
     pub ringbuf_bytes: u32,
+    /// (kernel map, entries) set at load time.
+    pub map_entries: [(&'static str, u32); 4],
     /// Server ports to follow besides those the traced processes listen on.
     pub ports: Vec<u16>,
     /// Scheduler intervals at least this long are kept for attribution.
@@ -111,6 +115,7 @@ fn trace_config(
         interval: seconds("the summary interval", file.interval_s)?,
         jsonl: file.jsonl.clone(),
         ringbuf_bytes: file.ringbuf_bytes,
+        map_entries: file.kernel_maps.entries()?,
         ports: common.ports.clone(),
         sched_min_ns: file.sched_min_us.saturating_mul(1000),
         causes: causes_config(

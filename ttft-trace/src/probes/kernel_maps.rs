@@ -19,8 +19,8 @@ impl Probes {
     /// Starts tracing a process as part of `workload` (the root's tgid);
     /// its children are added by the kernel, in the same workload. A full
     /// map is counted and warned about, not an error: the process is then
-    /// not traced, everything else is.
-    pub fn track(&mut self, pid: u32, workload: u32) -> Result<(), ProbeError> {
+    /// not traced, everything else is. Returns whether it is tracked.
+    pub fn track(&mut self, pid: u32, workload: u32) -> Result<bool, ProbeError> {
         let mut map: BpfHashMap<_, u32, u32> = BpfHashMap::try_from(
             self.ebpf
                 .map_mut("TRACKED")
@@ -29,7 +29,6 @@ impl Probes {
         .map_err(|e| ProbeError::Map("TRACKED", e))?;
         let result = map.insert(pid, workload, 0);
         self.full_unless_stored("TRACKED", result, || format!("process {pid}"))
-            .map(drop)
     }
 
     /// Counts an insert refused because its map is full (E2BIG; ENOMEM for
@@ -46,8 +45,17 @@ impl Probes {
             Err(aya::maps::MapError::SyscallError(e))
                 if matches!(e.io_error.raw_os_error(), Some(libc::E2BIG | libc::ENOMEM)) =>
             {
-                *self.map_full.entry(name).or_default() += 1;
-                log::warn!("eBPF map {name} is full: {} not stored", what());
+                let refused = self.map_full.entry(name).or_default();
+                *refused += 1;
+                // A refused process is tried again at every scan: the first
+                // hundred are said, then every thousandth.
+                if *refused <= 100 || refused.is_multiple_of(1000) {
+                    log::warn!(
+                        "eBPF map {name} is full: {} not stored ({} refused so far)",
+                        what(),
+                        refused
+                    );
+                }
                 Ok(false)
             }
             Err(e) => Err(ProbeError::Map(name, e)),

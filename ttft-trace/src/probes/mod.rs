@@ -67,7 +67,7 @@ pub enum ProbeError {
 }
 
 /// Load-time settings of the probes.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct LoadConfig {
     /// Ring buffer size in bytes.
     pub ringbuf_bytes: u32,
@@ -77,6 +77,8 @@ pub struct LoadConfig {
     pub large_copy_bytes: u64,
     /// Daemon mode: announce untraced processes calling probed libraries.
     pub discover: bool,
+    /// (map, entries) replacing the sizes compiled into the probes.
+    pub map_entries: Vec<(&'static str, u32)>,
 }
 
 /// What attaching one library did.
@@ -275,20 +277,25 @@ impl Probes {
         // Wake the reader early only when an eighth of the buffer is used;
         // otherwise it drains on its timer (see the probes' wakeup_flag).
         let wakeup_bytes = u64::from(ringbuf_bytes / 8);
-        let mut ebpf = EbpfLoader::new()
+        let no_send_offsets = SendOffsets::default();
+        let discover = u32::from(cfg.discover);
+        let mut loader = EbpfLoader::new();
+        loader
             .override_global("OFFSETS", &offsets, true)
             .override_global(
                 "SEND_OFFSETS",
-                send_offsets.as_ref().unwrap_or(&SendOffsets::default()),
+                send_offsets.as_ref().unwrap_or(&no_send_offsets),
                 true,
             )
             .override_global("WAKEUP_BYTES", &wakeup_bytes, true)
             .override_global("SCHED_MIN_NS", &cfg.sched_min_ns, true)
             .override_global("LARGE_COPY_BYTES", &cfg.large_copy_bytes, true)
-            .override_global("DISCOVER", &u32::from(cfg.discover), true)
-            .map_max_entries("EVENTS", ringbuf_bytes)
-            .load(OBJECT)
-            .map_err(ProbeError::Load)?;
+            .override_global("DISCOVER", &discover, true)
+            .map_max_entries("EVENTS", ringbuf_bytes);
+        for &(map, entries) in &cfg.map_entries {
+            loader.map_max_entries(map, entries);
+        }
+        let mut ebpf = loader.load(OBJECT).map_err(ProbeError::Load)?;
         for name in symbols::program_names() {
             let prog: &mut UProbe = ebpf
                 .program_mut(name)

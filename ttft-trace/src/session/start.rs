@@ -75,6 +75,7 @@ impl Session {
             sched_min_ns: cfg.sched_min_ns,
             large_copy_bytes: LARGE_COPY_BYTES,
             discover: matches!(mode, Mode::Daemon(_)),
+            map_entries: cfg.map_entries.to_vec(),
         })?;
         if let Some(path) = &cfg.jsonl {
             sinks.open_jsonl(path)?;

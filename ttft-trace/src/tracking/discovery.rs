@@ -149,11 +149,13 @@ impl Tracking {
         if let Some(existing) = self.probes.tracked_workload(root)?
             && self.roots.contains(&existing)
         {
-            self.probes.track(pid, existing)?;
-            self.changes.push(Change::Joined {
-                pid,
-                root: existing,
-            });
+            // Refused by a full map: counted, and a later scan tries again.
+            if self.probes.track(pid, existing)? {
+                self.changes.push(Change::Joined {
+                    pid,
+                    root: existing,
+                });
+            }
             for lib in &libs {
                 self.attach_found(lib);
             }

@@ -166,8 +166,12 @@ impl Tracking {
     /// descendants are tracked (the kernel adds later children).
     pub fn add_workload(&mut self, root: u32) -> Result<()> {
         // Track first, then list the children: a child forked in between is
-        // then tracked by the kernel and found by the listing.
-        self.probes.track(root, root)?;
+        // then tracked by the kernel and found by the listing. A full map
+        // refuses the root (counted): it is not a workload, and a later scan
+        // tries again.
+        if !self.probes.track(root, root)? {
+            return Ok(());
+        }
         let members = targets::descendants(root);
         for child in &members {
             self.probes.track(*child, root)?;
