@@ -38,6 +38,7 @@ pub fn setup() -> Result<()> {
     nftables()?;
     prometheus()?;
     validators()?;
+    http_stacks()?;
     systemd_analyze()?;
     bench_tools()?;
     chromium()?;
@@ -309,16 +310,35 @@ fn prometheus() -> Result<()> {
 /// The offline validators of deploy/ (tests/deploy/requirements.txt, pinned)
 /// in a venv of the cache, so that the system's Python is left alone.
 pub fn validators() -> Result<()> {
-    let venv = cache().join("validators-venv");
-    let want = fs::read_to_string(repo_root()?.join("tests/deploy/requirements.txt"))?;
+    venv(
+        "validators-venv",
+        "tests/deploy/requirements.txt",
+        "the deploy/ validators",
+    )
+}
+
+/// The real HTTP stacks and clients of tests/tests/stacks.rs (uvicorn with h11
+/// and httptools, hypercorn, aiohttp, gunicorn, tornado; openai, httpx), pinned
+/// in tests/stacks/requirements.txt, in a venv of the cache.
+fn http_stacks() -> Result<()> {
+    venv(
+        "stacks-venv",
+        "tests/stacks/requirements.txt",
+        "the HTTP stacks",
+    )
+}
+
+/// A venv `name` of the cache holding `requirements` (a path in the repo),
+/// rebuilt only when that file changed since it was installed.
+fn venv(name: &str, requirements: &str, what: &str) -> Result<()> {
+    let venv = cache().join(name);
+    let file = repo_root()?.join(requirements);
+    let want = fs::read_to_string(&file)?;
     let stamp = venv.join("requirements.installed");
     if fs::read_to_string(&stamp).is_ok_and(|have| have == want) {
         return Ok(());
     }
-    eprintln!(
-        "setup: installing the deploy/ validators into {}",
-        venv.display()
-    );
+    eprintln!("setup: installing {what} into {}", venv.display());
     let _ = fs::remove_dir_all(&venv);
     cmd(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
     cmd(Command::new(venv.join("bin/python"))
@@ -330,7 +350,7 @@ pub fn validators() -> Result<()> {
             "--disable-pip-version-check",
             "-r",
         ])
-        .arg(repo_root()?.join("tests/deploy/requirements.txt")))?;
+        .arg(&file))?;
     fs::write(&stamp, want)?;
     Ok(())
 }

@@ -1,0 +1,426 @@
+//! Root-only: real HTTP server stacks (installed by `cargo xtask setup`, not
+//! written here) serving a streamed completions endpoint under `ttft-trace
+//! attach`, driven by real clients (the `openai` Python client, `httpx`,
+//! `curl`: tests/stacks/client.py). Per stack: every request sent is found in
+//! the trace (client port and request index on the connection), each
+//! complete response is `ok` with E2E and TPOT, and the traced TTFT agrees
+//! with the client's own. Prints one markdown table (README, "Real HTTP
+//! stacks under the tracer"). `TTFT_STACKS=a,b` runs only those stacks.
+
+use std::{
+    collections::HashMap,
+    net::{TcpListener, TcpStream},
+    os::unix::process::CommandExt as _,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail, ensure};
+use serde::Deserialize;
+use serde_json::Value;
+use ttft_trace_tests::{
+    demo::read_jsonl,
+    fixtures::{self, cache_dir},
+    tracer::{Tracer, root_test},
+};
+
+/// Requests per stack (a third per client kind) and tokens per response.
+const REQUESTS: usize = 12;
+const TOKENS: u64 = 8;
+/// Client TTFT minus traced TTFT, over the compared requests: the client's
+/// own time to send and to read its first token on loopback (openai's client
+/// parses each chunk into pydantic objects first).
+const P50_TOLERANCE_MS: f64 = 2.0;
+const P99_TOLERANCE_MS: f64 = 10.0;
+
+const STACKS: [&str; 6] = [
+    "uvicorn-h11",
+    "uvicorn-httptools",
+    "hypercorn",
+    "aiohttp",
+    "gunicorn-sync",
+    "tornado",
+];
+
+fn stacks_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("stacks")
+}
+
+fn venv_python() -> PathBuf {
+    cache_dir().join("stacks-venv/bin/python")
+}
+
+/// Whether `cargo xtask setup` installed tests/stacks/requirements.txt.
+fn venv_ready() -> Result<(), String> {
+    let stamp = cache_dir().join("stacks-venv/requirements.installed");
+    let want = std::fs::read_to_string(stacks_dir().join("requirements.txt"))
+        .map_err(|e| format!("tests/stacks/requirements.txt: {e}"))?;
+    match std::fs::read_to_string(&stamp) {
+        Ok(have) if have == want => Ok(()),
+        _ => Err(format!(
+            "the stacks' venv ({}) is missing or stale: run `cargo xtask setup`",
+            stamp.display()
+        )),
+    }
+}
+
+/// A server and all its processes (workers, nginx + the demo): one process
+/// group, stopped as a whole on drop.
+struct Group(Child);
+
+impl Group {
+    fn spawn(mut c: Command) -> Result<Self> {
+        c.process_group(0)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null());
+        Ok(Self(c.spawn().with_context(|| format!("starting {c:?}"))?))
+    }
+
+    fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        let pgid = -(self.0.id() as i32);
+        // SAFETY: kill(2) on the process group this test started.
+        unsafe { libc::kill(pgid, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if matches!(self.0.try_wait(), Ok(Some(_))) {
+                break;
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        // SAFETY: as above; whatever ignored SIGTERM.
+        unsafe { libc::kill(pgid, libc::SIGKILL) };
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn wait_listening(port: u16, server: &mut Group) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if let Some(st) = server.0.try_wait()? {
+            bail!("server exited before listening on {port}: {st}");
+        }
+        ensure!(Instant::now() < deadline, "nothing listens on {port}");
+        thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+/// The command that serves `stack` on `port`, or why it cannot run here.
+fn server(stack: &str, port: u16, cudart: &Path) -> Result<Command, String> {
+    venv_ready()?;
+    let py = venv_python();
+    let mut c = Command::new(&py);
+    let p = port.to_string();
+    let bind = format!("127.0.0.1:{port}");
+    match stack {
+        "uvicorn-h11" | "uvicorn-httptools" => {
+            let http = stack.trim_start_matches("uvicorn-");
+            c.args(["-m", "uvicorn", "apps:asgi", "--http", http, "--port", &p])
+                .args(["--no-access-log", "--log-level", "warning"]);
+        }
+        "hypercorn" => {
+            c.args(["-m", "hypercorn", "apps:asgi", "--bind", &bind])
+                .args(["--log-level", "warning"]);
+        }
+        "gunicorn-sync" => {
+            // --preload: the app (and the CUDA runtime) is loaded in the
+            // master, so the tracer finds it there at attach.
+            c.args([
+                "-m",
+                "gunicorn",
+                "--preload",
+                "-w",
+                "2",
+                "-k",
+                "sync",
+                "-b",
+                &bind,
+            ])
+            .args(["--log-level", "warning", "apps:wsgi"]);
+        }
+        "aiohttp" | "tornado" => {
+            c.args(["apps.py", stack, &p]);
+        }
+        other => return Err(format!("unknown stack {other}")),
+    }
+    c.current_dir(stacks_dir())
+        .env("STACK_CUDART", cudart)
+        .env("PYTHONUNBUFFERED", "1");
+    Ok(c)
+}
+
+/// One request as tests/stacks/client.py measured it.
+#[derive(Debug, Deserialize)]
+struct ClientRecord {
+    client: String,
+    path: String,
+    client_port: u16,
+    req_on_conn: u64,
+    ttft_s: Option<f64>,
+    chunks: u64,
+    outcome: String,
+    warmup: bool,
+}
+
+/// What one stack's run measured.
+struct Row {
+    stack: String,
+    sent: usize,
+    matched: usize,
+    ok: usize,
+    client: (f64, f64),
+    traced: (f64, f64),
+    diff: (f64, f64),
+    /// The largest difference, and the client that measured it.
+    worst: (f64, String),
+    e2e_tpot: usize,
+    chunks: (u64, u64),
+    notes: String,
+}
+
+fn p(v: &[f64], q: f64) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[((v.len() as f64 - 1.0) * q).round() as usize]
+}
+
+fn run_stack(stack: &str, cudart: &Path) -> Result<()> {
+    let port = free_port()?;
+    let cmd = match server(stack, port, cudart) {
+        Ok(c) => c,
+        Err(why) => {
+            assert!(
+                std::env::var_os("TTFT_TRACE_REQUIRE_FIXTURES").is_none(),
+                "{stack}: {why}, and TTFT_TRACE_REQUIRE_FIXTURES is set"
+            );
+            eprintln!("SKIP {stack}: {why}");
+            return Ok(());
+        }
+    };
+    let mut group = Group::spawn(cmd)?;
+    wait_listening(port, &mut group)?;
+    let args = [
+        "--pid".to_string(),
+        group.pid().to_string(),
+        "--interval".into(),
+        "60".into(),
+        "--no-nvml".into(),
+    ];
+    let mut tracer = Tracer::start(&args, 0)?;
+    tracer.wait_for_stderr("following requests on port", 1, Duration::from_secs(30))?;
+    // The stub runtime and its driver.
+    tracer.wait_for_stderr("attached", 2, Duration::from_secs(30))?;
+    let port_s = port.to_string();
+    ensure!(
+        tracer
+            .stderr_lines
+            .iter()
+            .any(|l| l.contains("following requests on port")
+                && l.split(|ch: char| !ch.is_ascii_digit())
+                    .any(|w| w == port_s)),
+        "{stack}: port {port} not followed: {:?}",
+        tracer.stderr_lines
+    );
+    let out = fixtures::temp_path("stack-client", "jsonl");
+    let status = Command::new(venv_python())
+        .arg(stacks_dir().join("client.py"))
+        .args(["--url", &format!("http://127.0.0.1:{port}")])
+        .args(["--requests", &REQUESTS.to_string()])
+        .args(["--tokens", &TOKENS.to_string(), "--out"])
+        .arg(&out)
+        .status()
+        .context("running tests/stacks/client.py")?;
+    ensure!(status.success(), "{stack}: client failed: {status}");
+    let clients: Vec<ClientRecord> = read_jsonl(&out)?;
+    let _ = std::fs::remove_file(&out);
+    // The last response's close and the server's own grace, then stop.
+    thread::sleep(Duration::from_millis(300));
+    let trace = tracer.interrupt(Duration::from_secs(30))?;
+    drop(group);
+    ensure!(trace.success, "{}", trace.stderr);
+    let traced: HashMap<(u64, u64), &Value> = trace
+        .lines
+        .iter()
+        .filter(|l| l["type"] == "request" && l["server_port"].as_u64() == Some(port.into()))
+        .map(|r| {
+            let key = (
+                r["client_port"].as_u64().unwrap_or(0),
+                r["request_index"].as_u64().unwrap_or(0) + 1,
+            );
+            (key, r)
+        })
+        .collect();
+    judge(stack, &clients, &traced)
+}
+
+fn judge(
+    stack: &str,
+    clients: &[ClientRecord],
+    traced: &HashMap<(u64, u64), &Value>,
+) -> Result<()> {
+    ensure!(
+        clients.len() == REQUESTS,
+        "{stack}: {} records",
+        clients.len()
+    );
+    for c in clients {
+        ensure!(
+            c.outcome == "ok" && c.chunks == TOKENS,
+            "{stack}: the client's own request failed: {c:?}"
+        );
+    }
+    let mut row = Row {
+        stack: stack.to_string(),
+        sent: clients.len(),
+        matched: 0,
+        ok: 0,
+        client: (0.0, 0.0),
+        traced: (0.0, 0.0),
+        diff: (0.0, 0.0),
+        worst: (0.0, String::new()),
+        e2e_tpot: 0,
+        chunks: (u64::MAX, 0),
+        notes: String::new(),
+    };
+    let (mut client, mut tracedv, mut diff) = (Vec::new(), Vec::new(), Vec::new());
+    let mut problems = Vec::new();
+    let mut notes: Vec<String> = Vec::new();
+    for c in clients {
+        let Some(t) = traced.get(&(u64::from(c.client_port), c.req_on_conn)) else {
+            problems.push(format!(
+                "{} {} (port {}, #{}) not in the trace",
+                c.client, c.path, c.client_port, c.req_on_conn
+            ));
+            continue;
+        };
+        row.matched += 1;
+        if t["outcome"] == "ok" {
+            row.ok += 1;
+        } else {
+            problems.push(format!("{} {}: {t}", c.client, c.path));
+        }
+        if t["t_done_ns"].is_u64() && t["tpot_ns"].is_u64() {
+            row.e2e_tpot += 1;
+        } else {
+            problems.push(format!("no E2E/TPOT: {t}"));
+        }
+        let chunks = t["chunks"].as_u64().unwrap_or(0);
+        row.chunks = (row.chunks.0.min(chunks), row.chunks.1.max(chunks));
+        // The tokens, plus `[DONE]` / the NDJSON done line.
+        if chunks != TOKENS + 1 && chunks != TOKENS {
+            problems.push(format!("{chunks} chunks: {t}"));
+        }
+        for n in t["notes"].as_array().into_iter().flatten() {
+            let n = n.as_str().unwrap_or_default().to_string();
+            if !notes.contains(&n) {
+                notes.push(n);
+            }
+        }
+        let Some(tt) = t["ttft_ns"].as_u64() else {
+            problems.push(format!("no TTFT: {t}"));
+            continue;
+        };
+        let ct = c.ttft_s.context("client TTFT")? * 1e3;
+        let tt = tt as f64 / 1e6;
+        // The server's recv returns after the client sent and its send
+        // before the client read: the traced TTFT is never the longer.
+        if tt > ct + 0.010 {
+            problems.push(format!("traced {tt} ms > client {ct} ms: {t}"));
+        }
+        if !c.warmup {
+            client.push(ct);
+            tracedv.push(tt);
+            diff.push(ct - tt);
+            if ct - tt > row.worst.0 {
+                row.worst = (ct - tt, c.client.clone());
+            }
+        }
+    }
+    ensure!(
+        !diff.is_empty(),
+        "{stack}: nothing to compare: {problems:?}"
+    );
+    row.client = (p(&client, 0.5), p(&client, 0.99));
+    row.traced = (p(&tracedv, 0.5), p(&tracedv, 0.99));
+    row.diff = (p(&diff, 0.5), p(&diff, 0.99));
+    row.notes = notes.join(", ");
+    if row.diff.0 >= P50_TOLERANCE_MS || row.diff.1 >= P99_TOLERANCE_MS {
+        problems.push(format!(
+            "client - traced TTFT P50 {:.3} / P99 {:.3} ms (tolerance {P50_TOLERANCE_MS} / \
+             {P99_TOLERANCE_MS} ms)",
+            row.diff.0, row.diff.1
+        ));
+    }
+    print_row(&row);
+    ensure!(problems.is_empty(), "{stack}:\n{}", problems.join("\n"));
+    Ok(())
+}
+
+fn print_header() {
+    eprintln!(
+        "| stack | seen / sent | `ok` | client TTFT P50 / P99 | traced TTFT P50 / P99 | \
+         client − traced P50 / P99 | largest (client) | E2E + TPOT | chunks | notes |"
+    );
+    eprintln!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+}
+
+fn print_row(r: &Row) {
+    eprintln!(
+        "| {} | {} / {} | {} | {:.2} / {:.2} ms | {:.2} / {:.2} ms | {:.3} / {:.3} ms | {:.3} ms ({}) | {} | {}–{} | {} |",
+        r.stack,
+        r.matched,
+        r.sent,
+        r.ok,
+        r.client.0,
+        r.client.1,
+        r.traced.0,
+        r.traced.1,
+        r.diff.0,
+        r.diff.1,
+        r.worst.0,
+        r.worst.1,
+        r.e2e_tpot,
+        r.chunks.0,
+        r.chunks.1,
+        r.notes
+    );
+}
+
+#[test]
+fn real_stacks_under_the_tracer() -> Result<()> {
+    let Some(_g) = root_test("real_stacks_under_the_tracer") else {
+        return Ok(());
+    };
+    let cudart = fixtures::existing_fixture(fixtures::STUB_CUDART)?;
+    let only = std::env::var("TTFT_STACKS").ok();
+    let chosen: Vec<&str> = STACKS
+        .iter()
+        .copied()
+        .filter(|s| {
+            only.as_deref()
+                .is_none_or(|o| o.split(',').any(|x| x == *s))
+        })
+        .collect();
+    print_header();
+    let mut failed = Vec::new();
+    for stack in chosen {
+        if let Err(e) = run_stack(stack, &cudart) {
+            eprintln!("FAIL {stack}: {e:#}");
+            failed.push(stack);
+        }
+    }
+    assert!(failed.is_empty(), "failed: {failed:?}");
+    Ok(())
+}
