@@ -152,6 +152,62 @@ fn keep_alive_three_requests_on_one_connection() {
     assert_eq!(w.c.stats().pipelined, 0);
 }
 
+/// hyper (axum) as run in tests/tests/stacks.rs: headers alone, each chunk
+/// as one writev of size line, data and CRLF, and the last chunk with
+/// `[DONE]` and the end `0\r\n\r\n` as further buffers of one writev, on a
+/// kept-alive connection. Past the second send only the last buffer is
+/// captured: the decoder is lost from the third send, and the end is read
+/// from the last buffer alone (was: never `ok`, and the next request on the
+/// connection taken as pipelined).
+#[test]
+fn hyper_vectored_chunks_and_the_end_in_a_buffer_of_its_own() {
+    let mut w = Wire::new();
+    w.open(SK, 0);
+    let mut t = ms(1000);
+    for _ in 0..2 {
+        w.recv(SK, t, 300);
+        w.send_vectored(SK, t + ms(1), &[SSE_HEADERS]);
+        for (i, tok) in ["a", "b", "c"].iter().enumerate() {
+            let data = format!("data: {tok}\n\n");
+            let size = format!("{:X}\r\n", data.len());
+            w.send_vectored(
+                SK,
+                t + ms(20 + 5 * i as u64),
+                &[size.as_bytes(), data.as_bytes(), b"\r\n"],
+            );
+        }
+        let data = b"data: d\n\n";
+        let done = b"data: [DONE]\n\n";
+        let (s1, s2) = (
+            format!("{:X}\r\n", data.len()),
+            format!("{:X}\r\n", done.len()),
+        );
+        w.send_vectored(
+            SK,
+            t + ms(40),
+            &[
+                s1.as_bytes(),
+                data,
+                b"\r\n",
+                s2.as_bytes(),
+                done,
+                b"\r\n",
+                b"0\r\n\r\n",
+            ],
+        );
+        t += ms(500);
+    }
+    let rs = w.drain(ms(5000));
+    assert_eq!(rs.len(), 2, "{rs:#?}");
+    for r in &rs {
+        assert_eq!(r.outcome, Outcome::Ok, "{r:#?}");
+        assert_eq!((r.chunks, r.t_done_ns.is_some()), (4, true));
+        assert_eq!(r.ttft_ns, Some(ms(20)));
+        assert!(r.tpot_ns.is_some());
+    }
+    assert_eq!(w.c.stats().pipelined, 0);
+}
+
 #[test]
 fn request_body_over_several_receives() {
     let mut w = Wire::new();
