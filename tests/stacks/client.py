@@ -40,7 +40,7 @@ def ndjson_tokens(text: str) -> tuple[int, bool]:
 
 
 class OpenAIClient:
-    def __init__(self, base: str):
+    def __init__(self, base: str, _ndjson: bool):
         import openai
 
         self.ports: list[int] = []
@@ -64,14 +64,15 @@ class OpenAIClient:
 
 
 class HttpxClient:
-    def __init__(self, base: str):
+    def __init__(self, base: str, ndjson: bool):
         self.base = base
+        self.ndjson = ndjson
         self.client = httpx.Client(timeout=30)
         self.count = 0
 
     def request(self, n: int) -> dict:
         # Alternates SSE (OpenAI completions) and NDJSON (/api/generate).
-        path = "/v1/completions" if self.count % 2 == 0 else "/api/generate"
+        path = "/api/generate" if self.ndjson and self.count % 2 == 1 else "/v1/completions"
         self.count += 1
         t_send = time.monotonic_ns()
         t_first, body = None, b""
@@ -96,7 +97,7 @@ def curl_time(line: str) -> int:
 
 
 class CurlClient:
-    def __init__(self, base: str):
+    def __init__(self, base: str, _ndjson: bool):
         self.base = base
 
     def request(self, n: int) -> dict:
@@ -130,10 +131,12 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=12)
     p.add_argument("--tokens", type=int, default=8)
     p.add_argument("--clients", default="openai,httpx,curl")
+    p.add_argument("--no-ndjson", action="store_true",
+                   help="the server has no /api/generate (the demo): httpx asks for SSE only")
     p.add_argument("--out", required=True)
     a = p.parse_args()
     kinds = a.clients.split(",")
-    clients = {k: KINDS[k](a.url) for k in kinds}
+    clients = {k: KINDS[k](a.url, not a.no_ndjson) for k in kinds}
     on_port = collections.Counter()
     with open(a.out, "w") as out:
         for i in range(a.requests):

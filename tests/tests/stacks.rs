@@ -35,13 +35,16 @@ const TOKENS: u64 = 8;
 const P50_TOLERANCE_MS: f64 = 2.0;
 const P99_TOLERANCE_MS: f64 = 10.0;
 
-const STACKS: [&str; 6] = [
+const STACKS: [&str; 9] = [
     "uvicorn-h11",
     "uvicorn-httptools",
     "hypercorn",
     "aiohttp",
     "gunicorn-sync",
     "tornado",
+    "axum",
+    "libmicrohttpd",
+    "nginx+demo",
 ];
 
 fn stacks_dir() -> PathBuf {
@@ -117,8 +120,23 @@ fn wait_listening(port: u16, server: &mut Group) -> Result<()> {
     Ok(())
 }
 
-/// The command that serves `stack` on `port`, or why it cannot run here.
-fn server(stack: &str, port: u16, cudart: &Path) -> Result<Command, String> {
+/// The command that serves `stack` on `port` (and `upstream`, behind a
+/// proxy), or why it cannot run here.
+fn server(stack: &str, port: u16, upstream: u16, cudart: &Path) -> Result<Command, String> {
+    match stack {
+        "axum" => {
+            let mut c = Command::new(env!("CARGO_BIN_EXE_stack-axum"));
+            c.arg(port.to_string()).arg(cudart);
+            return Ok(c);
+        }
+        "libmicrohttpd" => {
+            let mut c = Command::new(build_mhd()?);
+            c.arg(port.to_string()).arg(cudart);
+            return Ok(c);
+        }
+        _ => {}
+    }
+    // The Python stacks, and the clients of every stack.
     venv_ready()?;
     let py = venv_python();
     let mut c = Command::new(&py);
@@ -153,12 +171,42 @@ fn server(stack: &str, port: u16, cudart: &Path) -> Result<Command, String> {
         "aiohttp" | "tornado" => {
             c.args(["apps.py", stack, &p]);
         }
+        "nginx+demo" => {
+            if !Path::new("/usr/sbin/nginx").is_file() {
+                return Err("nginx is not installed: run `cargo xtask setup`".into());
+            }
+            c = Command::new(stacks_dir().join("nginx_demo.sh"));
+            c.arg(&p).arg(upstream.to_string()).arg(cudart);
+        }
         other => return Err(format!("unknown stack {other}")),
     }
     c.current_dir(stacks_dir())
         .env("STACK_CUDART", cudart)
-        .env("PYTHONUNBUFFERED", "1");
+        .env("PYTHONUNBUFFERED", "1")
+        .env("PYTHONDONTWRITEBYTECODE", "1");
     Ok(c)
+}
+
+/// Builds tests/stacks/mhd.c against the system's libmicrohttpd.
+fn build_mhd() -> Result<PathBuf, String> {
+    if !Path::new("/usr/include/microhttpd.h").is_file() {
+        return Err("libmicrohttpd-dev is not installed: run `cargo xtask setup`".into());
+    }
+    let bin = fixtures::fixture_dir().join("stack-mhd");
+    let out = Command::new("cc")
+        .args(["-O2", "-Wall", "-Wextra", "-Werror", "-o"])
+        .arg(&bin)
+        .arg(stacks_dir().join("mhd.c"))
+        .args(["-lmicrohttpd", "-ldl", "-lpthread"])
+        .output()
+        .map_err(|e| format!("running cc: {e}"))?;
+    // A build failure with the library installed is a failure, not a skip.
+    assert!(
+        out.status.success(),
+        "cc tests/stacks/mhd.c: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(bin)
 }
 
 /// One request as tests/stacks/client.py measured it.
@@ -198,7 +246,9 @@ fn p(v: &[f64], q: f64) -> f64 {
 
 fn run_stack(stack: &str, cudart: &Path) -> Result<()> {
     let port = free_port()?;
-    let cmd = match server(stack, port, cudart) {
+    let upstream = free_port()?;
+    let proxied = stack.starts_with("nginx");
+    let cmd = match server(stack, port, upstream, cudart) {
         Ok(c) => c,
         Err(why) => {
             assert!(
@@ -211,6 +261,9 @@ fn run_stack(stack: &str, cudart: &Path) -> Result<()> {
     };
     let mut group = Group::spawn(cmd)?;
     wait_listening(port, &mut group)?;
+    if proxied {
+        wait_listening(upstream, &mut group)?;
+    }
     let args = [
         "--pid".to_string(),
         group.pid().to_string(),
@@ -240,6 +293,7 @@ fn run_stack(stack: &str, cudart: &Path) -> Result<()> {
         .args(["--requests", &REQUESTS.to_string()])
         .args(["--tokens", &TOKENS.to_string(), "--out"])
         .arg(&out)
+        .args(proxied.then_some("--no-ndjson"))
         .status()
         .context("running tests/stacks/client.py")?;
     ensure!(status.success(), "{stack}: client failed: {status}");
@@ -250,10 +304,13 @@ fn run_stack(stack: &str, cudart: &Path) -> Result<()> {
     let trace = tracer.interrupt(Duration::from_secs(30))?;
     drop(group);
     ensure!(trace.success, "{}", trace.stderr);
-    let traced: HashMap<(u64, u64), &Value> = trace
-        .lines
-        .iter()
-        .filter(|l| l["type"] == "request" && l["server_port"].as_u64() == Some(port.into()))
+    let on_port = |p: u16| {
+        trace
+            .lines
+            .iter()
+            .filter(move |l| l["type"] == "request" && l["server_port"].as_u64() == Some(p.into()))
+    };
+    let traced: HashMap<(u64, u64), &Value> = on_port(port)
         .map(|r| {
             let key = (
                 r["client_port"].as_u64().unwrap_or(0),
@@ -262,13 +319,39 @@ fn run_stack(stack: &str, cudart: &Path) -> Result<()> {
             (key, r)
         })
         .collect();
-    judge(stack, &clients, &traced)
+    // Behind the proxy, the demo's own requests come from nginx's pool of
+    // upstream connections: each one traced, on fewer connections than
+    // requests (kept alive).
+    let upstream_note = if proxied {
+        let behind: Vec<&Value> = on_port(upstream).collect();
+        let conns = behind
+            .iter()
+            .filter(|r| r["request_index"].as_u64() == Some(0))
+            .count();
+        ensure!(
+            behind.len() == clients.len() && conns < behind.len(),
+            "{stack}: {} upstream requests on {conns} connections for {} sent",
+            behind.len(),
+            clients.len()
+        );
+        for r in &behind {
+            ensure!(
+                r["outcome"] == "ok" && r["ttft_ns"].is_u64(),
+                "upstream: {r}"
+            );
+        }
+        format!("upstream: {} requests on {conns} connections", behind.len())
+    } else {
+        String::new()
+    };
+    judge(stack, &clients, &traced, upstream_note)
 }
 
 fn judge(
     stack: &str,
     clients: &[ClientRecord],
     traced: &HashMap<(u64, u64), &Value>,
+    upstream_note: String,
 ) -> Result<()> {
     ensure!(
         clients.len() == REQUESTS,
@@ -296,7 +379,10 @@ fn judge(
     };
     let (mut client, mut tracedv, mut diff) = (Vec::new(), Vec::new(), Vec::new());
     let mut problems = Vec::new();
-    let mut notes: Vec<String> = Vec::new();
+    let mut notes: Vec<String> = vec![upstream_note]
+        .into_iter()
+        .filter(|n| !n.is_empty())
+        .collect();
     for c in clients {
         let Some(t) = traced.get(&(u64::from(c.client_port), c.req_on_conn)) else {
             problems.push(format!(
@@ -318,8 +404,9 @@ fn judge(
         }
         let chunks = t["chunks"].as_u64().unwrap_or(0);
         row.chunks = (row.chunks.0.min(chunks), row.chunks.1.max(chunks));
-        // The tokens, plus `[DONE]` / the NDJSON done line.
-        if chunks != TOKENS + 1 && chunks != TOKENS {
+        // The tokens, plus `[DONE]` / the NDJSON done line, plus the demo's
+        // role-only chunk on chat.
+        if !(TOKENS..=TOKENS + 2).contains(&chunks) {
             problems.push(format!("{chunks} chunks: {t}"));
         }
         for n in t["notes"].as_array().into_iter().flatten() {

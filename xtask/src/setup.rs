@@ -39,6 +39,7 @@ pub fn setup() -> Result<()> {
     prometheus()?;
     validators()?;
     http_stacks()?;
+    http_stack_packages()?;
     systemd_analyze()?;
     bench_tools()?;
     chromium()?;
@@ -275,10 +276,7 @@ fn apt_install(packages: &[&str]) -> Result<()> {
 
 /// Debian's `prometheus` (the server and `promtool`), for the tests that run
 /// a real Prometheus against the tracer and check deploy/prometheus/. The
-/// package would start a system service: a policy-rc.d forbids it during the
-/// install (one the machine already has is left alone), and a service that
-/// systemd started anyway is stopped and disabled. The tests start their own
-/// server on loopback.
+/// tests start their own server on loopback.
 fn prometheus() -> Result<()> {
     if on_path("prometheus") && on_path("promtool") {
         return Ok(());
@@ -287,6 +285,30 @@ fn prometheus() -> Result<()> {
         return Ok(());
     }
     eprintln!("setup: installing Debian's prometheus (server and promtool) with apt-get");
+    apt_install_no_service(&["prometheus"], &["prometheus"])
+}
+
+/// nginx (the reverse proxy) and libmicrohttpd (the C server library) of
+/// the real-stacks test (tests/tests/stacks.rs), which starts its own nginx
+/// on loopback and builds its libmicrohttpd server itself.
+fn http_stack_packages() -> Result<()> {
+    let nginx = Path::new("/usr/sbin/nginx").is_file();
+    let mhd = Path::new("/usr/include/microhttpd.h").is_file();
+    if nginx && mhd {
+        return Ok(());
+    }
+    if !can_install("nginx or libmicrohttpd-dev missing (the stacks test runs as root)")? {
+        return Ok(());
+    }
+    eprintln!("setup: installing nginx-light and libmicrohttpd-dev with apt-get");
+    apt_install_no_service(&["nginx-light", "libmicrohttpd-dev"], &["nginx"])
+}
+
+/// `apt_install` of packages that would start system `services`: a
+/// policy-rc.d forbids it during the install (one the machine already has is
+/// left alone), and a service that systemd started anyway is stopped and
+/// disabled.
+fn apt_install_no_service(packages: &[&str], services: &[&str]) -> Result<()> {
     let policy = Path::new("/usr/sbin/policy-rc.d");
     let ours = !policy.exists();
     if ours {
@@ -296,13 +318,15 @@ fn prometheus() -> Result<()> {
         )?;
         fs::set_permissions(policy, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
     }
-    let installed = apt_install(&["prometheus"]);
+    let installed = apt_install(packages);
     if ours {
         fs::remove_file(policy)?;
     }
     installed?;
     if Path::new("/run/systemd/system").is_dir() {
-        let _ = cmd(Command::new("systemctl").args(["disable", "--now", "prometheus"]));
+        for service in services {
+            let _ = cmd(Command::new("systemctl").args(["disable", "--now", service]));
+        }
     }
     Ok(())
 }
