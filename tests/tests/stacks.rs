@@ -234,6 +234,8 @@ struct Row {
     diff: (f64, f64),
     /// The largest difference, and the client that measured it.
     worst: (f64, String),
+    /// Requests joined to the GPU episode of their first token.
+    gpu: usize,
     e2e_tpot: usize,
     chunks: (u64, u64),
     notes: String,
@@ -412,6 +414,7 @@ fn judge(stack: &str, run: Run) -> Result<()> {
         traced: (0.0, 0.0),
         diff: (0.0, 0.0),
         worst: (0.0, String::new()),
+        gpu: 0,
         e2e_tpot: 0,
         chunks: (u64::MAX, 0),
         notes: String::new(),
@@ -436,6 +439,7 @@ fn judge(stack: &str, run: Run) -> Result<()> {
         } else {
             problems.push(format!("{} {}: {t}", c.client, c.path));
         }
+        row.gpu += usize::from(t["gpu_ns"].is_u64());
         if t["t_done_ns"].is_u64() && t["tpot_ns"].is_u64() {
             row.e2e_tpot += 1;
         } else {
@@ -497,14 +501,14 @@ fn judge(stack: &str, run: Run) -> Result<()> {
 fn print_header() {
     eprintln!(
         "| stack | seen / sent | `ok` | client TTFT P50 / P99 | traced TTFT P50 / P99 | \
-         client − traced P50 / P99 | largest (client) | E2E + TPOT | chunks | notes |"
+         client − traced P50 / P99 | largest (client) | E2E + TPOT | GPU joined | chunks | notes |"
     );
-    eprintln!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    eprintln!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
 }
 
 fn print_row(r: &Row) {
     eprintln!(
-        "| {} | {} / {} | {} | {:.2} / {:.2} ms | {:.2} / {:.2} ms | {:.3} / {:.3} ms | {:.3} ms ({}) | {} | {}–{} | {} |",
+        "| {} | {} / {} | {} | {:.2} / {:.2} ms | {:.2} / {:.2} ms | {:.3} / {:.3} ms | {:.3} ms ({}) | {} | {} | {}–{} | {} |",
         r.stack,
         r.matched,
         r.sent,
@@ -518,6 +522,7 @@ fn print_row(r: &Row) {
         r.worst.0,
         r.worst.1,
         r.e2e_tpot,
+        r.gpu,
         r.chunks.0,
         r.chunks.1,
         r.notes
