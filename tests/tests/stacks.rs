@@ -124,6 +124,8 @@ fn wait_listening(port: u16, server: &mut Group) -> Result<()> {
 /// The command that serves `stack` on `port` (and `upstream`, behind a
 /// proxy), or why it cannot run here.
 fn server(stack: &str, port: u16, upstream: u16, cudart: &Path) -> Result<Command, String> {
+    // The clients of every stack, and the Python stacks.
+    venv_ready()?;
     match stack {
         "axum" => {
             let mut c = Command::new(env!("CARGO_BIN_EXE_stack-axum"));
@@ -137,8 +139,6 @@ fn server(stack: &str, port: u16, upstream: u16, cudart: &Path) -> Result<Comman
         }
         _ => {}
     }
-    // The Python stacks, and the clients of every stack.
-    venv_ready()?;
     let py = venv_python();
     let mut c = Command::new(&py);
     let p = port.to_string();
