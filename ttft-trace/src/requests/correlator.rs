@@ -347,8 +347,15 @@ impl Correlator {
                 break;
             }
             self.out.first_tokens.pop_front();
-            // Finished meanwhile: joined when it is emitted.
-            if let Some(req) = self.conns.get_mut(&sk).and_then(|c| c.current_mut(index)) {
+            // Finished meanwhile: joined when it is emitted. The first token
+            // names its request: the socket may since carry a new connection
+            // (the kernel reuses `sk`) whose request has the same index.
+            if let Some(req) = self
+                .conns
+                .get_mut(&sk)
+                .and_then(|c| c.current_mut(index))
+                .filter(|r| r.t_first_token() == Some(t))
+            {
                 req.join = Some(self.episodes.join(req.t_arrive, t));
             }
         }
