@@ -326,8 +326,13 @@ impl Correlator {
     }
 
     fn apply_sock(&mut self, ev: &SockEvent) {
-        // A closed connection makes no more requests.
-        let Some(conn) = self.conns.get_mut(&ev.sk).filter(|c| c.closed_at.is_none()) else {
+        // A closed connection makes no more requests; after the client's
+        // close, the server may still finish the response in flight.
+        let Some(conn) = self
+            .conns
+            .get_mut(&ev.sk)
+            .filter(|c| c.closed_at.is_none() || c.finishing_after_peer_close())
+        else {
             self.stats.unknown_conn_events += 1;
             return;
         };

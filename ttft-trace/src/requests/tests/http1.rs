@@ -253,11 +253,65 @@ fn client_eof_mid_stream_and_later_close() {
     w.send(SK, ms(1010), SSE_HEADERS);
     w.send(SK, ms(1100), &sse_chunk("a"));
     w.recv(SK, ms(1120), 0);
+    // The server goes on streaming to a client that left: its sends are
+    // still the response's, which the server's close leaves unfinished.
     w.send(SK, ms(1125), &sse_chunk("b"));
     w.close(SK, ms(1126));
     let r = w.one(ms(2000));
-    assert_eq!((r.outcome, r.chunks), (Outcome::ClosedMidResponse, 1));
-    assert_eq!(w.c.stats().sends_without_request, 1);
+    assert_eq!((r.outcome, r.chunks), (Outcome::ClosedMidResponse, 2));
+    assert_eq!(w.c.stats().sends_without_request, 0);
+}
+
+/// The `openai` client stops reading at `data: [DONE]` and closes: its FIN
+/// can come before the server writes the chunked terminator (seen on
+/// gunicorn, hypercorn and axum under load). The server finishing the
+/// response after the FIN makes it `ok`; a server that closes without
+/// finishing it leaves it `closed_mid_response`, at its close.
+#[test]
+fn the_client_closes_before_the_terminator_then_the_server_finishes() {
+    let mut w = Wire::new();
+    w.open(SK, 0);
+    w.recv(SK, ms(1000), 300);
+    w.send(SK, ms(1010), SSE_HEADERS);
+    w.send(SK, ms(1100), &sse_chunk("a"));
+    w.send(SK, ms(1120), &sse_chunk("[DONE]"));
+    w.state(CONN_CLOSE, SK, ms(1121), TCP_ESTABLISHED, TCP_CLOSE_WAIT);
+    w.send(SK, ms(1122), b"0\r\n\r\n");
+    w.state(CONN_STATE, SK, ms(1123), TCP_CLOSE_WAIT, TCP_LAST_ACK);
+    let r = w.one(ms(2000));
+    assert_eq!(r.outcome, Outcome::Ok, "{r:#?}");
+    assert_eq!((r.chunks, r.t_done_ns), (2, Some(ms(1122))));
+    assert!(r.tpot_ns.is_some());
+    // The same, the server closing without the terminator; and a receive
+    // returning EOF instead of the FIN's state change.
+    for eof in [false, true] {
+        let mut w = Wire::new();
+        w.open(SK, 0);
+        w.recv(SK, ms(1000), 300);
+        w.send(SK, ms(1010), SSE_HEADERS);
+        w.send(SK, ms(1100), &sse_chunk("a"));
+        if eof {
+            w.recv(SK, ms(1121), 0);
+        } else {
+            w.state(CONN_CLOSE, SK, ms(1121), TCP_ESTABLISHED, TCP_CLOSE_WAIT);
+        }
+        assert!(
+            w.drain(ms(1150)).is_empty(),
+            "the server may still finish it"
+        );
+        w.state(CONN_STATE, SK, ms(1160), TCP_CLOSE_WAIT, TCP_LAST_ACK);
+        if eof {
+            // The receive of EOF came before any state change: the close
+            // itself ends it.
+            w.state(CONN_CLOSE, SK, ms(1161), TCP_CLOSE_WAIT, TCP_CLOSE);
+        }
+        let r = w.one(ms(2000));
+        assert_eq!(
+            (r.outcome, r.chunks),
+            (Outcome::ClosedMidResponse, 1),
+            "eof {eof}"
+        );
+    }
 }
 
 #[test]
