@@ -38,6 +38,8 @@ pub fn setup() -> Result<()> {
     nftables()?;
     prometheus()?;
     validators()?;
+    http_stacks()?;
+    http_stack_packages()?;
     systemd_analyze()?;
     bench_tools()?;
     chromium()?;
@@ -274,10 +276,7 @@ fn apt_install(packages: &[&str]) -> Result<()> {
 
 /// Debian's `prometheus` (the server and `promtool`), for the tests that run
 /// a real Prometheus against the tracer and check deploy/prometheus/. The
-/// package would start a system service: a policy-rc.d forbids it during the
-/// install (one the machine already has is left alone), and a service that
-/// systemd started anyway is stopped and disabled. The tests start their own
-/// server on loopback.
+/// tests start their own server on loopback.
 fn prometheus() -> Result<()> {
     if on_path("prometheus") && on_path("promtool") {
         return Ok(());
@@ -286,6 +285,30 @@ fn prometheus() -> Result<()> {
         return Ok(());
     }
     eprintln!("setup: installing Debian's prometheus (server and promtool) with apt-get");
+    apt_install_no_service(&["prometheus"], &["prometheus"])
+}
+
+/// nginx (the reverse proxy) and libmicrohttpd (the C server library) of
+/// the real-stacks test (tests/tests/stacks.rs), which starts its own nginx
+/// on loopback and builds its libmicrohttpd server itself.
+fn http_stack_packages() -> Result<()> {
+    let nginx = Path::new("/usr/sbin/nginx").is_file();
+    let mhd = Path::new("/usr/include/microhttpd.h").is_file();
+    if nginx && mhd {
+        return Ok(());
+    }
+    if !can_install("nginx or libmicrohttpd-dev missing (the stacks test runs as root)")? {
+        return Ok(());
+    }
+    eprintln!("setup: installing nginx-light and libmicrohttpd-dev with apt-get");
+    apt_install_no_service(&["nginx-light", "libmicrohttpd-dev"], &["nginx"])
+}
+
+/// `apt_install` of packages that would start system `services`: a
+/// policy-rc.d forbids it during the install (one the machine already has is
+/// left alone), and a service that systemd started anyway is stopped and
+/// disabled.
+fn apt_install_no_service(packages: &[&str], services: &[&str]) -> Result<()> {
     let policy = Path::new("/usr/sbin/policy-rc.d");
     let ours = !policy.exists();
     if ours {
@@ -295,13 +318,15 @@ fn prometheus() -> Result<()> {
         )?;
         fs::set_permissions(policy, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
     }
-    let installed = apt_install(&["prometheus"]);
+    let installed = apt_install(packages);
     if ours {
         fs::remove_file(policy)?;
     }
     installed?;
     if Path::new("/run/systemd/system").is_dir() {
-        let _ = cmd(Command::new("systemctl").args(["disable", "--now", "prometheus"]));
+        for service in services {
+            let _ = cmd(Command::new("systemctl").args(["disable", "--now", service]));
+        }
     }
     Ok(())
 }
@@ -309,16 +334,35 @@ fn prometheus() -> Result<()> {
 /// The offline validators of deploy/ (tests/deploy/requirements.txt, pinned)
 /// in a venv of the cache, so that the system's Python is left alone.
 pub fn validators() -> Result<()> {
-    let venv = cache().join("validators-venv");
-    let want = fs::read_to_string(repo_root()?.join("tests/deploy/requirements.txt"))?;
+    venv(
+        "validators-venv",
+        "tests/deploy/requirements.txt",
+        "the deploy/ validators",
+    )
+}
+
+/// The real HTTP stacks and clients of tests/tests/stacks.rs (uvicorn with h11
+/// and httptools, hypercorn, aiohttp, gunicorn, tornado; openai, httpx), pinned
+/// in tests/stacks/requirements.txt, in a venv of the cache.
+fn http_stacks() -> Result<()> {
+    venv(
+        "stacks-venv",
+        "tests/stacks/requirements.txt",
+        "the HTTP stacks",
+    )
+}
+
+/// A venv `name` of the cache holding `requirements` (a path in the repo),
+/// rebuilt only when that file changed since it was installed.
+fn venv(name: &str, requirements: &str, what: &str) -> Result<()> {
+    let venv = cache().join(name);
+    let file = repo_root()?.join(requirements);
+    let want = fs::read_to_string(&file)?;
     let stamp = venv.join("requirements.installed");
     if fs::read_to_string(&stamp).is_ok_and(|have| have == want) {
         return Ok(());
     }
-    eprintln!(
-        "setup: installing the deploy/ validators into {}",
-        venv.display()
-    );
+    eprintln!("setup: installing {what} into {}", venv.display());
     let _ = fs::remove_dir_all(&venv);
     cmd(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
     cmd(Command::new(venv.join("bin/python"))
@@ -330,7 +374,7 @@ pub fn validators() -> Result<()> {
             "--disable-pip-version-check",
             "-r",
         ])
-        .arg(repo_root()?.join("tests/deploy/requirements.txt")))?;
+        .arg(&file))?;
     fs::write(&stamp, want)?;
     Ok(())
 }

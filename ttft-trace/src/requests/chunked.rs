@@ -21,6 +21,15 @@
 //!
 //! While lost, every send is taken as carrying chunk data unless those
 //! checks show it is framing only.
+//!
+//! The kernel captures a vectored send's tail from its last buffer only: a
+//! tail shorter than [`TAIL_BYTES`] on a longer send is that whole buffer.
+//! A last buffer that reads alone as the body's end (the zero-size chunk
+//! through the final CRLF) ends the body, with what came before it unseen:
+//! hyper writes each chunk as `size`, data, `\r\n`, and the end as a
+//! buffer `0\r\n\r\n` of its own in the same `writev`.
+
+use ttft_trace_common::event::TAIL_BYTES;
 
 /// Most bytes kept of the stream's end for the lost decoder's check.
 const RECENT_BYTES: usize = 64;
@@ -32,6 +41,9 @@ pub(crate) struct View<'a> {
     pub first: &'a [u8],
     pub gap: u64,
     pub last: &'a [u8],
+    /// `last` is the whole last buffer of a vectored send, after bytes not
+    /// seen (so a chunk boundary may fall right before it).
+    pub last_is_buffer: bool,
 }
 
 impl<'a> View<'a> {
@@ -46,12 +58,17 @@ impl<'a> View<'a> {
                 first: head,
                 gap: 0,
                 last: tail.get(overlap..).unwrap_or_default(),
+                last_is_buffer: false,
             }
         } else {
             Self {
                 first: head,
                 gap: bytes - h - t,
                 last: tail,
+                // The probe reads the tail within the buffer holding the
+                // send's last byte: shorter than it could be, it is that
+                // buffer, whole (0 is a fault, not a buffer).
+                last_is_buffer: t > 0 && t < TAIL_BYTES as u64,
             }
         }
     }
@@ -70,7 +87,7 @@ impl<'a> View<'a> {
             return Self {
                 first: &[],
                 gap: self.gap - n,
-                last: self.last,
+                ..self
             };
         }
         let n = usize::try_from(n - self.gap).unwrap_or(usize::MAX);
@@ -78,6 +95,7 @@ impl<'a> View<'a> {
             first: &[],
             gap: 0,
             last: self.last.get(n..).unwrap_or_default(),
+            last_is_buffer: false,
         }
     }
 
@@ -215,9 +233,14 @@ impl Chunked {
         if view.last.is_empty() {
             return None;
         }
-        let start = final_chunk_at(&self.recent)?;
-        let seen = self.recent.len() - start;
-        Some(view.gap == 0 && view.len() <= seen as u64)
+        if let Some(start) = final_chunk_at(&self.recent) {
+            let seen = self.recent.len() - start;
+            return Some(view.gap == 0 && view.len() <= seen as u64);
+        }
+        // The end in a buffer of its own (module docs): framing only when
+        // the bytes not seen before it can only be the previous chunk's
+        // CRLF (the smallest chunk with data is 6 bytes).
+        (view.last_is_buffer && ends_at_done(view.last)).then_some(view.gap <= 2)
     }
 
     /// A send seen whole, read as starting at a chunk boundary (or at the
@@ -396,7 +419,15 @@ mod tests {
             first: b,
             gap: 0,
             last: &[],
+            last_is_buffer: false,
         }
+    }
+
+    /// A lost decoder fed `tail` as the end of a send of `bytes`.
+    fn lost_then(bytes: u64, tail: &[u8]) -> (bool, Chunked) {
+        let mut c = Chunked::lost();
+        let data = c.on_send(View::of_send(bytes, b"", tail));
+        (data, c)
     }
 
     #[test]
@@ -450,7 +481,8 @@ mod tests {
         assert!(c.on_send(View {
             first: b"",
             gap: 40,
-            last: b"}\n\n\r\n"
+            last: b"}\n\n\r\n",
+            last_is_buffer: false,
         }));
         assert!(!c.in_step());
         assert!(!c.on_send(seen(b"0\r\n")), "framing only");
@@ -463,7 +495,8 @@ mod tests {
         assert!(c.on_send(View {
             first: b"",
             gap: 40,
-            last: b"]}\n\n\r"
+            last: b"]}\n\n\r",
+            last_is_buffer: false,
         }));
         assert!(!c.on_send(seen(b"\n0\r\n\r\n")));
         assert!(c.done());
@@ -473,6 +506,7 @@ mod tests {
             first: b"",
             gap: 40,
             last: b"\r\n\r\n\r\n",
+            last_is_buffer: false,
         });
         assert!(!c.done());
     }
@@ -484,6 +518,7 @@ mod tests {
             first: b"3\r\n",
             gap: 40,
             last: b"",
+            last_is_buffer: false,
         });
         assert!(c.blind());
         // In step, a gap inside chunk data is skipped by length.
@@ -491,7 +526,8 @@ mod tests {
         assert!(c.on_send(View {
             first: b"30\r\nab",
             gap: 46,
-            last: b""
+            last: b"",
+            last_is_buffer: false,
         }));
         assert!(c.in_step() && !c.blind());
         assert!(!c.on_send(seen(b"\r\n0\r\n\r\n")));
@@ -503,10 +539,34 @@ mod tests {
         assert!(send_ends_body(View::of_send(99, b"", b"\r\n0\r\n\r\n")));
         assert!(send_ends_body(seen(b"0\r\n\r\n")));
         assert!(
-            !send_ends_body(View::of_send(9, b"", b"0\r\n\r\n")),
+            !send_ends_body(View::of_send(99, b"", b"abc0\r\n\r\n")),
             "needs the CRLF before"
         );
         assert!(!send_ends_body(View::of_send(30, b"", b"\n\n\r\n")));
         assert!(!send_ends_body(View::of_send(30, b"", b"")));
+    }
+
+    #[test]
+    fn the_end_in_the_last_buffer_of_a_vectored_send() {
+        // hyper: the last chunk (size, data, CRLF) and `0\r\n\r\n` in one
+        // writev; the probe captured the last buffer only.
+        let (data, c) = lost_then(171, b"0\r\n\r\n");
+        assert!(data && c.done(), "carries the last token, ends the body");
+        // The previous chunk's CRLF and the end in one writev: framing only.
+        let (data, c) = lost_then(7, b"0\r\n\r\n");
+        assert!(!data && c.done());
+        // A last buffer that is only a chunk's CRLF, or a zero-size chunk
+        // still missing its final CRLF, is not the end.
+        assert!(!lost_then(148, b"\r\n").1.done());
+        assert!(!lost_then(148, b"0\r\n").1.done());
+        // A full-length tail is no buffer of its own: the CRLF before the
+        // zero-size chunk is still needed.
+        assert!(!lost_then(148, b"abc0\r\n\r\n").1.done());
+        // The decoder in step reads the same send exactly.
+        let mut c = Chunked::new();
+        assert!(c.on_send(View::of_send(148, b"8E\r\n", b"\r\n")));
+        assert!(c.in_step());
+        assert!(c.on_send(View::of_send(171, b"", b"0\r\n\r\n")));
+        assert!(c.done());
     }
 }

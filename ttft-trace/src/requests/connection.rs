@@ -211,6 +211,13 @@ pub(crate) struct Connection {
     /// The server's first send was HTTP/2's connection preface (or a 101 to
     /// `h2c`): every request from then on is HTTP/2.
     http2: bool,
+    /// The client closed its side (FIN, or a receive returned EOF) while
+    /// the response was unfinished by its framing: the server may still
+    /// finish it (a client that stops reading at `data: [DONE]` and closes
+    /// before the chunked terminator is written, as the `openai` client
+    /// does). The request stays current until the framing ends it (`ok`),
+    /// or the server closes or falls silent (`closed_mid_response`).
+    peer_closed: bool,
     /// When either side closed it: no more requests; its ACKs are still
     /// followed until the kernel is done with the socket.
     pub closed_at: Option<u64>,
@@ -226,6 +233,7 @@ impl Connection {
             itl_cap,
             acks: AckTracker::default(),
             http2: false,
+            peer_closed: false,
             closed_at: None,
         }
     }
@@ -233,7 +241,7 @@ impl Connection {
     pub fn on_recv(&mut self, ev: &SockEvent, out: &mut Outbox) {
         self.last_event_ns = self.last_event_ns.max(ev.t_ns);
         let n = match u64::try_from(ev.bytes) {
-            Ok(0) => return self.finish_current(Cause::PeerClosed, out),
+            Ok(0) => return self.peer_closes(out),
             Ok(n) => n,
             Err(_) => {
                 out.socket_errors += 1;
@@ -342,12 +350,11 @@ impl Connection {
     /// [`Connection::on_state`]).
     pub fn close(&mut self, ev: &ConnEvent, out: &mut Outbox) {
         self.last_event_ns = self.last_event_ns.max(ev.t_ns);
-        let cause = if ev.newstate == TCP_CLOSE_WAIT {
-            Cause::PeerClosed
+        if ev.newstate == TCP_CLOSE_WAIT {
+            self.peer_closes(out);
         } else {
-            Cause::Closed
-        };
-        self.finish_current(cause, out);
+            self.finish_current(Cause::Closed, out);
+        }
         self.closed_at = Some(ev.t_ns);
         for index in self.acks.closed(ev.t_last_segment_ns) {
             if let Some(d) = out.deliveries.get_mut(&(self.info.sk, index)) {
@@ -361,6 +368,10 @@ impl Connection {
     /// first tokens still waiting were acknowledged by then.
     pub fn on_state(&mut self, ev: &ConnEvent, out: &mut Outbox) {
         self.last_event_ns = self.last_event_ns.max(ev.t_ns);
+        // The server closed too, the response still unfinished.
+        if self.peer_closed && ev.oldstate == TCP_CLOSE_WAIT {
+            self.finish_current(Cause::PeerClosed, out);
+        }
         let all_acked = matches!(
             (ev.oldstate, ev.newstate),
             (TCP_FIN_WAIT1, TCP_FIN_WAIT2)
@@ -414,8 +425,32 @@ impl Connection {
         let quiet = req
             .t_last_send
             .is_some_and(|t| t.saturating_add(quiet_ns) <= now_ns);
-        if open_ended && quiet {
+        if self.peer_closed && quiet {
+            self.finish_current(Cause::PeerClosed, out);
+        } else if open_ended && quiet {
             self.finish_current(Cause::Idle, out);
+        }
+    }
+
+    /// The client closed, and the server may still finish the response
+    /// in flight (see `peer_closed`).
+    pub fn finishing_after_peer_close(&self) -> bool {
+        self.peer_closed
+    }
+
+    /// The client closed its side: the request in flight ends, unless its
+    /// response is unfinished by its framing and the server may still
+    /// finish it (see `peer_closed`).
+    fn peer_closes(&mut self, out: &mut Outbox) {
+        let unfinished = self.current.as_ref().is_some_and(|r| {
+            !r.pipelined
+                && !r.http2
+                && r.response.as_ref().map(Response::end) == Some(End::Incomplete)
+        });
+        if unfinished {
+            self.peer_closed = true;
+        } else {
+            self.finish_current(Cause::PeerClosed, out);
         }
     }
 
@@ -425,6 +460,7 @@ impl Connection {
     }
 
     fn finish_current(&mut self, cause: Cause, out: &mut Outbox) {
+        self.peer_closed = false;
         if let Some(req) = self.current.take() {
             out.finish(req, cause);
         }

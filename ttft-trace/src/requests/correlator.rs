@@ -326,8 +326,13 @@ impl Correlator {
     }
 
     fn apply_sock(&mut self, ev: &SockEvent) {
-        // A closed connection makes no more requests.
-        let Some(conn) = self.conns.get_mut(&ev.sk).filter(|c| c.closed_at.is_none()) else {
+        // A closed connection makes no more requests; after the client's
+        // close, the server may still finish the response in flight.
+        let Some(conn) = self
+            .conns
+            .get_mut(&ev.sk)
+            .filter(|c| c.closed_at.is_none() || c.finishing_after_peer_close())
+        else {
             self.stats.unknown_conn_events += 1;
             return;
         };
@@ -347,8 +352,15 @@ impl Correlator {
                 break;
             }
             self.out.first_tokens.pop_front();
-            // Finished meanwhile: joined when it is emitted.
-            if let Some(req) = self.conns.get_mut(&sk).and_then(|c| c.current_mut(index)) {
+            // Finished meanwhile: joined when it is emitted. The first token
+            // names its request: the socket may since carry a new connection
+            // (the kernel reuses `sk`) whose request has the same index.
+            if let Some(req) = self
+                .conns
+                .get_mut(&sk)
+                .and_then(|c| c.current_mut(index))
+                .filter(|r| r.t_first_token() == Some(t))
+            {
                 req.join = Some(self.episodes.join(req.t_arrive, t));
             }
         }

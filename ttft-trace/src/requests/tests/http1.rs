@@ -152,6 +152,62 @@ fn keep_alive_three_requests_on_one_connection() {
     assert_eq!(w.c.stats().pipelined, 0);
 }
 
+/// hyper (axum) as run in tests/tests/stacks.rs: headers alone, each chunk
+/// as one writev of size line, data and CRLF, and the last chunk with
+/// `[DONE]` and the end `0\r\n\r\n` as further buffers of one writev, on a
+/// kept-alive connection. Past the second send only the last buffer is
+/// captured: the decoder is lost from the third send, and the end is read
+/// from the last buffer alone (was: never `ok`, and the next request on the
+/// connection taken as pipelined).
+#[test]
+fn hyper_vectored_chunks_and_the_end_in_a_buffer_of_its_own() {
+    let mut w = Wire::new();
+    w.open(SK, 0);
+    let mut t = ms(1000);
+    for _ in 0..2 {
+        w.recv(SK, t, 300);
+        w.send_vectored(SK, t + ms(1), &[SSE_HEADERS]);
+        for (i, tok) in ["a", "b", "c"].iter().enumerate() {
+            let data = format!("data: {tok}\n\n");
+            let size = format!("{:X}\r\n", data.len());
+            w.send_vectored(
+                SK,
+                t + ms(20 + 5 * i as u64),
+                &[size.as_bytes(), data.as_bytes(), b"\r\n"],
+            );
+        }
+        let data = b"data: d\n\n";
+        let done = b"data: [DONE]\n\n";
+        let (s1, s2) = (
+            format!("{:X}\r\n", data.len()),
+            format!("{:X}\r\n", done.len()),
+        );
+        w.send_vectored(
+            SK,
+            t + ms(40),
+            &[
+                s1.as_bytes(),
+                data,
+                b"\r\n",
+                s2.as_bytes(),
+                done,
+                b"\r\n",
+                b"0\r\n\r\n",
+            ],
+        );
+        t += ms(500);
+    }
+    let rs = w.drain(ms(5000));
+    assert_eq!(rs.len(), 2, "{rs:#?}");
+    for r in &rs {
+        assert_eq!(r.outcome, Outcome::Ok, "{r:#?}");
+        assert_eq!((r.chunks, r.t_done_ns.is_some()), (4, true));
+        assert_eq!(r.ttft_ns, Some(ms(20)));
+        assert!(r.tpot_ns.is_some());
+    }
+    assert_eq!(w.c.stats().pipelined, 0);
+}
+
 #[test]
 fn request_body_over_several_receives() {
     let mut w = Wire::new();
@@ -197,11 +253,65 @@ fn client_eof_mid_stream_and_later_close() {
     w.send(SK, ms(1010), SSE_HEADERS);
     w.send(SK, ms(1100), &sse_chunk("a"));
     w.recv(SK, ms(1120), 0);
+    // The server goes on streaming to a client that left: its sends are
+    // still the response's, which the server's close leaves unfinished.
     w.send(SK, ms(1125), &sse_chunk("b"));
     w.close(SK, ms(1126));
     let r = w.one(ms(2000));
-    assert_eq!((r.outcome, r.chunks), (Outcome::ClosedMidResponse, 1));
-    assert_eq!(w.c.stats().sends_without_request, 1);
+    assert_eq!((r.outcome, r.chunks), (Outcome::ClosedMidResponse, 2));
+    assert_eq!(w.c.stats().sends_without_request, 0);
+}
+
+/// The `openai` client stops reading at `data: [DONE]` and closes: its FIN
+/// can come before the server writes the chunked terminator (seen on
+/// gunicorn, hypercorn and axum under load). The server finishing the
+/// response after the FIN makes it `ok`; a server that closes without
+/// finishing it leaves it `closed_mid_response`, at its close.
+#[test]
+fn the_client_closes_before_the_terminator_then_the_server_finishes() {
+    let mut w = Wire::new();
+    w.open(SK, 0);
+    w.recv(SK, ms(1000), 300);
+    w.send(SK, ms(1010), SSE_HEADERS);
+    w.send(SK, ms(1100), &sse_chunk("a"));
+    w.send(SK, ms(1120), &sse_chunk("[DONE]"));
+    w.state(CONN_CLOSE, SK, ms(1121), TCP_ESTABLISHED, TCP_CLOSE_WAIT);
+    w.send(SK, ms(1122), b"0\r\n\r\n");
+    w.state(CONN_STATE, SK, ms(1123), TCP_CLOSE_WAIT, TCP_LAST_ACK);
+    let r = w.one(ms(2000));
+    assert_eq!(r.outcome, Outcome::Ok, "{r:#?}");
+    assert_eq!((r.chunks, r.t_done_ns), (2, Some(ms(1122))));
+    assert!(r.tpot_ns.is_some());
+    // The same, the server closing without the terminator; and a receive
+    // returning EOF instead of the FIN's state change.
+    for eof in [false, true] {
+        let mut w = Wire::new();
+        w.open(SK, 0);
+        w.recv(SK, ms(1000), 300);
+        w.send(SK, ms(1010), SSE_HEADERS);
+        w.send(SK, ms(1100), &sse_chunk("a"));
+        if eof {
+            w.recv(SK, ms(1121), 0);
+        } else {
+            w.state(CONN_CLOSE, SK, ms(1121), TCP_ESTABLISHED, TCP_CLOSE_WAIT);
+        }
+        assert!(
+            w.drain(ms(1150)).is_empty(),
+            "the server may still finish it"
+        );
+        w.state(CONN_STATE, SK, ms(1160), TCP_CLOSE_WAIT, TCP_LAST_ACK);
+        if eof {
+            // The receive of EOF came before any state change: the close
+            // itself ends it.
+            w.state(CONN_CLOSE, SK, ms(1161), TCP_CLOSE_WAIT, TCP_CLOSE);
+        }
+        let r = w.one(ms(2000));
+        assert_eq!(
+            (r.outcome, r.chunks),
+            (Outcome::ClosedMidResponse, 1),
+            "eof {eof}"
+        );
+    }
 }
 
 #[test]

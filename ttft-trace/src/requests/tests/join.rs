@@ -185,3 +185,37 @@ fn flush_finishes_requests_in_flight() {
     assert!(streaming.observations().all(|(f, _)| f != Figure::E2e));
     assert_eq!(w.c.stats().connections, 0);
 }
+
+/// A server that closes after every response, whose next connection the
+/// kernel gives the same socket (`sk`) while the previous request's first
+/// token is still queued for its in-flight join: the join must not land on
+/// the new request (seen on gunicorn's sync workers and with curl, a
+/// connection per request: note `no_gpu_episode` on a request whose
+/// episode was there).
+#[test]
+fn a_reused_socket_does_not_take_the_previous_requests_join() {
+    let mut w = Wire::new();
+    w.open(SK, ms(999));
+    w.recv(SK, ms(1000), 200);
+    w.episode(ms(1001), ms(1020));
+    w.send(SK, ms(1021), SSE_HEADERS);
+    w.send(SK, ms(1022), &sse_chunk("a"));
+    w.send(SK, ms(1030), &sse_done());
+    w.close(SK, ms(1031));
+    // The same socket, a new connection and request, before the previous
+    // first token's grace (50 ms) has run out.
+    w.open(SK, ms(1060));
+    w.recv(SK, ms(1061), 200);
+    let first = w.drain(ms(1085));
+    assert_eq!(first.len(), 1, "{first:#?}");
+    assert!(first[0].gpu_ns.is_some(), "{first:#?}");
+    w.episode(ms(1062), ms(1080));
+    w.send(SK, ms(1081), SSE_HEADERS);
+    w.send(SK, ms(1082), &sse_chunk("b"));
+    w.send(SK, ms(1090), &sse_done());
+    w.close(SK, ms(1091));
+    let r = w.one(ms(2000));
+    assert_eq!(r.t_arrive_ns, ms(1061));
+    assert_eq!(r.gpu_t_copy_done_ns, Some(ms(1080)), "{r:#?}");
+    assert!(!r.notes.contains(&"no_gpu_episode"), "{:?}", r.notes);
+}

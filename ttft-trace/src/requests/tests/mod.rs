@@ -122,6 +122,29 @@ impl Wire {
         }
     }
 
+    /// A vectored send (`writev`) of `bufs`, captured as the probes would:
+    /// the head from the first non-empty buffer, the tail from the last.
+    pub fn send_vectored(&mut self, sk: u64, t: u64, bufs: &[&[u8]]) {
+        let data = bufs.concat();
+        let mut ev = self.send_event(sk, t, &data);
+        let first = bufs
+            .iter()
+            .find(|b| !b.is_empty())
+            .copied()
+            .unwrap_or_default();
+        let h = (ev.head_len as usize).min(first.len());
+        ev.head_len = h as u32;
+        let last = bufs.last().copied().unwrap_or_default();
+        let k = last.len().min(TAIL_BYTES);
+        ev.tail = [0; TAIL_BYTES];
+        ev.tail[..k].copy_from_slice(&last[last.len() - k..]);
+        ev.tail_len = k as u32;
+        self.c.on_sock(&ev);
+        if let Some(q) = self.seq.get_mut(&sk) {
+            q.snd_nxt = q.snd_nxt.wrapping_add(data.len() as u32);
+        }
+    }
+
     /// Follows the socket's sequence numbers from `isn` (sends advance
     /// `snd_nxt`; [`Wire::segment`] makes the probe's events).
     pub fn seq_from(&mut self, sk: u64, isn: u32) {

@@ -1,0 +1,112 @@
+"""Minimal streamed-completions handlers on real Python HTTP stacks.
+
+Each handler waits for the GPU step (gpu.py) before every token and hands the stack one body
+piece per token; the stack's own code does all of the HTTP (framing, keep-alive, close). Paths:
+/v1/chat/completions and /v1/completions (SSE, as OpenAI's API), /api/generate (NDJSON).
+
+  uvicorn apps:asgi / hypercorn apps:asgi     (ASGI, no framework)
+  gunicorn apps:wsgi                          (WSGI, sync workers)
+  python apps.py aiohttp PORT | tornado PORT
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import gpu
+
+PATHS = ("/v1/chat/completions", "/v1/completions", "/api/generate")
+
+
+async def asgi(scope, receive, send):
+    if scope["type"] == "lifespan":
+        while True:
+            msg = await receive()
+            if msg["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif msg["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+    path = scope["path"]
+    body = b""
+    while True:
+        msg = await receive()
+        body += msg.get("body", b"")
+        if not msg.get("more_body"):
+            break
+    if path not in PATHS:
+        await send({"type": "http.response.start", "status": 404, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+        return
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", gpu.content_type(path).encode()),
+                            (b"cache-control", b"no-cache")]})
+    n = gpu.tokens(body)
+    for i in range(n):
+        await asyncio.to_thread(gpu.step, i)
+        await send({"type": "http.response.body", "body": gpu.chunk(path, i), "more_body": True})
+    await send({"type": "http.response.body", "body": gpu.last(path), "more_body": True})
+    await send({"type": "http.response.body", "body": b""})
+
+
+def wsgi(environ, start_response):
+    path = environ["PATH_INFO"]
+    if path not in PATHS:
+        start_response("404 Not Found", [("Content-Length", "0")])
+        return [b""]
+    length = int(environ.get("CONTENT_LENGTH") or 0)
+    body = environ["wsgi.input"].read(length)
+    start_response("200 OK", [("Content-Type", gpu.content_type(path)),
+                              ("Cache-Control", "no-cache")])
+    return gpu.stream(path, gpu.tokens(body))
+
+
+def serve_aiohttp(port: int) -> None:
+    from aiohttp import web
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        path = request.path
+        body = await request.read()
+        resp = web.StreamResponse(headers={"Content-Type": gpu.content_type(path),
+                                           "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        for i in range(gpu.tokens(body)):
+            await asyncio.to_thread(gpu.step, i)
+            await resp.write(gpu.chunk(path, i))
+        await resp.write(gpu.last(path))
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    for p in PATHS:
+        app.router.add_post(p, handle)
+    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
+
+
+def serve_tornado(port: int) -> None:
+    import tornado.ioloop
+    import tornado.web
+
+    class Handler(tornado.web.RequestHandler):
+        async def post(self):
+            path = self.request.path
+            self.set_header("Content-Type", gpu.content_type(path))
+            self.set_header("Cache-Control", "no-cache")
+            for i in range(gpu.tokens(self.request.body)):
+                await asyncio.to_thread(gpu.step, i)
+                self.write(gpu.chunk(path, i))
+                await self.flush()
+            self.write(gpu.last(path))
+            await self.flush()
+
+    async def main():
+        app = tornado.web.Application([(p, Handler) for p in PATHS])
+        app.listen(port, address="127.0.0.1")
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+if __name__ == "__main__":
+    {"aiohttp": serve_aiohttp, "tornado": serve_tornado}[sys.argv[1]](int(sys.argv[2]))

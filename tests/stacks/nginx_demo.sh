@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# nginx as a reverse proxy with upstream keep-alive in front of the demo server
+# (tests/demo/server.py), both children of this script, so that one process tree
+# (this script's pid) holds the proxy's client sockets and the demo's GPU work.
+#   nginx_demo.sh PORT DEMO_PORT CUDART
+set -euo pipefail
+port=$1 demo_port=$2 cudart=$3
+here=$(cd "$(dirname "$0")" && pwd)
+dir=$(mktemp -d /tmp/ttft-nginx.XXXXXX)
+trap 'wait; rm -rf "$dir"' EXIT
+trap 'exit 143' TERM INT
+python3 "$here/../demo/server.py" --port "$demo_port" --cudart "$cudart" >/dev/null &
+cat >"$dir/nginx.conf" <<CONF
+worker_processes 1;
+pid $dir/nginx.pid;
+error_log stderr warn;
+events { worker_connections 64; }
+http {
+    access_log off;
+    client_body_temp_path $dir/body;
+    proxy_temp_path $dir/proxy;
+    fastcgi_temp_path $dir/fastcgi;
+    uwsgi_temp_path $dir/uwsgi;
+    scgi_temp_path $dir/scgi;
+    upstream demo {
+        server 127.0.0.1:$demo_port;
+        keepalive 4;
+    }
+    server {
+        listen 127.0.0.1:$port;
+        location / {
+            proxy_pass http://demo;
+            # Upstream keep-alive needs HTTP/1.1 and no "Connection: close".
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            # Each token goes to the client as it comes.
+            proxy_buffering off;
+        }
+    }
+}
+CONF
+nginx -p "$dir" -c "$dir/nginx.conf" -e stderr -g 'daemon off;' &
+wait

@@ -1,0 +1,651 @@
+//! Root-only: real HTTP server stacks (installed by `cargo xtask setup`, not
+//! written here) serving a streamed completions endpoint under `ttft-trace
+//! attach`, driven by real clients (the `openai` Python client, `httpx`,
+//! `curl`: tests/stacks/client.py). Per stack: every request sent is found in
+//! the trace (client port and request index on the connection), each
+//! complete response is `ok` with E2E and TPOT, and the traced TTFT agrees
+//! with the client's own. Prints one markdown table (README, "Real HTTP
+//! stacks under the tracer"). `TTFT_STACKS=a,b` runs only those stacks.
+
+use std::{
+    collections::HashMap,
+    net::{TcpListener, TcpStream},
+    os::unix::process::CommandExt as _,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail, ensure};
+use serde::Deserialize;
+use serde_json::Value;
+use ttft_trace_tests::{
+    demo::read_jsonl,
+    faults::{self, PacketLoss},
+    fixtures::{self, cache_dir},
+    tracer::{Tracer, root_test},
+};
+
+/// Requests per stack (a third per client kind) and tokens per response.
+const REQUESTS: usize = 12;
+const TOKENS: u64 = 8;
+/// Client TTFT minus traced TTFT, over the compared requests: the client's
+/// own time to send and to read its first token on loopback (openai's client
+/// parses each chunk into pydantic objects first).
+const P50_TOLERANCE_MS: f64 = 3.0;
+const P99_TOLERANCE_MS: f64 = 10.0;
+
+const STACKS: [&str; 9] = [
+    "uvicorn-h11",
+    "uvicorn-httptools",
+    "hypercorn",
+    "aiohttp",
+    "gunicorn-sync",
+    "tornado",
+    "axum",
+    "libmicrohttpd",
+    "nginx+demo",
+];
+
+fn stacks_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("stacks")
+}
+
+fn venv_python() -> PathBuf {
+    cache_dir().join("stacks-venv/bin/python")
+}
+
+/// Whether `cargo xtask setup` installed tests/stacks/requirements.txt.
+fn venv_ready() -> Result<(), String> {
+    let stamp = cache_dir().join("stacks-venv/requirements.installed");
+    let want = std::fs::read_to_string(stacks_dir().join("requirements.txt"))
+        .map_err(|e| format!("tests/stacks/requirements.txt: {e}"))?;
+    match std::fs::read_to_string(&stamp) {
+        Ok(have) if have == want => Ok(()),
+        _ => Err(format!(
+            "the stacks' venv ({}) is missing or stale: run `cargo xtask setup`",
+            stamp.display()
+        )),
+    }
+}
+
+/// A server and all its processes (workers, nginx + the demo): one process
+/// group, stopped as a whole on drop.
+struct Group(Child);
+
+impl Group {
+    fn spawn(mut c: Command) -> Result<Self> {
+        c.process_group(0)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null());
+        Ok(Self(c.spawn().with_context(|| format!("starting {c:?}"))?))
+    }
+
+    fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        let pgid = -(self.0.id() as i32);
+        // SAFETY: kill(2) on the process group this test started.
+        unsafe { libc::kill(pgid, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if matches!(self.0.try_wait(), Ok(Some(_))) {
+                break;
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        // SAFETY: as above; whatever ignored SIGTERM.
+        unsafe { libc::kill(pgid, libc::SIGKILL) };
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn wait_listening(port: u16, server: &mut Group) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if let Some(st) = server.0.try_wait()? {
+            bail!("server exited before listening on {port}: {st}");
+        }
+        ensure!(Instant::now() < deadline, "nothing listens on {port}");
+        thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+/// The command that serves `stack` on `port` (and `upstream`, behind a
+/// proxy), or why it cannot run here.
+fn server(stack: &str, port: u16, upstream: u16, cudart: &Path) -> Result<Command, String> {
+    // The clients of every stack, and the Python stacks.
+    venv_ready()?;
+    match stack {
+        "axum" => {
+            let mut c = Command::new(env!("CARGO_BIN_EXE_stack-axum"));
+            c.arg(port.to_string()).arg(cudart);
+            return Ok(c);
+        }
+        "libmicrohttpd" => {
+            let mut c = Command::new(build_mhd()?);
+            c.arg(port.to_string()).arg(cudart);
+            return Ok(c);
+        }
+        _ => {}
+    }
+    let py = venv_python();
+    let mut c = Command::new(&py);
+    let p = port.to_string();
+    let bind = format!("127.0.0.1:{port}");
+    match stack {
+        "uvicorn-h11" | "uvicorn-httptools" => {
+            let http = stack.trim_start_matches("uvicorn-");
+            c.args(["-m", "uvicorn", "apps:asgi", "--http", http, "--port", &p])
+                .args(["--no-access-log", "--log-level", "warning"]);
+        }
+        "hypercorn" => {
+            c.args(["-m", "hypercorn", "apps:asgi", "--bind", &bind])
+                .args(["--log-level", "warning"]);
+        }
+        "gunicorn-sync" => {
+            // --preload: the app (and the CUDA runtime) is loaded in the
+            // master, so the tracer finds it there at attach.
+            c.args([
+                "-m",
+                "gunicorn",
+                "--preload",
+                "-w",
+                "2",
+                "-k",
+                "sync",
+                "-b",
+                &bind,
+            ])
+            .args(["--log-level", "warning", "apps:wsgi"]);
+        }
+        "aiohttp" | "tornado" => {
+            c.args(["apps.py", stack, &p]);
+        }
+        "nginx+demo" => {
+            if !Path::new("/usr/sbin/nginx").is_file() {
+                return Err("nginx is not installed: run `cargo xtask setup`".into());
+            }
+            c = Command::new(stacks_dir().join("nginx_demo.sh"));
+            c.arg(&p).arg(upstream.to_string()).arg(cudart);
+        }
+        other => return Err(format!("unknown stack {other}")),
+    }
+    c.current_dir(stacks_dir())
+        .env("STACK_CUDART", cudart)
+        .env("PYTHONUNBUFFERED", "1")
+        .env("PYTHONDONTWRITEBYTECODE", "1");
+    Ok(c)
+}
+
+/// Builds tests/stacks/mhd.c against the system's libmicrohttpd.
+fn build_mhd() -> Result<PathBuf, String> {
+    if !Path::new("/usr/include/microhttpd.h").is_file() {
+        return Err("libmicrohttpd-dev is not installed: run `cargo xtask setup`".into());
+    }
+    let bin = fixtures::fixture_dir().join("stack-mhd");
+    let out = Command::new("cc")
+        .args(["-O2", "-Wall", "-Wextra", "-Werror", "-o"])
+        .arg(&bin)
+        .arg(stacks_dir().join("mhd.c"))
+        .args(["-lmicrohttpd", "-ldl", "-lpthread"])
+        .output()
+        .map_err(|e| format!("running cc: {e}"))?;
+    // A build failure with the library installed is a failure, not a skip.
+    assert!(
+        out.status.success(),
+        "cc tests/stacks/mhd.c: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(bin)
+}
+
+/// One request as tests/stacks/client.py measured it.
+#[derive(Debug, Deserialize)]
+struct ClientRecord {
+    client: String,
+    path: String,
+    client_port: u16,
+    req_on_conn: u64,
+    ttft_s: Option<f64>,
+    chunks: u64,
+    outcome: String,
+    warmup: bool,
+}
+
+/// What one stack's run measured.
+struct Row {
+    stack: String,
+    sent: usize,
+    matched: usize,
+    ok: usize,
+    client: (f64, f64),
+    traced: (f64, f64),
+    diff: (f64, f64),
+    /// The largest difference, and the client that measured it.
+    worst: (f64, String),
+    /// openai requests the client closed at `[DONE]`, before the server
+    /// wrote the chunked terminator, which it then never wrote.
+    closed_at_done: usize,
+    /// Requests joined to the GPU episode of their first token.
+    gpu: usize,
+    e2e_tpot: usize,
+    chunks: (u64, u64),
+    notes: String,
+}
+
+fn p(v: &[f64], q: f64) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[((v.len() as f64 - 1.0) * q).round() as usize]
+}
+
+/// How one stack is driven.
+struct Load<'a> {
+    clients: &'a str,
+    requests: usize,
+    /// Percent of the server's packets dropped on their way to the client.
+    loss: Option<u32>,
+    /// Extra tracer arguments.
+    tracer: &'a [&'a str],
+}
+
+const MATRIX: Load = Load {
+    clients: "openai,httpx,curl",
+    requests: REQUESTS,
+    loss: None,
+    tracer: &[],
+};
+
+/// One stack's traced run: what the clients measured, and the traced
+/// requests on the stack's port by (client port, request index from 1).
+struct Run {
+    clients: Vec<ClientRecord>,
+    traced: HashMap<(u64, u64), Value>,
+    upstream_note: String,
+}
+
+/// Runs `stack` under the tracer with `load`; `None` when it is not
+/// installed here (a failure under TTFT_TRACE_REQUIRE_FIXTURES).
+fn traced_run(stack: &str, cudart: &Path, load: &Load) -> Result<Option<Run>> {
+    let port = free_port()?;
+    let upstream = free_port()?;
+    let proxied = stack.starts_with("nginx");
+    let cmd = match server(stack, port, upstream, cudart) {
+        Ok(c) => c,
+        Err(why) => {
+            assert!(
+                std::env::var_os("TTFT_TRACE_REQUIRE_FIXTURES").is_none(),
+                "{stack}: {why}, and TTFT_TRACE_REQUIRE_FIXTURES is set"
+            );
+            eprintln!("SKIP {stack}: {why}");
+            return Ok(None);
+        }
+    };
+    let mut group = Group::spawn(cmd)?;
+    wait_listening(port, &mut group)?;
+    if proxied {
+        wait_listening(upstream, &mut group)?;
+    }
+    let mut args = vec![
+        "--pid".to_string(),
+        group.pid().to_string(),
+        "--interval".into(),
+        "60".into(),
+        "--no-nvml".into(),
+    ];
+    args.extend(load.tracer.iter().map(|a| a.to_string()));
+    let mut tracer = Tracer::start(&args, 0)?;
+    tracer.wait_for_stderr("following requests on port", 1, Duration::from_secs(30))?;
+    // The stub runtime and its driver.
+    tracer.wait_for_stderr("attached", 2, Duration::from_secs(30))?;
+    let port_s = port.to_string();
+    ensure!(
+        tracer
+            .stderr_lines
+            .iter()
+            .any(|l| l.contains("following requests on port")
+                && l.split(|ch: char| !ch.is_ascii_digit())
+                    .any(|w| w == port_s)),
+        "{stack}: port {port} not followed: {:?}",
+        tracer.stderr_lines
+    );
+    let loss = load
+        .loss
+        .map(|pct| PacketLoss::start_with(port, pct, faults::Direction::FromServer))
+        .transpose()?;
+    let out = fixtures::temp_path("stack-client", "jsonl");
+    let status = Command::new(venv_python())
+        .arg(stacks_dir().join("client.py"))
+        .args(["--url", &format!("http://127.0.0.1:{port}")])
+        .args(["--requests", &load.requests.to_string()])
+        .args(["--clients", load.clients])
+        .args(["--tokens", &TOKENS.to_string(), "--out"])
+        .arg(&out)
+        .args(proxied.then_some("--no-ndjson"))
+        .status()
+        .context("running tests/stacks/client.py")?;
+    drop(loss);
+    ensure!(status.success(), "{stack}: client failed: {status}");
+    let clients: Vec<ClientRecord> = read_jsonl(&out)?;
+    let _ = std::fs::remove_file(&out);
+    // The last response's close and the server's own grace, then stop.
+    thread::sleep(Duration::from_millis(300));
+    let trace = tracer.interrupt(Duration::from_secs(30))?;
+    drop(group);
+    ensure!(trace.success, "{}", trace.stderr);
+    let on_port = |p: u16| {
+        trace
+            .lines
+            .iter()
+            .filter(move |l| l["type"] == "request" && l["server_port"].as_u64() == Some(p.into()))
+    };
+    let traced: HashMap<(u64, u64), Value> = on_port(port)
+        .map(|r| {
+            let key = (
+                r["client_port"].as_u64().unwrap_or(0),
+                r["request_index"].as_u64().unwrap_or(0) + 1,
+            );
+            (key, r.clone())
+        })
+        .collect();
+    // Behind the proxy, the demo's own requests come from nginx's pool of
+    // upstream connections: each one traced, on fewer connections than
+    // requests (kept alive).
+    let upstream_note = if proxied {
+        let behind: Vec<&Value> = on_port(upstream).collect();
+        let conns = behind
+            .iter()
+            .filter(|r| r["request_index"].as_u64() == Some(0))
+            .count();
+        ensure!(
+            behind.len() == clients.len() && conns < behind.len(),
+            "{stack}: {} upstream requests on {conns} connections for {} sent",
+            behind.len(),
+            clients.len()
+        );
+        for r in &behind {
+            ensure!(
+                r["outcome"] == "ok" && r["ttft_ns"].is_u64(),
+                "upstream: {r}"
+            );
+        }
+        format!("upstream: {} requests on {conns} connections", behind.len())
+    } else {
+        String::new()
+    };
+    Ok(Some(Run {
+        clients,
+        traced,
+        upstream_note,
+    }))
+}
+
+fn judge(stack: &str, run: Run) -> Result<()> {
+    let Run {
+        clients,
+        traced,
+        upstream_note,
+    } = run;
+    ensure!(
+        clients.len() == REQUESTS,
+        "{stack}: {} records",
+        clients.len()
+    );
+    for c in &clients {
+        ensure!(
+            c.outcome == "ok" && c.chunks == TOKENS,
+            "{stack}: the client's own request failed: {c:?}"
+        );
+    }
+    let mut row = Row {
+        stack: stack.to_string(),
+        sent: clients.len(),
+        matched: 0,
+        ok: 0,
+        client: (0.0, 0.0),
+        traced: (0.0, 0.0),
+        diff: (0.0, 0.0),
+        worst: (0.0, String::new()),
+        closed_at_done: 0,
+        gpu: 0,
+        e2e_tpot: 0,
+        chunks: (u64::MAX, 0),
+        notes: String::new(),
+    };
+    let (mut client, mut tracedv, mut diff) = (Vec::new(), Vec::new(), Vec::new());
+    let mut problems = Vec::new();
+    let mut notes: Vec<String> = vec![upstream_note]
+        .into_iter()
+        .filter(|n| !n.is_empty())
+        .collect();
+    for c in &clients {
+        let Some(t) = traced.get(&(u64::from(c.client_port), c.req_on_conn)) else {
+            problems.push(format!(
+                "{} {} (port {}, #{}) not in the trace",
+                c.client, c.path, c.client_port, c.req_on_conn
+            ));
+            continue;
+        };
+        row.matched += 1;
+        let chunks = t["chunks"].as_u64().unwrap_or(0);
+        // The openai client stops reading at `data: [DONE]` and closes, at
+        // times before the chunked terminator is written: a server that
+        // then leaves it unwritten (libmicrohttpd, nginx) ended no response
+        // by its framing. Counted apart, with every token seen.
+        let closed_at_done =
+            c.client == "openai" && t["outcome"] == "closed_mid_response" && chunks >= TOKENS;
+        if t["outcome"] == "ok" {
+            row.ok += 1;
+        } else if closed_at_done {
+            row.closed_at_done += 1;
+        } else {
+            problems.push(format!("{} {}: {t}", c.client, c.path));
+        }
+        if t["gpu_ns"].is_u64() {
+            row.gpu += 1;
+        } else {
+            problems.push(format!("not joined to its GPU episode: {t}"));
+        }
+        if t["t_done_ns"].is_u64() && t["tpot_ns"].is_u64() {
+            row.e2e_tpot += 1;
+        } else if !closed_at_done {
+            problems.push(format!("no E2E/TPOT: {t}"));
+        }
+        row.chunks = (row.chunks.0.min(chunks), row.chunks.1.max(chunks));
+        // The tokens, plus `[DONE]` / the NDJSON done line, plus the demo's
+        // role-only chunk on chat.
+        if !(TOKENS..=TOKENS + 2).contains(&chunks) {
+            problems.push(format!("{chunks} chunks: {t}"));
+        }
+        for n in t["notes"].as_array().into_iter().flatten() {
+            let n = n.as_str().unwrap_or_default().to_string();
+            if !notes.contains(&n) {
+                notes.push(n);
+            }
+        }
+        let Some(tt) = t["ttft_ns"].as_u64() else {
+            problems.push(format!("no TTFT: {t}"));
+            continue;
+        };
+        let ct = c.ttft_s.context("client TTFT")? * 1e3;
+        let tt = tt as f64 / 1e6;
+        // The server's recv returns after the client sent and its send
+        // before the client read: the traced TTFT is never the longer.
+        if tt > ct + 0.010 {
+            problems.push(format!("traced {tt} ms > client {ct} ms: {t}"));
+        }
+        if !c.warmup {
+            client.push(ct);
+            tracedv.push(tt);
+            diff.push(ct - tt);
+            if ct - tt > row.worst.0 {
+                row.worst = (ct - tt, c.client.clone());
+            }
+        }
+    }
+    ensure!(
+        !diff.is_empty(),
+        "{stack}: nothing to compare: {problems:?}"
+    );
+    row.client = (p(&client, 0.5), p(&client, 0.99));
+    row.traced = (p(&tracedv, 0.5), p(&tracedv, 0.99));
+    row.diff = (p(&diff, 0.5), p(&diff, 0.99));
+    if row.closed_at_done > 0 {
+        notes.push(format!(
+            "{} openai closed at [DONE] before the terminator (never written)",
+            row.closed_at_done
+        ));
+    }
+    row.notes = notes.join(", ");
+    if row.diff.0 >= P50_TOLERANCE_MS || row.diff.1 >= P99_TOLERANCE_MS {
+        problems.push(format!(
+            "client - traced TTFT P50 {:.3} / P99 {:.3} ms (tolerance {P50_TOLERANCE_MS} / \
+             {P99_TOLERANCE_MS} ms)",
+            row.diff.0, row.diff.1
+        ));
+    }
+    print_row(&row);
+    ensure!(problems.is_empty(), "{stack}:\n{}", problems.join("\n"));
+    Ok(())
+}
+
+fn print_header() {
+    eprintln!(
+        "| stack | seen / sent | `ok` | client TTFT P50 / P99 | traced TTFT P50 / P99 | \
+         client − traced P50 / P99 | largest (client) | E2E + TPOT | GPU joined | chunks | notes |"
+    );
+    eprintln!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+}
+
+fn print_row(r: &Row) {
+    eprintln!(
+        "| {} | {} / {} | {} | {:.2} / {:.2} ms | {:.2} / {:.2} ms | {:.3} / {:.3} ms | {:.3} ms ({}) | {} | {} | {}–{} | {} |",
+        r.stack,
+        r.matched,
+        r.sent,
+        r.ok,
+        r.client.0,
+        r.client.1,
+        r.traced.0,
+        r.traced.1,
+        r.diff.0,
+        r.diff.1,
+        r.worst.0,
+        r.worst.1,
+        r.e2e_tpot,
+        r.gpu,
+        r.chunks.0,
+        r.chunks.1,
+        r.notes
+    );
+}
+
+#[test]
+fn real_stacks_under_the_tracer() -> Result<()> {
+    let Some(_g) = root_test("real_stacks_under_the_tracer") else {
+        return Ok(());
+    };
+    let cudart = fixtures::existing_fixture(fixtures::STUB_CUDART)?;
+    let only = std::env::var("TTFT_STACKS").ok();
+    let chosen: Vec<&str> = STACKS
+        .iter()
+        .copied()
+        .filter(|s| {
+            only.as_deref()
+                .is_none_or(|o| o.split(',').any(|x| x == *s))
+        })
+        .collect();
+    print_header();
+    let mut failed = Vec::new();
+    for stack in chosen {
+        let result = traced_run(stack, &cudart, &MATRIX)
+            .and_then(|run| run.map_or(Ok(()), |run| judge(stack, run)));
+        if let Err(e) = result {
+            eprintln!("FAIL {stack}: {e:#}");
+            failed.push(stack);
+        }
+    }
+    assert!(failed.is_empty(), "failed: {failed:?}");
+    Ok(())
+}
+
+/// `network` recall with real loss (20 % of the server's packets to the
+/// client dropped, nftables) on a keep-alive stack and on one that closes
+/// after every response (gunicorn's sync workers). The SLO is set to
+/// 100 ms: a clean request takes about 21 ms, and a lost first token waits
+/// for a retransmit (200 ms at least). curl only: its TTFT starts once
+/// connected, so a lost SYN-ACK (before any request exists) is not counted.
+#[test]
+fn network_loss_on_real_stacks() -> Result<()> {
+    let Some(_g) = root_test("network_loss_on_real_stacks") else {
+        return Ok(());
+    };
+    let cudart = fixtures::existing_fixture(fixtures::STUB_CUDART)?;
+    let load = Load {
+        clients: "curl",
+        requests: 30,
+        loss: Some(20),
+        tracer: &["--slo-ms", "100"],
+    };
+    eprintln!("| stack | recall | false positives / clean | with retransmits |");
+    eprintln!("| --- | --- | --- | --- |");
+    let mut failed = Vec::new();
+    // (stack, least share of the slow requests to be named network).
+    for (stack, min_recall) in [("uvicorn-h11", 0.5), ("gunicorn-sync", 1.0 / 3.0)] {
+        let Some(run) = traced_run(stack, &cudart, &load)? else {
+            continue;
+        };
+        let (mut faulty, mut recalled, mut clean, mut false_pos, mut retrans) = (0, 0, 0, 0, 0);
+        for c in &run.clients {
+            let t = run
+                .traced
+                .get(&(u64::from(c.client_port), c.req_on_conn))
+                .with_context(|| format!("{stack}: {c:?} not traced"))?;
+            let classes: Vec<&str> = t["causes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|k| k["class"].as_str())
+                .collect();
+            retrans += usize::from(t["tcp_retransmits"].as_u64().unwrap_or(0) > 0);
+            if c.ttft_s.is_some_and(|s| s > 0.1) {
+                faulty += 1;
+                recalled += usize::from(classes.contains(&"network"));
+                if !classes.contains(&"network") {
+                    eprintln!(
+                        "{stack}: slow request not named network: client TTFT {:?} s, {t}",
+                        c.ttft_s
+                    );
+                }
+            } else {
+                clean += 1;
+                false_pos += usize::from(!classes.is_empty());
+            }
+        }
+        eprintln!(
+            "| {stack} | {recalled}/{faulty} | {false_pos}/{clean} | {retrans}/{} |",
+            run.clients.len()
+        );
+        // No clean request blamed. On the server that closes after every
+        // response, a first token acknowledged after the close with a client
+        // segment in between leaves the delivery unknown by design (README,
+        // "TCP after the application's close"): such a request is missed
+        // (seen: 1/3 to 6/6), hence the lower share asked there.
+        if faulty == 0 || (recalled as f64) < min_recall * faulty as f64 || false_pos > 0 {
+            failed.push(stack);
+        }
+    }
+    assert!(failed.is_empty(), "network recall too low on {failed:?}");
+    Ok(())
+}
