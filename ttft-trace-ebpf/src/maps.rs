@@ -8,6 +8,7 @@ use aya_ebpf::{
 use ttft_trace_common::{
     ConnState, GpuCounters, SendArgs, ThreadState, TracepointOffsets,
     counters::STATS,
+    offsets::TaskOffsets,
     signals::{RUNQ_BUCKETS, SchedState, SchedTotals},
 };
 
@@ -121,6 +122,11 @@ pub static OFFSETS: TracepointOffsets = TracepointOffsets {
     probe_daddr: 0,
 };
 
+/// `struct task_struct` offsets for the raw scheduler tracepoints, set by
+/// userspace from the kernel's BTF at load time.
+#[unsafe(no_mangle)]
+pub static TASK_OFFSETS: TaskOffsets = TaskOffsets { pid: 0 };
+
 /// Scheduler intervals shorter than this are only summed, not sent.
 #[unsafe(no_mangle)]
 pub static SCHED_MIN_NS: u64 = 1_000_000;
@@ -178,6 +184,16 @@ pub fn offsets() -> TracepointOffsets {
     // SAFETY: reading a static we own; userspace rewrites it before load.
     unsafe { core::ptr::read_volatile(&OFFSETS) }
 }
+
+/// One field of [`OFFSETS`], as a context offset: the hot tracepoints read
+/// only what they use, not the whole struct as [`offsets`] does.
+macro_rules! offset {
+    ($field:ident) => {
+        // SAFETY: reading a static we own; userspace rewrites it before load.
+        unsafe { core::ptr::read_volatile(&$crate::maps::OFFSETS.$field) } as usize
+    };
+}
+pub(crate) use offset;
 
 #[inline(always)]
 pub fn bump_stat(stat: ttft_trace_common::Stat) {

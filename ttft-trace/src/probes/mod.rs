@@ -1,12 +1,14 @@
 //! Loading the eBPF object, attaching its programs, and reading its maps.
 
 pub mod btf;
+mod event_hook;
 mod kernel_maps;
 pub mod libraries;
 mod selftest;
 mod send_hook;
 pub mod symbols;
 
+pub use event_hook::{EVENT_HOOK_ENV, EventHook, event_hook_plan};
 pub use send_hook::{SEND_HOOK_ENV, SendHook, send_hook_plan, syscall_offsets};
 use send_hook::{SYSCALL_SEND_TRACEPOINTS, attach_sendmsg};
 
@@ -20,7 +22,10 @@ use aya::{
     programs::{TracePoint, UProbe, uprobe::UProbeScope},
 };
 use thiserror::Error;
-use ttft_trace_common::{SendOffsets, TracepointOffsets, offsets::ABSENT};
+use ttft_trace_common::{
+    SendOffsets, TracepointOffsets,
+    offsets::{ABSENT, TaskOffsets},
+};
 
 use crate::tracefs::{self, Format, TracefsError};
 use libraries::{CudaLibrary, FileId};
@@ -89,6 +94,7 @@ pub struct Attached {
 pub struct Probes {
     ebpf: Ebpf,
     send_hook: SendHook,
+    event_hook: EventHook,
     /// Libraries attached, by the file they land on: uprobes attach to a
     /// file, and fire in every process that maps it.
     attached: HashMap<FileId, Attached>,
@@ -97,7 +103,8 @@ pub struct Probes {
 }
 
 /// Tracepoints and the programs attached to them: (program, category, name).
-/// The send hook's come on top (see [`SendHook`]).
+/// The send hook's come on top (see [`SendHook`]); the per-event ones are
+/// raw tracepoints instead where the kernel allows (see [`EventHook`]).
 pub const TRACEPOINTS: &[(&str, &str, &str)] = &[
     ("sched_process_fork", "sched", "sched_process_fork"),
     ("sched_process_exit", "sched", "sched_process_exit"),
@@ -202,6 +209,7 @@ impl Probes {
         }
         let mut offsets = tracepoint_offsets()?;
         let send_offsets = send_hook_plan();
+        let task_offsets = event_hook_plan();
         let syscalls_ready = match &send_offsets {
             Ok(_) => syscall_offsets(&mut offsets).is_ok(),
             Err(why) => {
@@ -220,6 +228,11 @@ impl Probes {
                 send_offsets.as_ref().unwrap_or(&SendOffsets::default()),
                 true,
             )
+            .override_global(
+                "TASK_OFFSETS",
+                task_offsets.as_ref().unwrap_or(&TaskOffsets::default()),
+                true,
+            )
             .override_global("WAKEUP_BYTES", &wakeup_bytes, true)
             .override_global("SCHED_MIN_NS", &cfg.sched_min_ns, true)
             .override_global("LARGE_COPY_BYTES", &cfg.large_copy_bytes, true)
@@ -235,9 +248,26 @@ impl Probes {
                 .map_err(|e| ProbeError::Program(name, e))?;
             prog.load().map_err(|e| ProbeError::Program(name, e))?;
         }
+        let event_hook = match task_offsets {
+            Ok(_) => match event_hook::attach_raw(&mut ebpf) {
+                Ok(()) => EventHook::Raw,
+                Err(e) => {
+                    log::warn!("event hook: {e}; using the classic tracepoints instead");
+                    EventHook::Tracepoints
+                }
+            },
+            Err(why) => {
+                log::info!("event hook: classic tracepoints ({why})");
+                EventHook::Tracepoints
+            }
+        };
         for &(name, category, tracepoint) in TRACEPOINTS {
+            if event_hook == EventHook::Raw && event_hook::is_hot(name) {
+                continue;
+            }
             attach_tracepoint(&mut ebpf, name, category, tracepoint)?;
         }
+        log::info!("event hook: {}", event_hook.describe());
         let send_hook = match send_offsets {
             Ok(_) => match attach_sendmsg(&mut ebpf) {
                 Ok(()) => SendHook::TcpSendmsgLocked,
@@ -258,6 +288,7 @@ impl Probes {
         Ok(Self {
             ebpf,
             send_hook,
+            event_hook,
             attached: HashMap::new(),
             map_full: BTreeMap::new(),
         })
@@ -266,6 +297,11 @@ impl Probes {
     /// Which send hook is attached.
     pub fn send_hook(&self) -> SendHook {
         self.send_hook
+    }
+
+    /// How the per-event (scheduler, socket length) programs are attached.
+    pub fn event_hook(&self) -> EventHook {
+        self.event_hook
     }
 
     /// Attaches the probes to one library, once per file. Returns None when
