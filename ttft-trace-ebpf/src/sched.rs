@@ -9,16 +9,17 @@
 //! slow request).
 //!
 //! The switch and wakeup programs run for every task on the host, so they
-//! are raw tracepoints (the scheduler's own arguments, `struct task_struct
-//! *`, with the thread id's offset from the kernel's BTF) where the
-//! prototypes check out, and the classic tracepoints (which fill a perf
-//! record before the program runs) otherwise. Either way an untraced task
-//! costs a map lookup per switch or wakeup before the program returns.
+//! are BTF tracepoints (the scheduler's own arguments, `struct task_struct
+//! *`, read in place at the thread id's offset from the kernel's BTF) where
+//! the prototypes check out, and the classic tracepoints (which fill a perf
+//! record before the program runs) otherwise. A task is looked up only when
+//! [`TRACED_IDS`](crate::maps::TRACED_IDS) says it may be traced: for
+//! untraced tasks, an array read per task instead of a hash lookup.
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel},
-    macros::{raw_tracepoint, tracepoint},
-    programs::{RawTracePointContext, TracePointContext},
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    macros::{btf_tracepoint, tracepoint},
+    programs::{BtfTracePointContext, TracePointContext},
 };
 use ttft_trace_common::{
     Stat,
@@ -31,7 +32,7 @@ use ttft_trace_common::{
 
 use crate::maps::{
     CONNS, EVENTS, RUNQ_HIST, SCHED_STATE, SCHED_TOTALS, TASK_OFFSETS, bump_stat, is_tracked,
-    offset, offsets, sched_min_ns, wakeup_flag,
+    mark_traced, may_be_traced, offset, offsets, sched_min_ns, wakeup_flag,
 };
 
 /// `prev_state` bits that mean "not runnable"; a preempted task reports 0
@@ -109,7 +110,7 @@ enum Left {
 /// One context switch, in the context of the task switched out: `left`
 /// tells how it left (read only when it is traced), `next` is the thread
 /// switched in (0 for the idle task). An untraced task switching to an
-/// untraced thread pays two map lookups: one per task.
+/// untraced thread pays two array reads (`TRACED_IDS`), no hash lookup.
 #[inline(always)]
 fn on_switch(left: impl FnOnce() -> Left, next: u32) {
     let id = bpf_get_current_pid_tgid();
@@ -157,24 +158,28 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
     0
 }
 
-/// Thread id of a `struct task_struct *`, at the offset from this kernel's
-/// BTF (0 if unreadable, which the callers take as "no thread").
+/// Thread id of a `struct task_struct *` argument of a BTF tracepoint: a
+/// plain load, which the verifier checks against the kernel's layout (the
+/// offset, from this kernel's BTF, is a constant to it: `.rodata` is frozen
+/// before the programs load).
 #[inline(always)]
-fn task_pid(task: u64) -> u32 {
+fn task_tid(task: *const u8) -> u32 {
     // SAFETY: reading a static we own; userspace rewrites it before load.
-    let off = unsafe { core::ptr::read_volatile(&TASK_OFFSETS.pid) };
-    // SAFETY: the helper checks the address.
-    unsafe { bpf_probe_read_kernel((task + u64::from(off)) as *const i32) }.unwrap_or(0) as u32
+    let off = unsafe { core::ptr::read_volatile(&TASK_OFFSETS.pid) } as usize;
+    // SAFETY: a BTF-typed pointer of the tracepoint's arguments; the
+    // verifier allows only a load of `task_struct.pid` here, and the kernel
+    // turns a fault into a zero.
+    unsafe { core::ptr::read_volatile(task.add(off).cast::<i32>()) as u32 }
 }
 
-/// Raw `sched_switch(bool preempt, struct task_struct *prev, struct
+/// BTF `sched_switch(bool preempt, struct task_struct *prev, struct
 /// task_struct *next, unsigned int prev_state)`: the arguments as the
 /// scheduler passes them, without the perf record the classic tracepoint
 /// fills first. `prev_state` is the raw task state here, not the
 /// tracepoint's reported one.
-#[raw_tracepoint(tracepoint = "sched_switch")]
-pub fn raw_sched_switch(ctx: RawTracePointContext) -> i32 {
-    let next: u64 = ctx.arg(2);
+#[btf_tracepoint(function = "sched_switch")]
+pub fn btf_sched_switch(ctx: BtfTracePointContext) -> i32 {
+    let next: *const u8 = ctx.arg(2);
     on_switch(
         || {
             let preempt: u64 = ctx.arg(0);
@@ -187,7 +192,7 @@ pub fn raw_sched_switch(ctx: RawTracePointContext) -> i32 {
                 Left::Runnable
             }
         },
-        task_pid(next),
+        task_tid(next),
     );
     0
 }
@@ -197,6 +202,8 @@ fn switched_out(tgid: u32, tid: u32, now: u64, blocked: bool) {
     let st = match SCHED_STATE.get_ptr_mut(tid) {
         Some(p) => p,
         None => {
+            // Marked first: a wakeup on another CPU must not skip it.
+            mark_traced(tid, true);
             let _ = SCHED_STATE.insert(
                 tid,
                 SchedState {
@@ -235,6 +242,9 @@ fn switched_out(tgid: u32, tid: u32, now: u64, blocked: bool) {
 
 #[inline(always)]
 fn switched_in(tid: u32, now: u64) {
+    if !may_be_traced(tid) {
+        return;
+    }
     let Some(st) = SCHED_STATE.get_ptr_mut(tid) else {
         return;
     };
@@ -262,7 +272,7 @@ fn switched_in(tid: u32, now: u64) {
 /// thread asleep. One map lookup for any other thread.
 #[inline(always)]
 fn woken(tid: u32) -> u32 {
-    if tid == 0 {
+    if tid == 0 || !may_be_traced(tid) {
         return 0;
     }
     let Some(st) = SCHED_STATE.get_ptr_mut(tid) else {
@@ -307,16 +317,16 @@ pub fn sched_wakeup_new(ctx: TracePointContext) -> u32 {
     woken_pid(&ctx)
 }
 
-/// Raw `sched_wakeup(struct task_struct *p)`.
-#[raw_tracepoint(tracepoint = "sched_wakeup")]
-pub fn raw_sched_wakeup(ctx: RawTracePointContext) -> i32 {
-    woken(task_pid(ctx.arg(0))) as i32
+/// BTF `sched_wakeup(struct task_struct *p)`.
+#[btf_tracepoint(function = "sched_wakeup")]
+pub fn btf_sched_wakeup(ctx: BtfTracePointContext) -> i32 {
+    woken(task_tid(ctx.arg(0))) as i32
 }
 
-/// Raw `sched_wakeup_new(struct task_struct *p)`.
-#[raw_tracepoint(tracepoint = "sched_wakeup_new")]
-pub fn raw_sched_wakeup_new(ctx: RawTracePointContext) -> i32 {
-    woken(task_pid(ctx.arg(0))) as i32
+/// BTF `sched_wakeup_new(struct task_struct *p)`.
+#[btf_tracepoint(function = "sched_wakeup_new")]
+pub fn btf_sched_wakeup_new(ctx: BtfTracePointContext) -> i32 {
+    woken(task_tid(ctx.arg(0))) as i32
 }
 
 #[inline(always)]

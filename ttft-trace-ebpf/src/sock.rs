@@ -7,7 +7,9 @@
 //! `sock_send_length` time each receive and send on them. Those two run for
 //! every socket call of every task on the host, so they are raw tracepoints
 //! (the arguments as passed, no perf record filled first) where the kernel's
-//! BTF shows their prototype, with the classic tracepoints as the fallback. Where a send
+//! BTF shows their prototype, with the classic tracepoints as the fallback,
+//! and they return at once for a process that is not traced (an array
+//! read), before looking the socket up. Where a send
 //! starts, its user buffer is noted so that the first sends of each response
 //! can be peeked at (HTTP headers or body?) and every send's last bytes (end
 //! of a chunked response): by the raw tracepoint `tcp:tcp_sendmsg_locked`,
@@ -28,7 +30,8 @@ use ttft_trace_common::{
 };
 
 use crate::maps::{
-    CONNS, EVENTS, LISTEN_PORTS, SEND_ARGS, bump_stat, is_tracked, offset, offsets, wakeup_flag,
+    CONNS, EVENTS, LISTEN_PORTS, SEND_ARGS, bump_stat, is_tracked, may_be_traced, offset, offsets,
+    wakeup_flag,
 };
 
 const TCP_ESTABLISHED: i32 = 1;
@@ -156,12 +159,20 @@ fn emit_conn(
     }
 }
 
-/// The end of a receive on socket `sk` (any family): one map lookup unless
-/// it is a followed connection.
+/// Whether the calling process may be traced: followed connections are
+/// served by the traced tree, so the socket calls of every other process
+/// stop here, at an array read, before the hash lookup of the socket.
+#[inline(always)]
+fn caller_may_be_traced() -> bool {
+    may_be_traced((bpf_get_current_pid_tgid() >> 32) as u32)
+}
+
+/// The end of a receive on socket `sk` (any family), in the receiving
+/// task's context.
 #[inline(always)]
 fn received(sk: u64, ret: i32, flags: i32) {
     // Errors (EAGAIN from non-blocking servers above all) and peeks move no data.
-    if ret < 0 || flags & MSG_PEEK != 0 {
+    if ret < 0 || flags & MSG_PEEK != 0 || !caller_may_be_traced() {
         return;
     }
     let Some(state) = CONNS.get_ptr_mut(sk) else {
@@ -173,10 +184,12 @@ fn received(sk: u64, ret: i32, flags: i32) {
 }
 
 /// The end of a send on socket `sk` (any family), still inside the
-/// syscall, so the user buffer noted where the send began is readable. One
-/// map lookup unless it is a followed connection.
+/// syscall, so the user buffer noted where the send began is readable.
 #[inline(always)]
 fn sent(sk: u64, ret: i32) {
+    if !caller_may_be_traced() {
+        return;
+    }
     let Some(state) = CONNS.get_ptr_mut(sk) else {
         return;
     };
@@ -276,6 +289,9 @@ fn kernel<T>(addr: u64) -> Option<T> {
 /// the send; only for followed connections.
 #[raw_tracepoint(tracepoint = "tcp_sendmsg_locked")]
 pub fn tcp_sendmsg_locked(ctx: RawTracePointContext) -> i32 {
+    if !caller_may_be_traced() {
+        return 0;
+    }
     let sk: u64 = ctx.arg(0);
     // SAFETY: value not kept past the lookup.
     if unsafe { CONNS.get(sk) }.is_none() {

@@ -69,9 +69,9 @@ const JUDGED: &[&str] = &["attach", "daemon"];
 
 /// The tracer's programs whose per-run cost is reported.
 const PROGRAMS: &[&str] = &[
-    "raw_sched_switch",
-    "raw_sched_wakeup",
-    "raw_sched_wakeup_new",
+    "btf_sched_switch",
+    "btf_sched_wakeup",
+    "btf_sched_wakeup_new",
     "raw_sock_send_length",
     "raw_sock_recv_length",
     "sched_switch",

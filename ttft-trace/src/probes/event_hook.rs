@@ -1,11 +1,16 @@
 //! The event hook: how the programs that run for every context switch,
-//! wakeup and socket call on the host are attached. Raw tracepoints (the
-//! tracepoint's own arguments, `struct task_struct *` and `struct sock *`,
-//! with offsets from the kernel's BTF) by default; the classic tracepoints,
-//! which fill a perf record of every event before the program runs, where
-//! the kernel lacks BTF or the prototypes differ.
+//! wakeup and socket call on the host are attached. BTF tracepoints for the
+//! scheduler (the tracepoint's own `struct task_struct *` arguments, read in
+//! place at offsets from the kernel's BTF) and raw tracepoints for the
+//! socket lengths (`struct sock *` and two integers, no memory read) by
+//! default; the classic tracepoints, which fill a perf record of every event
+//! before the program runs, where the kernel lacks BTF or the prototypes
+//! differ.
 
-use aya::{Ebpf, programs::RawTracePoint};
+use aya::{
+    Btf, Ebpf,
+    programs::{BtfTracePoint, RawTracePoint},
+};
 use ttft_trace_common::offsets::TaskOffsets;
 
 use super::{ProbeError, btf};
@@ -13,8 +18,8 @@ use super::{ProbeError, btf};
 /// How the per-event programs are attached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EventHook {
-    /// Raw tracepoints: untraced tasks pay the tracepoint's dispatch and a
-    /// map lookup.
+    /// BTF and raw tracepoints: untraced tasks pay the tracepoint's
+    /// dispatch and a map lookup.
     Raw,
     /// Classic tracepoints: on top, the kernel fills the tracepoint's perf
     /// record of every switch, wakeup and socket call. The fallback.
@@ -25,8 +30,9 @@ impl EventHook {
     pub fn describe(self) -> &'static str {
         match self {
             EventHook::Raw => {
-                "raw tracepoints sched_switch, sched_wakeup, sched_wakeup_new, \
-                 sock_send_length, sock_recv_length (the kernel's arguments, offsets from BTF)"
+                "BTF tracepoints sched_switch, sched_wakeup, sched_wakeup_new and raw \
+                 tracepoints sock_send_length, sock_recv_length (the kernel's arguments, \
+                 offsets from BTF)"
             }
             EventHook::Tracepoints => {
                 "classic tracepoints sched:sched_switch, sched_wakeup, sched_wakeup_new, \
@@ -38,35 +44,57 @@ impl EventHook {
 }
 
 /// Forces the event hook, for comparing the two (`cargo xtask bench`) and
-/// testing the fallback: `tracepoints` or `raw`.
+/// testing the fallback: `tracepoints` or `btf` (the default).
 pub const EVENT_HOOK_ENV: &str = "TTFT_TRACE_EVENT_HOOK";
 
-/// The per-event programs: (classic program, raw program, tracepoint). The
-/// classic ones are in [`super::TRACEPOINTS`] too, under the tracepoint's
-/// category.
-pub(super) const HOT: &[(&str, &str, &str)] = &[
-    ("sched_switch", "raw_sched_switch", "sched_switch"),
-    ("sched_wakeup", "raw_sched_wakeup", "sched_wakeup"),
+/// How a program of the default hook attaches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// `tp_btf`: typed arguments the program may read in place.
+    Btf,
+    /// `raw_tracepoint`: the arguments as plain integers.
+    Raw,
+}
+
+/// The per-event programs: (classic program, default program, how it
+/// attaches, tracepoint). The classic ones are in [`super::TRACEPOINTS`]
+/// too, under the tracepoint's category.
+const HOT: &[(&str, &str, Kind, &str)] = &[
+    (
+        "sched_switch",
+        "btf_sched_switch",
+        Kind::Btf,
+        "sched_switch",
+    ),
+    (
+        "sched_wakeup",
+        "btf_sched_wakeup",
+        Kind::Btf,
+        "sched_wakeup",
+    ),
     (
         "sched_wakeup_new",
-        "raw_sched_wakeup_new",
+        "btf_sched_wakeup_new",
+        Kind::Btf,
         "sched_wakeup_new",
     ),
     (
         "sock_send_length",
         "raw_sock_send_length",
+        Kind::Raw,
         "sock_send_length",
     ),
     (
         "sock_recv_length",
         "raw_sock_recv_length",
+        Kind::Raw,
         "sock_recv_length",
     ),
 ];
 
-/// Whether `program` is a classic program that the raw hook replaces.
+/// Whether `program` is a classic program that the default hook replaces.
 pub(super) fn is_hot(program: &str) -> bool {
-    HOT.iter().any(|&(classic, _, _)| classic == program)
+    HOT.iter().any(|&(classic, _, _, _)| classic == program)
 }
 
 /// The event hook this host gets, with the BTF offsets it needs, or why the
@@ -74,21 +102,30 @@ pub(super) fn is_hot(program: &str) -> bool {
 pub fn event_hook_plan() -> Result<TaskOffsets, String> {
     match std::env::var(EVENT_HOOK_ENV).as_deref() {
         Ok("tracepoints") => return Err(format!("{EVENT_HOOK_ENV}=tracepoints")),
-        Ok("raw") | Err(_) => {}
+        Ok("btf") | Err(_) => {}
         Ok(other) => log::warn!("{EVENT_HOOK_ENV}={other} is not an event hook; ignored"),
     }
     let btf = btf::Btf::vmlinux().map_err(|e| e.to_string())?;
     btf::task_offsets(&btf).map_err(|e| e.to_string())
 }
 
-/// Loads and attaches every raw program of [`HOT`], or none: on a failure
-/// the ones attached are detached again, so that the classic programs can
-/// take over without an event counted twice.
-pub(super) fn attach_raw(ebpf: &mut Ebpf) -> Result<(), ProbeError> {
+/// An attached program of the default hook.
+enum Link {
+    Btf(aya::programs::tp_btf::BtfTracePointLinkId),
+    Raw(aya::programs::raw_trace_point::RawTracePointLinkId),
+}
+
+/// Loads and attaches every default program of [`HOT`], or none: on a
+/// failure the ones attached are detached again, so that the classic
+/// programs can take over without an event counted twice.
+pub(super) fn attach_default(ebpf: &mut Ebpf) -> Result<(), ProbeError> {
+    let btf = Btf::from_sys_fs().map_err(|e| {
+        ProbeError::Program("btf_sched_switch", aya::programs::ProgramError::Btf(e))
+    })?;
     let mut links = Vec::new();
     let mut result = Ok(());
-    for &(_, name, tracepoint) in HOT {
-        match attach_one(ebpf, name, tracepoint) {
+    for &(_, name, kind, tracepoint) in HOT {
+        match attach_one(ebpf, &btf, name, kind, tracepoint) {
             Ok(link) => links.push((name, link)),
             Err(e) => {
                 result = Err(e);
@@ -98,18 +135,19 @@ pub(super) fn attach_raw(ebpf: &mut Ebpf) -> Result<(), ProbeError> {
     }
     if result.is_err() {
         for (name, link) in links {
-            if let Ok(prog) = raw_program(ebpf, name) {
-                let _ = prog.detach(link);
-            }
+            let _ = match link {
+                Link::Btf(link) => program::<BtfTracePoint>(ebpf, name).map(|p| p.detach(link)),
+                Link::Raw(link) => program::<RawTracePoint>(ebpf, name).map(|p| p.detach(link)),
+            };
         }
     }
     result
 }
 
-fn raw_program<'a>(
-    ebpf: &'a mut Ebpf,
-    name: &'static str,
-) -> Result<&'a mut RawTracePoint, ProbeError> {
+fn program<'a, P>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut P, ProbeError>
+where
+    &'a mut P: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
+{
     ebpf.program_mut(name)
         .ok_or(ProbeError::Missing(name))?
         .try_into()
@@ -118,13 +156,26 @@ fn raw_program<'a>(
 
 fn attach_one(
     ebpf: &mut Ebpf,
+    btf: &Btf,
     name: &'static str,
+    kind: Kind,
     tracepoint: &str,
-) -> Result<aya::programs::raw_trace_point::RawTracePointLinkId, ProbeError> {
-    let prog = raw_program(ebpf, name)?;
-    if prog.fd().is_err() {
-        prog.load().map_err(|e| ProbeError::Program(name, e))?;
+) -> Result<Link, ProbeError> {
+    let err = |e| ProbeError::Program(name, e);
+    match kind {
+        Kind::Btf => {
+            let prog = program::<BtfTracePoint>(ebpf, name)?;
+            if prog.fd().is_err() {
+                prog.load(tracepoint, btf).map_err(err)?;
+            }
+            prog.attach().map(Link::Btf).map_err(err)
+        }
+        Kind::Raw => {
+            let prog = program::<RawTracePoint>(ebpf, name)?;
+            if prog.fd().is_err() {
+                prog.load().map_err(err)?;
+            }
+            prog.attach(tracepoint).map(Link::Raw).map_err(err)
+        }
     }
-    prog.attach(tracepoint)
-        .map_err(|e| ProbeError::Program(name, e))
 }

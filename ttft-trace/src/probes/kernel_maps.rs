@@ -19,6 +19,8 @@ impl Probes {
     /// map is counted and warned about, not an error: the process is then
     /// not traced, everything else is.
     pub fn track(&mut self, pid: u32, workload: u32) -> Result<(), ProbeError> {
+        // Marked first: the per-event programs look it up only when marked.
+        self.traced_ids.mark(pid);
         let mut map: BpfHashMap<_, u32, u32> = BpfHashMap::try_from(
             self.ebpf
                 .map_mut("TRACKED")

@@ -7,6 +7,7 @@ pub mod libraries;
 mod selftest;
 mod send_hook;
 pub mod symbols;
+mod traced_ids;
 
 pub use event_hook::{EVENT_HOOK_ENV, EventHook, event_hook_plan};
 pub use send_hook::{SEND_HOOK_ENV, SendHook, send_hook_plan, syscall_offsets};
@@ -62,6 +63,8 @@ pub enum ProbeError {
     Map(&'static str, #[source] aya::maps::MapError),
     #[error("eBPF object lacks {0}")]
     Missing(&'static str),
+    #[error("eBPF map {0}: cannot map it into memory: {1}")]
+    Mmap(&'static str, std::io::Error),
     #[error("cannot stat {0}: {1}")]
     Stat(PathBuf, std::io::Error),
 }
@@ -95,6 +98,8 @@ pub struct Probes {
     ebpf: Ebpf,
     send_hook: SendHook,
     event_hook: EventHook,
+    /// Ids the per-event programs may look up (see `traced_ids`).
+    traced_ids: traced_ids::TracedIds,
     /// Libraries attached, by the file they land on: uprobes attach to a
     /// file, and fire in every process that maps it.
     attached: HashMap<FileId, Attached>,
@@ -238,6 +243,7 @@ impl Probes {
             .override_global("LARGE_COPY_BYTES", &cfg.large_copy_bytes, true)
             .override_global("DISCOVER", &u32::from(cfg.discover), true)
             .map_max_entries("EVENTS", ringbuf_bytes)
+            .map_max_entries(traced_ids::MAP, traced_ids::slots())
             .load(OBJECT)
             .map_err(ProbeError::Load)?;
         for name in symbols::program_names() {
@@ -249,7 +255,7 @@ impl Probes {
             prog.load().map_err(|e| ProbeError::Program(name, e))?;
         }
         let event_hook = match task_offsets {
-            Ok(_) => match event_hook::attach_raw(&mut ebpf) {
+            Ok(_) => match event_hook::attach_default(&mut ebpf) {
                 Ok(()) => EventHook::Raw,
                 Err(e) => {
                     log::warn!("event hook: {e}; using the classic tracepoints instead");
@@ -285,10 +291,12 @@ impl Probes {
             }
         }
         log::info!("send hook: {}", send_hook.describe());
+        let traced_ids = traced_ids::TracedIds::map(&ebpf)?;
         Ok(Self {
             ebpf,
             send_hook,
             event_hook,
+            traced_ids,
             attached: HashMap::new(),
             map_full: BTreeMap::new(),
         })
