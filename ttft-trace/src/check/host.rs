@@ -404,9 +404,9 @@ fn event_hook_item(hook: EventHook) -> Item {
         EventHook::Raw => Item::ok(
             "event hook",
             format!(
-                "{}: a context switch or wakeup of untraced tasks runs a program that \
-                 returns after an array read per task, a socket call one that returns after a \
-                 hash lookup (the README's cost table)",
+                "{}: a context switch, wakeup or socket call of untraced tasks runs a \
+                 program that returns after an array read per task, with no hash lookup (the \
+                 README's cost table)",
                 hook.describe()
             ),
         ),
