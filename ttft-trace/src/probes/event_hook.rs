@@ -19,7 +19,7 @@ use super::{ProbeError, btf};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EventHook {
     /// BTF and raw tracepoints: untraced tasks pay the tracepoint's
-    /// dispatch and a map lookup.
+    /// dispatch and one byte read per task (`TRACED_IDS`).
     Raw,
     /// Classic tracepoints: on top, the kernel fills the tracepoint's perf
     /// record of every switch, wakeup and socket call. The fallback.
