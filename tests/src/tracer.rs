@@ -298,3 +298,37 @@ pub fn http_get(addr: std::net::SocketAddr, path: &str) -> Result<String> {
     s.read_to_string(&mut text)?;
     Ok(text)
 }
+
+/// BPF links of uprobes on this host: perf-event links whose program is of
+/// the kprobe type (as uprobe programs are), from `bpftool` (installed by
+/// `cargo xtask setup`). This bpftool does not name the probed file.
+pub fn uprobe_links() -> Result<usize> {
+    let bpftool = |what: &str| -> Result<serde_json::Value> {
+        let out = Command::new("bpftool")
+            .args([what, "show", "--json"])
+            .output()
+            .context("bpftool")?;
+        anyhow::ensure!(out.status.success(), "bpftool {what} show failed");
+        Ok(serde_json::from_slice(&out.stdout)?)
+    };
+    let progs = bpftool("prog")?;
+    let uprobe_progs: Vec<u64> = progs
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| p["type"] == "kprobe")
+        .filter_map(|p| p["id"].as_u64())
+        .collect();
+    let links = bpftool("link")?;
+    Ok(links
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|l| l["type"] == "perf_event")
+        .filter(|l| {
+            l["prog_id"]
+                .as_u64()
+                .is_some_and(|id| uprobe_progs.contains(&id))
+        })
+        .count())
+}

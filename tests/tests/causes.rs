@@ -228,14 +228,12 @@ fn each_injected_cause_is_named() -> Result<()> {
     Ok(())
 }
 
+/// At least three quarters of the faulty requests named, at most a tenth
+/// of the clean ones.
 fn assert_scored(class: &str, s: &Scored) {
-    assert_scored_with(class, s, 0.75);
-}
-
-fn assert_scored_with(class: &str, s: &Scored, min_recall: f64) {
     assert!(s.faulty > 0, "{class}: no faulty request");
     let recall = s.recalled as f64 / s.faulty as f64;
-    assert!(recall >= min_recall, "{class}: recall {recall}");
+    assert!(recall >= 0.75, "{class}: recall {recall}");
     let fp = s.false_positives as f64 / s.clean.max(1) as f64;
     assert!(fp <= 0.1, "{class}: false positives {fp}");
 }
@@ -252,7 +250,7 @@ fn network_loss_is_named() -> Result<()> {
     let Some(_g) = root_test("network_loss_is_named") else {
         return Ok(());
     };
-    network_loss(&[], &[], 0.75)
+    network_loss(&[], &[])
 }
 
 /// The same on a server that closes after every response (issue 13). Its
@@ -261,12 +259,11 @@ fn network_loss_is_named() -> Result<()> {
 /// shows the hole), so its ACK, and often its retransmits, come after the
 /// server's `close()`, while the kernel still holds the socket. A longer
 /// prefill keeps the clean requests under 350 ms and the late ones above.
-/// When a segment from the client came between the first token and the
-/// close, that token's ACK after the close cannot be told from the
-/// everything-acknowledged bound, and the delivery is left unknown rather
-/// than read late (README, "TCP after the application's close"): such a
-/// request is missed, so the recall asked for here is lower (seen: 12/12,
-/// 9/9, 4/6 on a quiet machine).
+/// Every ACK before the close is read from the segment itself (its
+/// acknowledgment number), so one after the close is known to be late
+/// (README, "TCP after the application's close"). Before that was read, a
+/// client segment between the first token and the close left the delivery
+/// unknown, and recall fell to 2/5 in one CI run.
 #[test]
 fn network_loss_is_named_when_the_server_closes_after_every_response() -> Result<()> {
     let Some(_g) = root_test("network_loss_is_named_when_the_server_closes_after_every_response")
@@ -276,14 +273,12 @@ fn network_loss_is_named_when_the_server_closes_after_every_response() -> Result
     network_loss(
         &["--decode-step-ms", "150", "--prefill-us-per-token", "500"],
         &["--close-after-response", "--split-terminator"],
-        0.5,
     )
 }
 
 /// `timing` overrides the server's prefill and decode times (later
-/// arguments win); `min_recall` is the share of the client-slow requests
-/// that must be named `network`.
-fn network_loss(timing: &[&str], server_extra: &[&str], min_recall: f64) -> Result<()> {
+/// arguments win).
+fn network_loss(timing: &[&str], server_extra: &[&str]) -> Result<()> {
     let mut server = vec![
         "--output-tokens",
         "2",
@@ -320,6 +315,6 @@ fn network_loss(timing: &[&str], server_extra: &[&str], min_recall: f64) -> Resu
         lossy.with_retransmits > 0,
         "retransmits charged to the requests' own connection"
     );
-    assert_scored_with("network", &lossy, min_recall);
+    assert_scored("network", &lossy);
     Ok(())
 }

@@ -197,25 +197,11 @@ fn hostile_container_files_do_not_turn_the_daemon() -> Result<()> {
     let out = tracer.interrupt(Duration::from_secs(10))?;
     let exit_after = interrupted.elapsed();
     assert!(out.success, "{}", out.stderr);
-    // Detaching is the kernel's: about 100 ms per uprobe on this kernel
-    // (6.18), entry and return, however the process ends (SIGKILL too).
-    // Beyond that, 2 s: a daemon stuck on a file never exits at all.
-    let probes: u64 = out
-        .stderr
-        .lines()
-        .filter_map(|l| {
-            l.split("attached ")
-                .nth(1)?
-                .split(' ')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum();
-    let allowed = Duration::from_secs(2) + Duration::from_millis(300 * probes);
-    eprintln!(
-        "daemon exited {exit_after:?} after SIGINT ({probes} probes to detach; allowed {allowed:?})"
-    );
+    // Detaching is the kernel's (about 100 ms per uprobe on 6.18): a child
+    // holds the uprobes past the daemon's exit (tests/shutdown.rs checks it
+    // ends), so the daemon itself exits within 2 s.
+    let allowed = Duration::from_secs(2);
+    eprintln!("daemon exited {exit_after:?} after SIGINT (allowed {allowed:?})");
     assert!(exit_after < allowed, "SIGINT took {exit_after:?}");
 
     let jsonl: String = out.lines.iter().map(|l| format!("{l}\n")).collect();

@@ -1,33 +1,44 @@
 //! Root-only: the daemon exports every request it traces as a trace over
-//! OTLP/gRPC to a real receiver (the collector service generated from the
-//! OpenTelemetry protocol definitions, `opentelemetry-proto`, served by
-//! tonic here), and the spans agree with the JSONL to the nanosecond.
+//! OTLP/gRPC to a real receiver (the collector's trace and metrics services
+//! generated from the OpenTelemetry protocol definitions,
+//! `opentelemetry-proto`, served by tonic here): the spans agree with the
+//! JSONL to the nanosecond, the GenAI histograms count every request with
+//! the JSONL's TTFTs; a receiver stopped and restarted mid-run costs bounded
+//! memory, its drops are counted and export resumes.
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeMap, HashMap},
     net::SocketAddr,
     sync::{Arc, Mutex},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, Result, ensure};
+use anyhow::{Context as _, Result, bail, ensure};
 use opentelemetry_proto::tonic::{
-    collector::trace::v1::{
-        ExportTraceServiceRequest, ExportTraceServiceResponse,
-        trace_service_server::{TraceService, TraceServiceServer},
+    collector::{
+        metrics::v1::{
+            ExportMetricsServiceRequest, ExportMetricsServiceResponse,
+            metrics_service_server::{MetricsService, MetricsServiceServer},
+        },
+        trace::v1::{
+            ExportTraceServiceRequest, ExportTraceServiceResponse,
+            trace_service_server::{TraceService, TraceServiceServer},
+        },
     },
     common::v1::{KeyValue, any_value},
+    metrics::v1::{HistogramDataPoint, metric::Data},
     trace::v1::Span,
 };
 use serde_json::Value;
 use ttft_trace_tests::{
     demo::{DemoServer, loadgen},
-    tracer::{Tracer, root_test},
+    tracer::{Tracer, http_get, root_test},
 };
 
 #[derive(Clone, Default)]
 struct Collector {
     got: Arc<Mutex<Vec<ExportTraceServiceRequest>>>,
+    metrics: Arc<Mutex<Vec<ExportMetricsServiceRequest>>>,
 }
 
 #[tonic::async_trait]
@@ -44,6 +55,171 @@ impl TraceService for Collector {
             partial_success: None,
         }))
     }
+}
+
+#[tonic::async_trait]
+impl MetricsService for Collector {
+    async fn export(
+        &self,
+        req: tonic::Request<ExportMetricsServiceRequest>,
+    ) -> Result<tonic::Response<ExportMetricsServiceResponse>, tonic::Status> {
+        self.metrics
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(req.into_inner());
+        Ok(tonic::Response::new(ExportMetricsServiceResponse {
+            partial_success: None,
+        }))
+    }
+}
+
+impl Collector {
+    fn spans(&self) -> usize {
+        self.got
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .flat_map(|r| &r.resource_spans)
+            .flat_map(|rs| &rs.scope_spans)
+            .map(|ss| ss.spans.len())
+            .sum()
+    }
+
+    /// The histogram `name` as the last export carried it: its bucket
+    /// bounds and, per attribute set, the last (cumulative) data point.
+    fn histogram(&self, name: &str) -> Option<(Vec<f64>, Vec<HistogramDataPoint>)> {
+        let got = self.metrics.lock().unwrap_or_else(|e| e.into_inner());
+        let mut bounds = None;
+        let mut points = BTreeMap::new();
+        for m in got
+            .iter()
+            .flat_map(|r| &r.resource_metrics)
+            .flat_map(|rm| &rm.scope_metrics)
+            .flat_map(|sm| &sm.metrics)
+            .filter(|m| m.name == name)
+        {
+            let Some(Data::Histogram(h)) = &m.data else {
+                continue;
+            };
+            for p in &h.data_points {
+                bounds = Some(p.explicit_bounds.clone());
+                points.insert(format!("{:?}", p.attributes), p.clone());
+            }
+        }
+        Some((bounds?, points.into_values().collect()))
+    }
+}
+
+/// A receiver on `addr`, on a runtime of its own: shutting the runtime
+/// down stops it hard, as a collector that dies.
+fn serve(addr: SocketAddr, collector: &Collector) -> Result<tokio::runtime::Runtime> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let receiver = std::net::TcpListener::bind(addr)?;
+    receiver.set_nonblocking(true)?;
+    let c = collector.clone();
+    rt.spawn(async move {
+        let listener = tokio::net::TcpListener::from_std(receiver).expect("listener");
+        tonic::transport::Server::builder()
+            .add_service(TraceServiceServer::new(c.clone()))
+            .add_service(MetricsServiceServer::new(c))
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
+            .await
+            .expect("receiver runs");
+    });
+    Ok(rt)
+}
+
+/// Polls `done` until true or `timeout` passes (a generous bound for a
+/// loaded machine, not a timing assertion).
+fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> Result<bool>) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    while !done()? {
+        if Instant::now() > deadline {
+            bail!("timed out waiting for {what}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(())
+}
+
+/// Bucket boundaries of the OpenTelemetry semantic conventions for
+/// generative AI metrics (open-telemetry/semantic-conventions,
+/// docs/gen-ai/gen-ai-metrics.md), written out here rather than taken from
+/// the daemon so that the test checks the daemon against the conventions.
+const CONVENTIONS: [(&str, &[f64]); 3] = [
+    (
+        "gen_ai.server.time_to_first_token",
+        &[
+            0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+            10.0,
+        ],
+    ),
+    (
+        "gen_ai.server.time_per_output_token",
+        &[
+            0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+        ],
+    ),
+    (
+        "gen_ai.server.request.duration",
+        &[
+            0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
+        ],
+    ),
+];
+
+/// The sum of a histogram against the JSONL's figures differs only by the
+/// rounding of f64 additions (about 1e-16 relative each): 1 ns is a wide
+/// margin.
+const SUM_TOLERANCE_S: f64 = 1e-9;
+
+/// The GenAI histograms against the JSONL's requests: the conventions'
+/// buckets, one TTFT per request traced, the sum of the JSONL's TTFTs.
+fn check_genai_metrics(collector: &Collector, requests: &[&Value]) -> Result<()> {
+    for (name, bounds) in CONVENTIONS {
+        let (got, _) = collector
+            .histogram(name)
+            .with_context(|| format!("{name} received"))?;
+        ensure!(got == bounds, "{name}: buckets {got:?}");
+    }
+    let (_, points) = collector
+        .histogram("gen_ai.server.time_to_first_token")
+        .context("TTFT")?;
+    let ttfts: Vec<f64> = requests
+        .iter()
+        .filter(|r| r["outcome"] == "ok")
+        .filter_map(|r| r["ttft_ns"].as_u64())
+        .map(|ns| ns as f64 / 1e9)
+        .collect();
+    let count: u64 = points.iter().map(|p| p.count).sum();
+    let sum: f64 = points.iter().filter_map(|p| p.sum).sum();
+    let want: f64 = ttfts.iter().sum();
+    eprintln!(
+        "gen_ai.server.time_to_first_token: count {count} (requests traced {}), sum {sum:.9} s \
+         (JSONL {want:.9} s)",
+        requests.len()
+    );
+    ensure!(
+        ttfts.len() == requests.len(),
+        "every request whole, with a TTFT"
+    );
+    ensure!(
+        count == requests.len() as u64,
+        "one TTFT per request traced"
+    );
+    ensure!(
+        (sum - want).abs() <= SUM_TOLERANCE_S,
+        "the sum of the JSONL's TTFTs"
+    );
+    for p in &points {
+        let named = |key: &str| p.attributes.iter().any(|kv| kv.key == key);
+        ensure!(named("gen_ai.operation.name"), "{p:?}");
+        ensure!(int(&p.attributes, "server.port").is_some(), "{p:?}");
+    }
+    Ok(())
 }
 
 fn free_addr() -> Result<SocketAddr> {
@@ -70,23 +246,10 @@ fn daemon_exports_each_request_as_a_trace_matching_the_jsonl() -> Result<()> {
     let Some(_g) = root_test("daemon_exports_each_request_as_a_trace_matching_the_jsonl") else {
         return Ok(());
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
     let collector = Collector::default();
-    let receiver = std::net::TcpListener::bind("127.0.0.1:0")?;
-    receiver.set_nonblocking(true)?;
-    let endpoint = format!("http://{}", receiver.local_addr()?);
-    let c = collector.clone();
-    rt.spawn(async move {
-        let listener = tokio::net::TcpListener::from_std(receiver).expect("listener");
-        tonic::transport::Server::builder()
-            .add_service(TraceServiceServer::new(c))
-            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
-            .await
-            .expect("receiver runs");
-    });
+    let addr = free_addr()?;
+    let rt = serve(addr, &collector)?;
+    let endpoint = format!("http://{addr}");
 
     let port = free_addr()?.port().to_string();
     let mut tracer = Tracer::start_daemon(
@@ -220,6 +383,139 @@ fn daemon_exports_each_request_as_a_trace_matching_the_jsonl() -> Result<()> {
         "no stray spans"
     );
     drop(got);
+    check_genai_metrics(&collector, &requests)?;
     rt.shutdown_background();
+    Ok(())
+}
+
+/// The daemon's resident memory, KiB (`VmRSS` in /proc/PID/status), read
+/// after a moment's settling: the daemon hands heap back (malloc_trim) on
+/// its next scan after inspecting new files.
+fn rss_kib(pid: u32) -> Result<u64> {
+    std::thread::sleep(Duration::from_secs(2));
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .context("VmRSS")
+}
+
+/// A counter's value in a Prometheus text exposition (0 when absent).
+fn counter(text: &str, series: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
+/// Growth of the daemon's RSS allowed over a collector outage: the span
+/// queue (2048 requests of about four spans) is a few MiB; 64 MiB is a
+/// generous bound that still catches spans or metrics held without bound.
+const RSS_GROWTH_MAX_KIB: u64 = 64 * 1024;
+
+#[test]
+fn a_collector_down_and_back_costs_bounded_memory_and_its_drops_are_counted() -> Result<()> {
+    let Some(_g) =
+        root_test("a_collector_down_and_back_costs_bounded_memory_and_its_drops_are_counted")
+    else {
+        return Ok(());
+    };
+    let collector = Collector::default();
+    let addr = free_addr()?;
+    let receiver = serve(addr, &collector)?;
+    let listen = free_addr()?;
+    let port = free_addr()?.port().to_string();
+    let mut tracer = Tracer::start_daemon(
+        &[
+            "--no-nvml",
+            "--rescan-ms",
+            "200",
+            "--only-port",
+            &port,
+            "--otlp-endpoint",
+            &format!("http://{addr}"),
+            "--listen",
+            &listen.to_string(),
+        ]
+        .map(String::from),
+    )?;
+    let pid = tracer.pid().context("daemon pid")?;
+    let server = DemoServer::start(&["--output-tokens", "4", "--port", &port])?;
+    tracer.wait_for_stderr("following requests on port", 1, Duration::from_secs(30))?;
+    let load = |requests: usize| -> Result<usize> {
+        let n = requests.to_string();
+        let args = [
+            "--concurrency",
+            "8",
+            "--requests",
+            &n,
+            "--output-tokens",
+            "4",
+        ];
+        Ok(loadgen(server.port, &args)?.len())
+    };
+    let dropped = |reason: &str| -> Result<u64> {
+        let text = http_get(listen, "/metrics")?;
+        Ok(counter(
+            &text,
+            &format!("ttft_trace_otlp_spans_dropped_total{{reason=\"{reason}\"}}"),
+        ))
+    };
+    let timeout = Duration::from_secs(60);
+
+    let mut sent = load(200)?;
+    wait_for("spans at the receiver", timeout, || {
+        Ok(collector.spans() > 0)
+    })?;
+    let rss_before = rss_kib(pid)?;
+
+    receiver.shutdown_background();
+    wait_for("the receiver to stop", timeout, || {
+        Ok(std::net::TcpStream::connect(addr).is_err())
+    })?;
+    let received_before = collector.spans();
+    sent += load(1000)?;
+    wait_for("failed exports counted", timeout, || {
+        Ok(dropped("export_failed")? > 0)
+    })?;
+    let rss_down_half = rss_kib(pid)?;
+    sent += load(1000)?;
+    let rss_down = rss_kib(pid)?;
+    let failed = dropped("export_failed")?;
+    let queue_full = dropped("queue_full")?;
+
+    let _receiver = serve(addr, &collector)?;
+    sent += load(200)?;
+    wait_for("spans after the restart", timeout, || {
+        Ok(collector.spans() > received_before)
+    })?;
+    let rss_after = rss_kib(pid)?;
+    let received_after = collector.spans() - received_before;
+
+    server.stop()?;
+    let out = tracer.interrupt(Duration::from_secs(30))?;
+    ensure!(out.success, "{}", out.stderr);
+    let requests: Vec<&Value> = out
+        .lines
+        .iter()
+        .filter(|l| l["type"] == "request")
+        .collect();
+    eprintln!(
+        "requests sent {sent}, traced {}; spans received before the outage {received_before}, \
+         after it {received_after}; dropped export_failed {failed}, queue_full {queue_full}; \
+         RSS before {rss_before} KiB, down {rss_down_half} KiB after 1000 requests and \
+         {rss_down} KiB after 2000, after {rss_after} KiB",
+        requests.len()
+    );
+    ensure!(requests.len() == sent, "every request traced");
+    ensure!(
+        [rss_down_half, rss_down, rss_after]
+            .iter()
+            .all(|&r| r <= rss_before + RSS_GROWTH_MAX_KIB),
+        "RSS grew past the bound: {rss_before} -> {rss_down_half} -> {rss_down} -> {rss_after} KiB"
+    );
+    // The metrics are cumulative: the last export, after the restart,
+    // counts the requests of the outage too.
+    check_genai_metrics(&collector, &requests)?;
     Ok(())
 }

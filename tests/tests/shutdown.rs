@@ -1,14 +1,16 @@
 //! Root-only: a signal stops tracing promptly even while the traced
 //! workload floods the ring buffer (the event loop routes a bounded batch
 //! of records per turn, so signals and timers are never starved), and the
-//! run still ends with its summary and totals.
+//! run still ends with its summary and totals. The process exits at once;
+//! its `ttft-detach` child holds the uprobes until the kernel has taken
+//! them out, and then is gone.
 
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use ttft_trace_tests::{
     fixtures::{self, Style, Workload},
-    tracer::{Tracer, root_test},
+    tracer::{Tracer, root_test, uprobe_links},
 };
 
 #[test]
@@ -42,6 +44,8 @@ fn sigterm_is_honoured_under_an_event_flood() -> Result<()> {
     let mut tracer = Tracer::start(&args, 1)?;
     fixtures::cont(child.id())?;
     std::thread::sleep(Duration::from_secs(2));
+    let while_tracing = uprobe_links()?;
+    assert!(while_tracing > 0, "bpftool shows the tracer's uprobe links");
     let sent = Instant::now();
     if let Some(tracer_pid) = tracer.pid() {
         // SAFETY: plain kill(2) on our own child.
@@ -80,5 +84,45 @@ fn sigterm_is_honoured_under_an_event_flood() -> Result<()> {
         out.stdout
     );
     assert!(episodes > 1000, "the flood was traced: {episodes} episodes");
+    assert!(
+        exited < Duration::from_secs(2),
+        "exited {exited:?} after SIGTERM:\n{}",
+        out.stderr
+    );
+    background_detach_ends(&out.stderr)
+}
+
+/// The child named in the log (`detaching N probe perf events in the
+/// background (process P, ...`) exits within the kernel's ~0.1 s per
+/// uprobe (0.3 s allowed, and 2 s more), and no uprobe link is left.
+fn background_detach_ends(stderr: &str) -> Result<()> {
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("in the background (process "))
+        .ok_or_else(|| anyhow::anyhow!("no background detach logged:\n{stderr}"))?;
+    let number_after = |key: &str| -> Result<u64> {
+        let rest = line
+            .split(key)
+            .nth(1)
+            .ok_or_else(|| anyhow::anyhow!("{key:?} not in {line:?}"))?;
+        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        Ok(digits.parse()?)
+    };
+    let (events, pid) = (number_after("detaching ")?, number_after("(process ")?);
+    let allowed = Duration::from_secs(2) + Duration::from_millis(300 * events);
+    let started = Instant::now();
+    while std::path::Path::new(&format!("/proc/{pid}")).exists() {
+        assert!(
+            started.elapsed() < allowed,
+            "ttft-detach {pid} still there after {allowed:?} ({events} uprobes)"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    eprintln!(
+        "ttft-detach ({events} uprobes) gone {:?} after the tracer",
+        started.elapsed()
+    );
+    let left = uprobe_links()?;
+    assert_eq!(left, 0, "uprobe links left after ttft-detach ended");
     Ok(())
 }

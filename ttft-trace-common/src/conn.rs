@@ -1,5 +1,23 @@
 //! Kernel-side state of the socket probes (values of their maps).
 
+/// `LISTEN_PORTS` value bits: the port is followed in every network
+/// namespace (a `--port` of the user's, or a kernel whose namespace of a
+/// socket cannot be read), or in the namespaces listed in `LISTEN_NETNS`.
+pub const LISTEN_ANY_NETNS: u32 = 1;
+pub const LISTEN_SOME_NETNS: u32 = 2;
+
+/// Key of `LISTEN_NETNS`: a listening port in one network namespace (the
+/// namespace's inode number, as `/proc/PID/ns/net` shows it).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ListenKey {
+    pub netns: u32,
+    pub port: u16,
+    pub _pad: u16,
+}
+
+const _: () = assert!(core::mem::size_of::<ListenKey>() == 8);
+
 /// Per-connection state in the kernel (value of the connections map).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -94,15 +94,19 @@ pub enum Stat {
     /// Listening ports that could not be added to `LISTEN_PORTS` (full):
     /// connections accepted on them are not followed.
     ListenPortsFull = 3,
+    /// (namespace, port) pairs that could not be added to `LISTEN_NETNS`
+    /// (full): connections accepted on them are not followed.
+    ListenNetnsFull = 4,
 }
 
 /// Number of [`Stat`] slots.
-pub const STATS: u32 = 4;
+pub const STATS: u32 = 5;
 
 /// The plain (not LRU) hash maps, which refuse inserts when full, and the
 /// statistic counting the refusals in the kernel, for
 /// `ttft_trace_map_full_total{map}`.
-pub const MAP_FULL_STATS: [(Stat, &str); 2] = [
+pub const MAP_FULL_STATS: [(Stat, &str); 3] = [
     (Stat::TrackedFull, "TRACKED"),
     (Stat::ListenPortsFull, "LISTEN_PORTS"),
+    (Stat::ListenNetnsFull, "LISTEN_NETNS"),
 ];

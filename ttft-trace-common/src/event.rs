@@ -173,9 +173,15 @@ impl SockEvent {
 /// [`SegmentEvent::flags`]: the segment carries bytes from the client (a
 /// request's, on an HTTP/1.1 connection).
 pub const SEGMENT_DATA: u32 = 1;
-/// [`SegmentEvent::flags`]: `snd_una` moved since the previous segment on
-/// the socket: that segment acknowledged the bytes up to `snd_una`.
+/// [`SegmentEvent::flags`]: bytes were newly acknowledged. With
+/// [`SEGMENT_ACK_EXACT`], by this segment, up to `ack_seq`, at `t_ns`;
+/// without, `snd_una` moved since the previous segment on the socket: that
+/// one acknowledged the bytes up to `snd_una`, at `t_prev_ns`.
 pub const SEGMENT_ACKED: u32 = 2;
+/// [`SegmentEvent::flags`]: `ack_seq` is this segment's own acknowledgment
+/// number, read from the kernel's control block of the segment (kernels
+/// whose `tcp_probe` has `skbaddr`, with BTF to find the field).
+pub const SEGMENT_ACK_EXACT: u32 = 4;
 
 /// An incoming segment on a followed server connection, from
 /// `tcp:tcp_probe`, sent only when it carries data or when `snd_una` moved
@@ -184,9 +190,11 @@ pub const SEGMENT_ACKED: u32 = 2;
 ///
 /// `tcp_probe` fires at the start of `tcp_rcv_established`, before the
 /// segment is processed: its `snd_una` is the state the *previous* segment
-/// left. So an advance first seen here was made by the previous segment,
-/// which arrived at `t_prev_ns`: with [`SEGMENT_ACKED`], the bytes before
-/// `snd_una` were acknowledged at `t_prev_ns`.
+/// left. Where the segment's own acknowledgment number can be read
+/// ([`SEGMENT_ACK_EXACT`]), what it acknowledged is known at once; otherwise
+/// an advance first seen here was made by the previous segment, which
+/// arrived at `t_prev_ns`, and the last segment's acknowledgment stays
+/// unknown until another one comes.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SegmentEvent {
@@ -210,10 +218,14 @@ pub struct SegmentEvent {
     pub srtt_us: u32,
     /// Payload bytes of this segment.
     pub data_len: u32,
+    /// The segment's acknowledgment number, with [`SEGMENT_ACK_EXACT`].
+    pub ack_seq: u32,
+    pub _pad: u32,
 }
 
 const _: () = {
-    assert!(core::mem::size_of::<SegmentEvent>() == 48);
+    assert!(core::mem::size_of::<SegmentEvent>() == 56);
+    assert!(core::mem::offset_of!(SegmentEvent, ack_seq) == 48);
     assert!(core::mem::align_of::<SegmentEvent>() == 8);
     assert!(core::mem::offset_of!(SegmentEvent, sk) == 8);
     assert!(core::mem::offset_of!(SegmentEvent, t_prev_ns) == 24);

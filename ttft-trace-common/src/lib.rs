@@ -14,13 +14,13 @@ pub mod offsets;
 pub mod process;
 pub mod signals;
 
-pub use conn::{ConnState, SendArgs};
+pub use conn::{ConnState, LISTEN_ANY_NETNS, LISTEN_SOME_NETNS, ListenKey, SendArgs};
 pub use counters::{Direction, GpuCounters, MAP_FULL_STATS, Stat};
 pub use episode::{Completion, ThreadState};
 pub use event::{
     API_DRIVER, API_RUNTIME, CONN_CLOSE, CONN_OPEN, CONN_STATE, ConnEvent, EVENT_CONN,
-    EVENT_EPISODE, EVENT_SEGMENT, EVENT_SOCK, EpisodeEvent, SEGMENT_ACKED, SEGMENT_DATA, SOCK_RECV,
-    SOCK_SEND, SegmentEvent, SockEvent,
+    EVENT_EPISODE, EVENT_SEGMENT, EVENT_SOCK, EpisodeEvent, SEGMENT_ACK_EXACT, SEGMENT_ACKED,
+    SEGMENT_DATA, SOCK_RECV, SOCK_SEND, SegmentEvent, SockEvent,
 };
 pub use offsets::{SendOffsets, TracepointOffsets};
 
@@ -42,5 +42,6 @@ mod pod {
     unsafe impl aya::Pod for crate::GpuCounters {}
     unsafe impl aya::Pod for crate::TracepointOffsets {}
     unsafe impl aya::Pod for crate::SendOffsets {}
+    unsafe impl aya::Pod for crate::ListenKey {}
     unsafe impl aya::Pod for crate::ThreadState {}
 }

@@ -58,6 +58,19 @@ pub struct TracepointOffsets {
     pub probe_family: u32,
     pub probe_saddr: u32,
     pub probe_daddr: u32,
+    /// `tcp:tcp_probe`: `skbaddr` (the segment), or [`ABSENT`] on kernels
+    /// whose tracepoint lacks it.
+    pub probe_skb: u32,
+    /// Offset of the acknowledgment number in a received `struct sk_buff`
+    /// (`cb` + `struct tcp_skb_cb`'s `ack_seq`, from BTF), or [`ABSENT`]:
+    /// without it, what a segment acknowledged shows at the next one.
+    pub skb_ack_seq: u32,
+    /// Offset of the network namespace pointer in a `struct sock`
+    /// (`__sk_common.skc_net`), and of its inode number in `struct net`
+    /// (`ns.inum`), from BTF, or [`ABSENT`]: without them, listening ports
+    /// are matched in every namespace.
+    pub sk_net: u32,
+    pub net_inum: u32,
 }
 
 /// Offset value meaning "this field does not exist on this kernel".

@@ -6,7 +6,7 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, LruPerCpuHashMap, PerCpuArray, RingBuf},
 };
 use ttft_trace_common::{
-    ConnState, GpuCounters, SendArgs, ThreadState, TracepointOffsets,
+    ConnState, GpuCounters, ListenKey, SendArgs, ThreadState, TracepointOffsets,
     counters::STATS,
     offsets::TaskOffsets,
     signals::{RUNQ_BUCKETS, SchedState, SchedTotals},
@@ -49,8 +49,16 @@ pub static ANNOUNCED: LruHashMap<u32, u64> = LruHashMap::with_max_entries(4096, 
 /// Listening ports of the traced tree (host byte order): a connection
 /// accepted on one of them is a server connection. Filled by userspace (ports
 /// listening at start, `--port`) and by `inet_sock_set_state` on `listen()`.
+/// The value says in which network namespaces
+/// ([`ttft_trace_common::LISTEN_ANY_NETNS`] or `LISTEN_SOME_NETNS`): one
+/// lookup turns away every other port before a namespace is read.
 #[map]
 pub static LISTEN_PORTS: HashMap<u16, u32> = HashMap::with_max_entries(1024, 0);
+
+/// The (network namespace, port) pairs of `LISTEN_SOME_NETNS` ports: another
+/// namespace's server on the same port number is not followed.
+#[map]
+pub static LISTEN_NETNS: HashMap<ListenKey, u32> = HashMap::with_max_entries(4096, 0);
 
 /// Server connections being followed, keyed by socket address.
 #[map]
@@ -153,6 +161,10 @@ pub static OFFSETS: TracepointOffsets = TracepointOffsets {
     probe_family: 0,
     probe_saddr: 0,
     probe_daddr: 0,
+    probe_skb: 0,
+    skb_ack_seq: 0,
+    sk_net: 0,
+    net_inum: 0,
 };
 
 /// `struct task_struct` offsets for the BTF scheduler tracepoints, set by

@@ -29,9 +29,12 @@ use ttft_trace_common::{
     event::{HEAD_BYTES, HEAD_SENDS, TAIL_BYTES},
 };
 
-use crate::maps::{
-    CONNS, EVENTS, LISTEN_PORTS, SEND_ARGS, bump_stat, is_tracked, may_be_traced, offset, offsets,
-    wakeup_flag,
+use crate::{
+    listen,
+    maps::{
+        CONNS, EVENTS, SEND_ARGS, bump_stat, is_tracked, may_be_traced, offset, offsets,
+        wakeup_flag,
+    },
 };
 
 const TCP_ESTABLISHED: i32 = 1;
@@ -75,16 +78,13 @@ pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
     };
     if new == TCP_LISTEN {
         // listen() runs in the process's context: a traced server's port.
-        if is_tracked((bpf_get_current_pid_tgid() >> 32) as u32)
-            && LISTEN_PORTS.insert(sport, 1, 0).is_err()
-        {
-            bump_stat(Stat::ListenPortsFull);
+        if is_tracked((bpf_get_current_pid_tgid() >> 32) as u32) {
+            listen::add(sk, sport);
         }
         return 0;
     }
     if old == TCP_SYN_RECV && new == TCP_ESTABLISHED {
-        // SAFETY: value not kept past the lookup.
-        if unsafe { LISTEN_PORTS.get(sport) }.is_some() {
+        if listen::is_followed(sk, sport) {
             let _ = CONNS.insert(sk, ConnState::default(), 0);
             emit_conn(&ctx, CONN_OPEN, sk, old, new, sport, 0);
         }

@@ -13,14 +13,15 @@
 //! data for an unknown socket whose local port is a followed listening
 //! port. That costs one more lookup per data segment of other connections.
 
-use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
+use aya_ebpf::{helpers::bpf_probe_read_kernel, macros::tracepoint, programs::TracePointContext};
 use ttft_trace_common::{
-    CONN_OPEN, ConnEvent, ConnState, EVENT_CONN, EVENT_SEGMENT, SEGMENT_ACKED, SEGMENT_DATA,
-    SegmentEvent, Stat,
+    CONN_OPEN, ConnEvent, ConnState, EVENT_CONN, EVENT_SEGMENT, SEGMENT_ACK_EXACT, SEGMENT_ACKED,
+    SEGMENT_DATA, SegmentEvent, Stat, TracepointOffsets, offsets::ABSENT,
 };
 
 use crate::{
-    maps::{CONNS, EVENTS, LISTEN_PORTS, bump_stat, offsets, wakeup_flag},
+    listen,
+    maps::{CONNS, EVENTS, bump_stat, offsets, wakeup_flag},
     sock::{now_ns, read},
 };
 
@@ -58,8 +59,19 @@ pub fn tcp_probe(ctx: TracePointContext) -> u32 {
     if data_len > 0 {
         flags |= SEGMENT_DATA;
     }
-    if t_prev != 0 && snd_una != prev_una {
-        flags |= SEGMENT_ACKED;
+    let ack_seq = own_ack(&ctx, &off);
+    match ack_seq {
+        // New bytes acknowledged: after `snd_una`, not past `snd_nxt` (the
+        // kernel ignores an ACK of what was never sent).
+        Some(ack) => {
+            flags |= SEGMENT_ACK_EXACT;
+            let new = ack.wrapping_sub(snd_una);
+            if new != 0 && new <= snd_nxt.wrapping_sub(snd_una) {
+                flags |= SEGMENT_ACKED;
+            }
+        }
+        None if t_prev != 0 && snd_una != prev_una => flags |= SEGMENT_ACKED,
+        None => {}
     }
     if flags == 0 {
         return 0;
@@ -74,6 +86,8 @@ pub fn tcp_probe(ctx: TracePointContext) -> u32 {
         snd_nxt,
         srtt_us: read::<u32>(&ctx, off.probe_srtt).unwrap_or(0),
         data_len: u32::from(data_len),
+        ack_seq: ack_seq.unwrap_or(0),
+        _pad: 0,
     };
     match EVENTS.reserve::<SegmentEvent>(0) {
         Some(mut entry) => {
@@ -83,6 +97,18 @@ pub fn tcp_probe(ctx: TracePointContext) -> u32 {
         None => bump_stat(Stat::RingbufLost),
     }
     0
+}
+
+/// The segment's acknowledgment number, from its `tcp_skb_cb` (filled
+/// before `tcp_rcv_established` runs), where this kernel lets us find it.
+#[inline(always)]
+fn own_ack(ctx: &TracePointContext, off: &TracepointOffsets) -> Option<u32> {
+    if off.probe_skb == ABSENT || off.skb_ack_seq == ABSENT {
+        return None;
+    }
+    let skb = read::<u64>(ctx, off.probe_skb)?;
+    // SAFETY: the helper checks the address.
+    unsafe { bpf_probe_read_kernel((skb + u64::from(off.skb_ack_seq)) as *const u32) }.ok()
 }
 
 /// A data segment of a socket not followed, whose local port is a followed
@@ -96,8 +122,9 @@ fn adopt(ctx: &TracePointContext, sk: u64) -> Option<*mut ConnState> {
         return None;
     }
     let sport = read::<u16>(ctx, off.probe_sport)?;
-    // SAFETY: value not kept past the lookup.
-    unsafe { LISTEN_PORTS.get(sport) }?;
+    if !listen::is_followed(sk, sport) {
+        return None;
+    }
     CONNS.insert(sk, ConnState::default(), 0).ok()?;
     let family = read::<u16>(ctx, off.probe_family).unwrap_or(0);
     let mut ev = ConnEvent {

@@ -155,15 +155,18 @@ mod tests {
             snd_nxt: 0x10,
             srtt_us: 21,
             data_len: 2027,
+            ack_seq: 0x20,
+            _pad: 0,
         };
         let bytes = encode(&seg);
-        assert_eq!(bytes.len(), 48);
+        assert_eq!(bytes.len(), 56);
         assert_eq!(decode(&bytes), Ok(Event::Segment(seg)));
         // Field placement as the kernel writes it (little-endian host).
         assert_eq!(&bytes[24..32], &1_000u64.to_ne_bytes());
         assert_eq!(&bytes[32..36], &0xffff_fff0u32.to_ne_bytes());
         assert_eq!(&bytes[44..48], &2027u32.to_ne_bytes());
-        assert_eq!(decode(&bytes[..47]), Err(DecodeError::Short(47)));
+        assert_eq!(&bytes[48..52], &0x20u32.to_ne_bytes());
+        assert_eq!(decode(&bytes[..55]), Err(DecodeError::Short(55)));
     }
 
     #[test]

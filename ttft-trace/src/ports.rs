@@ -44,14 +44,27 @@ pub fn parse_listeners(text: &str) -> Vec<(u16, u64)> {
         .collect()
 }
 
-/// Ports on which any of `pids` listens.
-pub fn listening_ports(pids: &[u32]) -> BTreeSet<u16> {
+/// The inode number of a `/proc/PID/ns/net` link (`net:[4026531840]`).
+fn netns_inode(link: &str) -> Option<u32> {
+    link.strip_prefix("net:[")?.strip_suffix(']')?.parse().ok()
+}
+
+/// The network namespace of `pid`, or None when it cannot be read.
+fn netns_of(pid: u32) -> Option<u32> {
+    let link = fs::read_link(format!("/proc/{pid}/ns/net")).ok()?;
+    netns_inode(link.to_str()?)
+}
+
+/// (network namespace, port) on which any of `pids` listens; the namespace
+/// is None when it cannot be read (the port is then followed in every one).
+pub fn listening_ports(pids: &[u32]) -> BTreeSet<(Option<u32>, u16)> {
     let mut ports = BTreeSet::new();
     for &pid in pids {
         let inodes = socket_inodes(pid);
         if inodes.is_empty() {
             continue;
         }
+        let netns = netns_of(pid);
         for table in ["tcp", "tcp6"] {
             let path = format!("/proc/{pid}/net/{table}");
             let Ok(bytes) = crate::rootfs::read_proc(Path::new(&path), NET_TCP_MAX) else {
@@ -67,7 +80,7 @@ pub fn listening_ports(pids: &[u32]) -> BTreeSet<u16> {
                 parse_listeners(&text)
                     .into_iter()
                     .filter(|(_, inode)| inodes.contains(inode))
-                    .map(|(port, _)| port),
+                    .map(|(port, _)| (netns, port)),
             );
         }
     }
@@ -92,6 +105,15 @@ mod tests {
         let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let port = l.local_addr().expect("addr").port();
         let ports = listening_ports(&[std::process::id()]);
-        assert!(ports.contains(&port), "{port} not in {ports:?}");
+        let ns = netns_of(std::process::id());
+        assert!(ns.is_some(), "our own namespace is readable");
+        assert!(ports.contains(&(ns, port)), "{port} not in {ports:?}");
+    }
+
+    #[test]
+    fn reads_namespace_links() {
+        assert_eq!(netns_inode("net:[4026531840]"), Some(4026531840));
+        assert_eq!(netns_inode("mnt:[4026531840]"), None);
+        assert_eq!(netns_inode("net:[x]"), None);
     }
 }

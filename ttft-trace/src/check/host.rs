@@ -188,6 +188,7 @@ fn tracepoints(root: Option<&Path>) -> Vec<Item> {
             }
         })
         .collect();
+    items.push(ack_timing_item());
     items.push(match probes::tracepoint_offsets() {
         Ok(mut offsets) => match send_hook_planned(root, &mut offsets) {
             Ok(()) => Item::ok(
@@ -207,6 +208,29 @@ fn tracepoints(root: Option<&Path>) -> Vec<Item> {
         ),
     });
     items
+}
+
+/// Whether `tcp_probe` can read what each segment acknowledged, which
+/// decides whether a first token acknowledged just before the server's
+/// close gets a delivery time.
+fn ack_timing_item() -> Item {
+    let plan = probes::tracepoint_offsets()
+        .map_err(|e| e.to_string())
+        .and_then(|offsets| probes::StructOffsets::read(&offsets).ack_seq);
+    match plan {
+        Ok(_) => Item::ok(
+            "ACK timing",
+            "each client segment's own acknowledgment number (tcp_probe skbaddr + BTF)",
+        ),
+        Err(why) => Item::warn(
+            "ACK timing",
+            format!(
+                "at the next segment ({why}): a first token acknowledged by the last segment \
+                 before the server's close gets no client estimate"
+            ),
+            "Linux with skbaddr in tcp:tcp_probe and BTF (CONFIG_DEBUG_INFO_BTF=y)",
+        ),
+    }
 }
 
 /// Checks what the planned send hook reads: the kernel's BTF and the raw

@@ -43,6 +43,10 @@ pub struct Discovery {
     pub ports: Vec<u16>,
     /// How often /proc is scanned for processes that map a CUDA library.
     pub rescan_ms: u64,
+    /// Probes of a library no traced process has mapped for this long are
+    /// detached (longer than a server's restart, so that a restart keeps
+    /// them).
+    pub detach_unmapped_s: f64,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -79,6 +83,9 @@ pub struct Otlp {
     pub sample_ratio: f64,
     /// Requests queued for export at most; beyond, spans are dropped and counted.
     pub queue_requests: usize,
+    /// `gen_ai.operation.name` on the GenAI metrics (`chat`,
+    /// `text_completion`, ...): request paths are not read.
+    pub gen_ai_operation_name: String,
 }
 
 impl Default for Otlp {
@@ -88,6 +95,7 @@ impl Default for Otlp {
             protocol: None,
             sample_ratio: 1.0,
             queue_requests: 2048,
+            gen_ai_operation_name: "chat".into(),
         }
     }
 }
@@ -117,6 +125,7 @@ impl Default for Discovery {
             cgroup_prefix: None,
             ports: Vec::new(),
             rescan_ms: 1000,
+            detach_unmapped_s: 60.0,
         }
     }
 }

@@ -76,6 +76,10 @@ pub struct DaemonArgs {
     /// Milliseconds between /proc scans for new CUDA processes.
     #[arg(long, value_name = "MS")]
     pub rescan_ms: Option<u64>,
+    /// Detach the probes of a library no traced process has mapped for
+    /// this many seconds.
+    #[arg(long, value_name = "SECONDS")]
+    pub detach_unmapped: Option<f64>,
     /// Most workload label sets (later ones share comm="_other").
     #[arg(long, value_name = "N")]
     pub max_label_sets: Option<usize>,
@@ -183,6 +187,9 @@ impl DaemonArgs {
             file.discovery.ports = self.only_ports;
         }
         file.discovery.rescan_ms = self.rescan_ms.unwrap_or(file.discovery.rescan_ms);
+        file.discovery.detach_unmapped_s = self
+            .detach_unmapped
+            .unwrap_or(file.discovery.detach_unmapped_s);
         file.labels.max_sets = self.max_label_sets.unwrap_or(file.labels.max_sets);
         file.labels.retire_after_s = self.retire_after.unwrap_or(file.labels.retire_after_s);
         file.labels.pid |= self.label_pid;
@@ -192,6 +199,7 @@ impl DaemonArgs {
         Ok(DaemonOptions {
             filters: file.filters()?,
             rescan: std::time::Duration::from_millis(file.discovery.rescan_ms.max(10)),
+            detach_unmapped: super::seconds("--detach-unmapped", file.discovery.detach_unmapped_s)?,
             cuda_libs: self.cuda_libs,
             trace: trace_config(&file, &self.common)?,
         })
@@ -248,6 +256,7 @@ mod tests {
             &["attach", "--pid", "1", "--interval", "0"][..],
             &["attach", "--pid", "1", "--duration=-1"][..],
             &["daemon", "--interval", "0"][..],
+            &["daemon", "--detach-unmapped", "0"][..],
         ] {
             let err = match parse(args) {
                 Cli::Attach(a) => a.into_config().err(),

@@ -81,6 +81,8 @@ pub struct DaemonOptions {
     pub filters: Filters,
     /// How often /proc is scanned for new CUDA processes.
     pub rescan: Duration,
+    /// Probes of a library no traced process maps this long are detached.
+    pub detach_unmapped: Duration,
     /// Libraries to probe from the start (e.g. not mapped by anyone yet).
     pub cuda_libs: Vec<PathBuf>,
     pub trace: TraceConfig,
@@ -182,6 +184,7 @@ fn otlp_config(
         protocol,
         sample_ratio,
         queue_requests: file.queue_requests.max(1),
+        gen_ai_operation_name: file.gen_ai_operation_name.clone(),
         ..OtlpConfig::default()
     }))
 }
@@ -255,6 +258,7 @@ mod tests {
             protocol: None,
             sample_ratio: 0.25,
             queue_requests: 10,
+            gen_ai_operation_name: "text_completion".into(),
         };
         let cfg = otlp_config(&from_file, &common(Some("http://flag:4317"), None), no_env)
             .expect("ok")
@@ -265,6 +269,7 @@ mod tests {
             "the flag wins"
         );
         assert_eq!((cfg.sample_ratio, cfg.queue_requests), (0.25, 10));
+        assert_eq!(cfg.gen_ai_operation_name, "text_completion");
         let env = |v: &str| (v == "OTEL_EXPORTER_OTLP_ENDPOINT").then(|| "http://env:4317".into());
         let cfg = otlp_config(&file, &common(None, Some(0.5)), env)
             .expect("ok")

@@ -153,6 +153,12 @@ impl Jsonl {
         }));
     }
 
+    pub fn detached(&mut self, a: &Attached) {
+        self.write(&json!({
+            "type": "detach", "t_ns": monotonic_ns(), "library": a.path, "symbols": a.symbols,
+        }));
+    }
+
     /// The last line: what the kernel counted over the whole run.
     pub fn totals(&mut self, t: &Totals) {
         let mut bytes = serde_json::Map::new();

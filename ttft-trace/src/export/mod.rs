@@ -155,6 +155,15 @@ impl Sinks {
         self.jsonl.attached(a);
     }
 
+    pub fn library_detached(&mut self, a: &Attached) {
+        log::info!(
+            "detached the {} probes of {}: no traced process maps it any more",
+            a.symbols,
+            a.path.display()
+        );
+        self.jsonl.detached(a);
+    }
+
     /// Exports what the correlators dropped so far: those of ended
     /// workloads and of the `live` ones.
     pub fn correlator_drops(&self, live: impl Iterator<Item = CorrelatorStats>) {

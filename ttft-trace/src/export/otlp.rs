@@ -11,6 +11,11 @@
 //! spans go through a bounded queue to a thread of their own that exports
 //! them in batches; a full queue or a failed export drops them, counted in
 //! `ttft_trace_otlp_spans_dropped_total{reason}`.
+//!
+//! Beside the spans, every request (sampled or not) enters the GenAI
+//! metrics ([`metrics`]).
+
+pub mod metrics;
 
 use std::{
     borrow::Cow,
@@ -30,6 +35,7 @@ use opentelemetry_sdk::{
 };
 use prometheus::{IntCounter, IntCounterVec, Opts, Registry};
 
+use self::metrics::GenAiMetrics;
 use crate::{clock::monotonic_ns, judging::JudgedRequest, workloads::WorkloadLabels};
 
 /// The OTLP transport, as `OTEL_EXPORTER_OTLP_PROTOCOL` names it.
@@ -50,16 +56,16 @@ impl Protocol {
     }
 }
 
-/// The traces URL for OTLP/HTTP: a base URL (`http://host:4318`) gets the
-/// signal's path, as the exporter does for `OTEL_EXPORTER_OTLP_ENDPOINT`; a
-/// URL with a path is used as it is.
-fn http_traces_url(endpoint: &str) -> String {
+/// A signal's URL for OTLP/HTTP (`path`: `v1/traces`, `v1/metrics`): a base
+/// URL (`http://host:4318`) gets the signal's path, as the exporter does for
+/// `OTEL_EXPORTER_OTLP_ENDPOINT`; a URL with a path is used as it is.
+fn http_signal_url(endpoint: &str, path: &str) -> String {
     let after_scheme = endpoint
         .split_once("://")
         .map_or(endpoint, |(_, rest)| rest);
     match after_scheme.split_once('/') {
-        None => format!("{endpoint}/v1/traces"),
-        Some((_, "")) => format!("{endpoint}v1/traces"),
+        None => format!("{endpoint}/{path}"),
+        Some((_, "")) => format!("{endpoint}{path}"),
         Some(_) => endpoint.to_string(),
     }
 }
@@ -82,6 +88,12 @@ pub struct OtlpConfig {
     pub batch_spans: usize,
     /// A batch not full is sent after this long.
     pub flush_every: Duration,
+    /// How often the GenAI metrics are exported; `None`: the SDK's
+    /// `OTEL_METRIC_EXPORT_INTERVAL`, else 60 s.
+    pub metrics_every: Option<Duration>,
+    /// `gen_ai.operation.name` on the metrics: the daemon does not read
+    /// request paths, so it cannot tell chat from text completion.
+    pub gen_ai_operation_name: String,
 }
 
 impl Default for OtlpConfig {
@@ -93,6 +105,8 @@ impl Default for OtlpConfig {
             queue_requests: 2048,
             batch_spans: 512,
             flush_every: Duration::from_secs(1),
+            metrics_every: None,
+            gen_ai_operation_name: "chat".into(),
         }
     }
 }
@@ -175,6 +189,7 @@ impl Counters {
 
 /// The OTLP sink.
 pub struct Otlp {
+    metrics: GenAiMetrics,
     queue: Option<SyncSender<Vec<SpanData>>>,
     done: Receiver<()>,
     counters: Counters,
@@ -203,6 +218,7 @@ impl Otlp {
         let endpoint = cfg.endpoint.clone();
         let protocol = cfg.protocol;
         let resource = resource(clock);
+        let metrics = GenAiMetrics::start(cfg, resource.clone(), registry)?;
         thread::Builder::new()
             .name("otlp-export".into())
             .spawn(move || {
@@ -215,6 +231,7 @@ impl Otlp {
             .map_err(|_| OtlpError::Build("the export thread ended".into()))?
             .map_err(OtlpError::Build)?;
         Ok(Self {
+            metrics,
             queue: Some(queue),
             done,
             counters,
@@ -225,8 +242,10 @@ impl Otlp {
         })
     }
 
-    /// Queues the request's spans, or counts them dropped; never blocks.
+    /// Records the request in the metrics and queues its spans, or counts
+    /// them dropped; never blocks.
     pub fn request(&mut self, labels: &WorkloadLabels, root: u32, j: &JudgedRequest) {
+        self.metrics.request(labels, &j.record);
         let trace_id = self.ids.new_trace_id();
         if !j.attribution.slow && !sampled(trace_id, self.sample_ratio) {
             self.counters.unsampled.inc();
@@ -252,6 +271,7 @@ impl Otlp {
         if self.queue.take().is_none() {
             return;
         }
+        self.metrics.shutdown();
         if self.done.recv_timeout(self.flush_deadline).is_err() {
             log::warn!("the OTLP exporter did not finish in time; its last spans are lost");
         }
@@ -342,7 +362,7 @@ impl Worker {
                         .with_http()
                         .with_protocol(opentelemetry_otlp::Protocol::HttpBinary);
                     match endpoint {
-                        Some(e) => b.with_endpoint(http_traces_url(&e)).build(),
+                        Some(e) => b.with_endpoint(http_signal_url(&e, "v1/traces")).build(),
                         None => b.build(),
                     }
                 }

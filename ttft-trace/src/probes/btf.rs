@@ -243,10 +243,26 @@ impl Btf {
     }
 
     fn size(&self, id: u32) -> Result<u32, BtfError> {
+        self.size_at(id, 0)
+    }
+
+    /// `depth`: arrays of arrays followed so far (a malformed loop ends).
+    fn size_at(&self, id: u32, depth: u32) -> Result<u32, BtfError> {
+        if depth > 8 {
+            return Err(BtfError::Unexpected("arrays nested too deep".into()));
+        }
         let t = self.get(self.strip(id)?)?;
         match t.kind {
             KIND_INT | KIND_STRUCT | KIND_UNION | KIND_ENUM | KIND_ENUM64 => Ok(t.size_or_type),
             KIND_PTR => Ok(8),
+            // `struct btf_array { type, index_type, nelems }` follows.
+            KIND_ARRAY => {
+                let elem = u32_at(&self.types_data, t.extra)?;
+                let count = u32_at(&self.types_data, t.extra + 8)?;
+                self.size_at(elem, depth + 1)?
+                    .checked_mul(count)
+                    .ok_or_else(|| BtfError::Unexpected("array size overflows".into()))
+            }
             k => Err(BtfError::Unexpected(format!("size of a type of kind {k}"))),
         }
     }
@@ -402,6 +418,46 @@ pub fn task_offsets(btf: &Btf) -> Result<TaskOffsets, BtfError> {
         )));
     }
     Ok(TaskOffsets { pid })
+}
+
+/// Offset of a received segment's acknowledgment number in its `struct
+/// sk_buff`: the control block `cb`, where TCP keeps `struct tcp_skb_cb`,
+/// and its `ack_seq` (host order, filled before `tcp_rcv_established`).
+pub fn skb_ack_seq_offset(btf: &Btf) -> Result<u32, BtfError> {
+    let (cb, cb_size) = btf.member("sk_buff", "cb")?;
+    let (ack, ack_size) = btf.member("tcp_skb_cb", "ack_seq")?;
+    if ack_size != 4 {
+        return Err(BtfError::Unexpected(format!(
+            "tcp_skb_cb.ack_seq is {ack_size} bytes, not 4"
+        )));
+    }
+    if ack + 4 > cb_size {
+        return Err(BtfError::Unexpected(format!(
+            "tcp_skb_cb.ack_seq at {ack} is outside sk_buff.cb ({cb_size} bytes)"
+        )));
+    }
+    Ok(cb + ack)
+}
+
+/// Offsets of a socket's network namespace pointer in `struct sock`
+/// (`__sk_common.skc_net`, a `possible_net_t` whose only member is the
+/// pointer) and of the namespace's inode number in `struct net` (`ns.inum`).
+pub fn netns_offsets(btf: &Btf) -> Result<(u32, u32), BtfError> {
+    let (common, _) = btf.member("sock", "__sk_common")?;
+    let (net, net_size) = btf.member("sock_common", "skc_net")?;
+    if net_size != 8 {
+        return Err(BtfError::Unexpected(format!(
+            "sock_common.skc_net is {net_size} bytes, not a pointer"
+        )));
+    }
+    let (ns, _) = btf.member("net", "ns")?;
+    let (inum, inum_size) = btf.member("ns_common", "inum")?;
+    if inum_size != 4 {
+        return Err(BtfError::Unexpected(format!(
+            "ns_common.inum is {inum_size} bytes, not 4"
+        )));
+    }
+    Ok((common + net, ns + inum))
 }
 
 #[cfg(test)]
@@ -576,6 +632,49 @@ mod tests {
         );
     }
 
+    /// `struct sk_buff { ...; char cb[48]; }` and `struct tcp_skb_cb`
+    /// with `ack_seq` behind an anonymous union, as 6.18 has them.
+    fn skb_like(ack_seq_at: u32) -> Vec<u8> {
+        let mut b = Builder::new();
+        let char_t = b.int("char", 1);
+        let u32_t = b.int("__u32", 4);
+        let int_t = b.int("int", 4);
+        let cb = b.push("", KIND_ARRAY, 0, 0);
+        b.words(&[char_t, int_t, 48]);
+        b.record(
+            KIND_STRUCT,
+            "sk_buff",
+            232,
+            &[("len", u32_t, 0), ("cb", cb, 40)],
+        );
+        let inner = b.record(KIND_UNION, "", 4, &[("tcp_tw_isn", u32_t, 0)]);
+        b.record(
+            KIND_STRUCT,
+            "tcp_skb_cb",
+            48,
+            &[
+                ("seq", u32_t, 0),
+                ("end_seq", u32_t, 4),
+                ("", inner, 8),
+                ("ack_seq", u32_t, ack_seq_at),
+            ],
+        );
+        b.blob()
+    }
+
+    #[test]
+    fn finds_the_ack_number_in_the_control_block() {
+        let btf = Btf::parse(&skb_like(24)).expect("parse");
+        assert_eq!(btf.member("sk_buff", "cb").expect("cb"), (40, 48));
+        assert_eq!(skb_ack_seq_offset(&btf).expect("offset"), 40 + 24);
+        // A layout that puts it past the control block is refused.
+        let btf = Btf::parse(&skb_like(46)).expect("parse");
+        assert!(matches!(
+            skb_ack_seq_offset(&btf),
+            Err(BtfError::Unexpected(_))
+        ));
+    }
+
     #[test]
     fn a_moved_member_moves_its_offset() {
         let btf = Btf::parse(&kernel_like(4)).expect("parse");
@@ -672,6 +771,16 @@ mod tests {
             return;
         }
         let btf = Btf::vmlinux().expect("vmlinux BTF");
+        match skb_ack_seq_offset(&btf) {
+            Ok(off) => assert!(off > 0 && off % 4 == 0, "ack_seq at {off}"),
+            Err(BtfError::Missing(what)) => eprintln!("this kernel lacks {what}"),
+            Err(e) => panic!("{e}"),
+        }
+        match netns_offsets(&btf) {
+            Ok((net, inum)) => assert!(net % 8 == 0 && inum % 4 == 0, "{net} {inum}"),
+            Err(BtfError::Missing(what)) => eprintln!("this kernel lacks {what}"),
+            Err(e) => panic!("{e}"),
+        }
         match send_offsets(&btf) {
             Ok(off) => {
                 assert_ne!(off.iter_ubuf, off.iter_iovec);

@@ -9,7 +9,9 @@ use aya::{
     maps::{HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf},
 };
 use ttft_trace_common::signals::{RUNQ_BUCKETS, RUNQ_SUM_SLOT, SchedTotals};
-use ttft_trace_common::{GpuCounters, MAP_FULL_STATS, Stat};
+use ttft_trace_common::{
+    GpuCounters, LISTEN_ANY_NETNS, LISTEN_SOME_NETNS, ListenKey, MAP_FULL_STATS, Stat,
+};
 
 use super::{ProbeError, Probes};
 
@@ -29,24 +31,26 @@ impl Probes {
         .map_err(|e| ProbeError::Map("TRACKED", e))?;
         let result = map.insert(pid, workload, 0);
         self.full_unless_stored("TRACKED", result, || format!("process {pid}"))
+            .map(drop)
     }
 
     /// Counts an insert refused because its map is full (E2BIG; ENOMEM for
     /// maps allocated as they fill), with a warning; other errors are errors.
+    /// Returns whether it was stored.
     fn full_unless_stored(
         &mut self,
         name: &'static str,
         result: Result<(), aya::maps::MapError>,
         what: impl FnOnce() -> String,
-    ) -> Result<(), ProbeError> {
+    ) -> Result<bool, ProbeError> {
         match result {
-            Ok(()) => Ok(()),
+            Ok(()) => Ok(true),
             Err(aya::maps::MapError::SyscallError(e))
                 if matches!(e.io_error.raw_os_error(), Some(libc::E2BIG | libc::ENOMEM)) =>
             {
                 *self.map_full.entry(name).or_default() += 1;
                 log::warn!("eBPF map {name} is full: {} not stored", what());
-                Ok(())
+                Ok(false)
             }
             Err(e) => Err(ProbeError::Map(name, e)),
         }
@@ -69,17 +73,43 @@ impl Probes {
         remove_key::<u64>(&mut self.ebpf, "ANNOUNCED", tgid)
     }
 
-    /// Marks a TCP port as a listening port of the traced tree: connections
-    /// accepted on it are followed as server connections.
-    pub fn add_listen_port(&mut self, port: u16) -> Result<(), ProbeError> {
+    /// Marks a TCP port as a listening port of the traced tree, in network
+    /// namespace `netns` (every namespace: None, or where the probes cannot
+    /// read a socket's): connections accepted on it are followed as server
+    /// connections.
+    pub fn add_listen_port(&mut self, netns: Option<u32>, port: u16) -> Result<(), ProbeError> {
+        let flag = match netns.filter(|_| self.netns_known) {
+            Some(netns) => {
+                let mut map: BpfHashMap<_, ListenKey, u32> = BpfHashMap::try_from(
+                    self.ebpf
+                        .map_mut("LISTEN_NETNS")
+                        .ok_or(ProbeError::Missing("LISTEN_NETNS"))?,
+                )
+                .map_err(|e| ProbeError::Map("LISTEN_NETNS", e))?;
+                let key = ListenKey {
+                    netns,
+                    port,
+                    _pad: 0,
+                };
+                let result = map.insert(key, 1, 0);
+                let what = || format!("port {port} in network namespace {netns}");
+                if !self.full_unless_stored("LISTEN_NETNS", result, what)? {
+                    return Ok(());
+                }
+                LISTEN_SOME_NETNS
+            }
+            None => LISTEN_ANY_NETNS,
+        };
         let mut map: BpfHashMap<_, u16, u32> = BpfHashMap::try_from(
             self.ebpf
                 .map_mut("LISTEN_PORTS")
                 .ok_or(ProbeError::Missing("LISTEN_PORTS"))?,
         )
         .map_err(|e| ProbeError::Map("LISTEN_PORTS", e))?;
-        let result = map.insert(port, 1, 0);
+        let flags = map.get(&port, 0).unwrap_or(0);
+        let result = map.insert(port, flags | flag, 0);
         self.full_unless_stored("LISTEN_PORTS", result, || format!("port {port}"))
+            .map(drop)
     }
 
     /// Stops tracing an id (a process that exited, or a thread's id).

@@ -1,6 +1,7 @@
 //! Loading the eBPF object, attaching its programs, and reading its maps.
 
 pub mod btf;
+mod detach;
 mod event_hook;
 mod kernel_maps;
 pub mod libraries;
@@ -9,6 +10,7 @@ mod send_hook;
 pub mod symbols;
 mod traced_ids;
 
+pub use detach::detach_in_background;
 pub use event_hook::{EVENT_HOOK_ENV, EventHook, event_hook_plan};
 pub use send_hook::{SEND_HOOK_ENV, SendHook, send_hook_plan, syscall_offsets};
 use send_hook::{SYSCALL_SEND_TRACEPOINTS, attach_sendmsg};
@@ -20,7 +22,10 @@ use std::{
 
 use aya::{
     Ebpf, EbpfLoader,
-    programs::{TracePoint, UProbe, uprobe::UProbeScope},
+    programs::{
+        TracePoint, UProbe,
+        uprobe::{UProbeLinkId, UProbeScope},
+    },
 };
 use thiserror::Error;
 use ttft_trace_common::{
@@ -93,6 +98,12 @@ pub struct Attached {
     pub failed: Vec<(String, String)>,
 }
 
+/// One file's probes: what was attached, and the links to detach them by.
+struct Probed {
+    report: Attached,
+    links: Vec<(&'static str, UProbeLinkId)>,
+}
+
 /// The loaded programs and the libraries they are attached to.
 pub struct Probes {
     ebpf: Ebpf,
@@ -102,9 +113,12 @@ pub struct Probes {
     traced_ids: traced_ids::TracedIds,
     /// Libraries attached, by the file they land on: uprobes attach to a
     /// file, and fire in every process that maps it.
-    attached: HashMap<FileId, Attached>,
+    attached: HashMap<FileId, Probed>,
     /// Inserts refused from userspace because the map was full, by map.
     map_full: BTreeMap<&'static str, u64>,
+    /// The probes read a socket's network namespace: listening ports are
+    /// kept per namespace.
+    netns_known: bool,
 }
 
 /// Tracepoints and the programs attached to them: (program, category, name).
@@ -124,6 +138,40 @@ pub const TRACEPOINTS: &[(&str, &str, &str)] = &[
     ("tcp_send_reset", "tcp", "tcp_send_reset"),
     ("tcp_probe", "tcp", "tcp_probe"),
 ];
+
+/// Kernel struct offsets the socket probes read, from the kernel's BTF, or
+/// why each cannot be had.
+pub struct StructOffsets {
+    /// Where `tcp_probe` finds a segment's own acknowledgment number (with
+    /// its `skbaddr` field). Without it, what a segment acknowledged is seen
+    /// at the next segment (and the last one's never).
+    pub ack_seq: Result<u32, String>,
+    /// A socket's network namespace: without it, listening ports are
+    /// matched in every namespace.
+    pub netns: Result<(u32, u32), String>,
+}
+
+impl StructOffsets {
+    pub fn read(offsets: &TracepointOffsets) -> Self {
+        let btf = match btf::Btf::vmlinux() {
+            Ok(btf) => btf,
+            Err(e) => {
+                return Self {
+                    ack_seq: Err(e.to_string()),
+                    netns: Err(e.to_string()),
+                };
+            }
+        };
+        Self {
+            ack_seq: if offsets.probe_skb == ABSENT {
+                Err("tcp:tcp_probe has no skbaddr on this kernel".into())
+            } else {
+                btf::skb_ack_seq_offset(&btf).map_err(|e| e.to_string())
+            },
+            netns: btf::netns_offsets(&btf).map_err(|e| e.to_string()),
+        }
+    }
+}
 
 /// Reads the tracepoint offsets the probes need from tracefs.
 pub fn tracepoint_offsets() -> Result<TracepointOffsets, TracefsError> {
@@ -178,6 +226,11 @@ pub fn tracepoint_offsets() -> Result<TracepointOffsets, TracefsError> {
         probe_family: probe.offset("family")?,
         probe_saddr: probe.offset("saddr")?,
         probe_daddr: probe.offset("daddr")?,
+        probe_skb: probe.optional_offset("skbaddr").unwrap_or(ABSENT),
+        // From BTF: see StructOffsets.
+        skb_ack_seq: ABSENT,
+        sk_net: ABSENT,
+        net_inum: ABSENT,
     };
     if wakeup_new.offset("pid")? != offsets.wakeup_pid {
         return Err(TracefsError::Parse(
@@ -213,6 +266,15 @@ impl Probes {
             )));
         }
         let mut offsets = tracepoint_offsets()?;
+        let structs = StructOffsets::read(&offsets);
+        match structs.ack_seq {
+            Ok(at) => offsets.skb_ack_seq = at,
+            Err(why) => log::info!("ACK timing: at the next segment ({why})"),
+        }
+        match structs.netns {
+            Ok((net, inum)) => (offsets.sk_net, offsets.net_inum) = (net, inum),
+            Err(why) => log::info!("listening ports: matched in every network namespace ({why})"),
+        }
         let send_offsets = send_hook_plan();
         let task_offsets = event_hook_plan();
         let syscalls_ready = match &send_offsets {
@@ -297,6 +359,7 @@ impl Probes {
             send_hook,
             event_hook,
             traced_ids,
+            netns_known: offsets.sk_net != ABSENT,
             attached: HashMap::new(),
             map_full: BTreeMap::new(),
         })
@@ -327,16 +390,61 @@ impl Probes {
             symbols: 0,
             failed: Vec::new(),
         };
+        let mut links = Vec::new();
         for (sym, offset) in &lib.symbols {
             match self.attach_symbol(sym, *offset, lib) {
-                Ok(()) => report.symbols += 1,
-                // Every other symbol would fail the same way: say why, once.
-                Err(e @ ProbeError::UprobeDenied { .. }) => return Err(e),
+                Ok(mut attached) => {
+                    report.symbols += 1;
+                    links.append(&mut attached);
+                }
+                Err(e @ ProbeError::UprobeDenied { .. }) => {
+                    // Every other symbol would fail the same way: say why,
+                    // once, and leave none of this file's probes behind.
+                    self.detach_links(links);
+                    return Err(e);
+                }
                 Err(e) => report.failed.push((sym.name.to_string(), e.to_string())),
             }
         }
-        self.attached.insert(key, report.clone());
+        self.attached.insert(
+            key,
+            Probed {
+                report: report.clone(),
+                links,
+            },
+        );
         Ok(Some(report))
+    }
+
+    /// Detaches the probes of one file (no traced process maps it any
+    /// more). The kernel takes about 0.1 s per uprobe to remove it (see
+    /// [`detach_in_background`]): the links are closed on a thread of their
+    /// own, so the event loop does not wait.
+    pub fn detach_library(&mut self, id: &FileId) -> Option<Attached> {
+        let probed = self.attached.remove(id)?;
+        self.detach_links(probed.links);
+        Some(probed.report)
+    }
+
+    fn detach_links(&mut self, links: Vec<(&'static str, UProbeLinkId)>) {
+        let owned: Vec<_> = links
+            .into_iter()
+            .filter_map(|(program, id)| uprobe(&mut self.ebpf, program).ok()?.take_link(id).ok())
+            .collect();
+        if owned.is_empty() {
+            return;
+        }
+        let spawned = std::thread::Builder::new()
+            .name("ttft-detach-lib".into())
+            .spawn(move || drop(owned));
+        if let Err(e) = spawned {
+            log::warn!("detaching on the event loop's thread ({e})");
+        }
+    }
+
+    /// The files probed now.
+    pub fn attached_files(&self) -> impl Iterator<Item = &FileId> {
+        self.attached.keys()
     }
 
     /// Entry and (where needed) return probe of one symbol: both or neither,
@@ -351,30 +459,29 @@ impl Probes {
         sym: &symbols::ProbedSymbol,
         offset: u64,
         lib: &CudaLibrary,
-    ) -> Result<(), ProbeError> {
-        let ret_link = if sym.needs_return {
+    ) -> Result<Vec<(&'static str, UProbeLinkId)>, ProbeError> {
+        let mut links = Vec::with_capacity(2);
+        if sym.needs_return {
             let ret_name = sym.api.return_program();
             let ret = uprobe(&mut self.ebpf, ret_name)?;
             let link = ret
                 .attach(offset, &lib.open_path, UProbeScope::AllProcesses)
                 .map_err(|e| uprobe_error(ret_name, &lib.path, e))?;
-            Some((ret_name, link))
-        } else {
-            None
-        };
-        let entry = uprobe(&mut self.ebpf, sym.program)?;
-        if let Err(e) = entry.attach(offset, &lib.open_path, UProbeScope::AllProcesses) {
-            if let Some((ret_name, link)) = ret_link {
-                let ret = uprobe(&mut self.ebpf, ret_name)?;
-                let _ = ret.detach(link);
-            }
-            return Err(uprobe_error(sym.program, &lib.path, e));
+            links.push((ret_name, link));
         }
-        Ok(())
+        let entry = uprobe(&mut self.ebpf, sym.program)?;
+        match entry.attach(offset, &lib.open_path, UProbeScope::AllProcesses) {
+            Ok(link) => links.push((sym.program, link)),
+            Err(e) => {
+                self.detach_links(links);
+                return Err(uprobe_error(sym.program, &lib.path, e));
+            }
+        }
+        Ok(links)
     }
 
     pub fn attached(&self) -> impl Iterator<Item = &Attached> {
-        self.attached.values()
+        self.attached.values().map(|p| &p.report)
     }
 }
 

@@ -13,6 +13,11 @@
 //! - The client acknowledged it at the first ACK whose `snd_una` reaches
 //!   past that byte (compared modulo 2^32, as TCP does).
 //!
+//! - What a segment acknowledged is its own acknowledgment number, read
+//!   from the kernel's control block of the segment where the kernel lets
+//!   us find it (`SEGMENT_ACK_EXACT`); otherwise it shows as the move of
+//!   `snd_una` at the next segment, and is dated to the previous one.
+//!
 //! After the server's close, `tcp_probe` (in `tcp_rcv_established`) sees no
 //! more segments; the kernel still retransmits and takes ACKs. The state
 //! change that says the client acknowledged everything sent (our FIN
@@ -20,10 +25,12 @@
 //! TIME_WAIT`) then stands for the ACK of a first token still waiting: an
 //! upper bound, exact when that ACK covered the whole response (a short
 //! response, or a first token held back by loss until the rest had come).
-//! Only when no segment arrived after the first token was sent, before the
-//! close: otherwise the last one may have been its ACK (what a segment
-//! acknowledged shows only at the next probe), and the bound could be far
-//! too late; that first token's delivery is then unknown, as before.
+//! With exact acknowledgment numbers every ACK before the close was seen,
+//! so a first token still waiting was acknowledged after it. Without, only
+//! when no segment arrived after the first token was sent, before the
+//! close: otherwise the last one may have been its ACK, unseen, and the
+//! bound could be far too late; that first token's delivery is then
+//! unknown.
 //!
 //! Client TTFT ≈ first token acknowledged − request segment arrived: the
 //! two one-way trips (request in, ACK out) stand for the client's two
@@ -33,7 +40,7 @@
 
 use std::collections::VecDeque;
 
-use ttft_trace_common::{SEGMENT_ACKED, SEGMENT_DATA, SegmentEvent};
+use ttft_trace_common::{SEGMENT_ACK_EXACT, SEGMENT_ACKED, SEGMENT_DATA, SegmentEvent};
 
 /// ACKs remembered per connection, for a first token registered after the
 /// ACK that covers it was applied (both can fall in one socket-lock release).
@@ -87,6 +94,9 @@ pub(crate) struct AckTracker {
     recent: VecDeque<Ack>,
     /// `(request index, end_seq, time sent)` in sending order.
     waiting: VecDeque<(u32, u32, u64)>,
+    /// The segments carry their own acknowledgment numbers: every ACK the
+    /// probe saw is known at once (see the module notes).
+    exact: bool,
 }
 
 impl AckTracker {
@@ -96,10 +106,16 @@ impl AckTracker {
     /// request is still being received is more of that request.
     pub fn on_segment(&mut self, ev: &SegmentEvent, idle: bool) -> Vec<(u32, Ack)> {
         let mut acked = Vec::new();
+        self.exact = ev.flags & SEGMENT_ACK_EXACT != 0;
         if ev.flags & SEGMENT_ACKED != 0 {
+            let (t_ns, snd_una) = if self.exact {
+                (ev.t_ns, ev.ack_seq)
+            } else {
+                (ev.t_prev_ns, ev.snd_una)
+            };
             let ack = Ack {
-                t_ns: ev.t_prev_ns,
-                snd_una: ev.snd_una,
+                t_ns,
+                snd_una,
                 srtt_ns: u64::from(ev.srtt_us) * 1_000,
                 at_close: false,
             };
@@ -147,9 +163,13 @@ impl AckTracker {
     }
 
     /// The connection closed; the last segment `tcp_probe` saw arrived at
-    /// `t_last_segment`. A first token sent before it may have been
-    /// acknowledged by it, unseen: returns those, given up.
+    /// `t_last_segment`. Without exact acknowledgment numbers, a first token
+    /// sent before it may have been acknowledged by it, unseen: returns
+    /// those, given up.
     pub fn closed(&mut self, t_last_segment: u64) -> Vec<u32> {
+        if self.exact {
+            return Vec::new();
+        }
         let (unseen, after): (Vec<_>, Vec<_>) = self
             .waiting
             .drain(..)

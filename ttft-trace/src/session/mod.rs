@@ -27,6 +27,7 @@ use crate::{
     config::TraceConfig,
     export::{Ending, Sinks, prometheus},
     judging::Judge,
+    probes,
     routing::{Routed, Router, Workload},
     tracking::{Change, Tracking},
 };
@@ -80,6 +81,7 @@ impl Session {
                 }
                 Change::Joined { pid, root } => self.router.workloads.learn(pid, root),
                 Change::Attached(a) => self.sinks.library_attached(&a),
+                Change::Detached(a) => self.sinks.library_detached(&a),
             }
         }
     }
@@ -261,9 +263,10 @@ impl Session {
     }
 
     /// Serves /metrics, runs the loop, then prints the final summary and
-    /// writes the totals. Detaching the probes (when the session drops)
-    /// waits for an RCU grace period per uprobe in the kernel (about 0.1 s
-    /// each here, serialised), so it comes after the summary.
+    /// writes the totals. Detaching the uprobes waits for a grace period
+    /// per perf event in the kernel (about 0.1 s each here, serialised): a
+    /// child process holds them past our exit and the kernel detaches in
+    /// its exit instead (see `probes::detach_in_background`).
     async fn run_to_end(
         mut self,
         listener: Option<TcpListener>,
@@ -298,6 +301,14 @@ impl Session {
             unrouted_events: self.router.workloads.unrouted,
             decode_errors: self.router.decode_errors,
         });
+        match probes::detach_in_background() {
+            Ok(Some((pid, events))) => log::info!(
+                "detaching {events} probe perf events in the background (process {pid}, \
+                 ttft-detach; the kernel takes about 0.1 s each)"
+            ),
+            Ok(None) => {}
+            Err(e) => log::warn!("detaching in the foreground ({e})"),
+        }
         drop(self);
         Ok(stop)
     }

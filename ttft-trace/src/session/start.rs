@@ -50,7 +50,7 @@ pub async fn attach(cfg: AttachConfig) -> Result<Stop> {
 
 /// `ttft-trace daemon`: every inference workload on the host.
 pub async fn daemon(opts: DaemonOptions) -> Result<Stop> {
-    let discovery = Discovery::new(opts.filters, opts.rescan);
+    let discovery = Discovery::new(opts.filters, opts.rescan, opts.detach_unmapped);
     let (mut s, listener) = Session::start(&opts.trace, Mode::Daemon(discovery))?;
     s.tracking.attach_named(&opts.cuda_libs)?;
     s.tracking.discover()?;

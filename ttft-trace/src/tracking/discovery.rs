@@ -25,15 +25,19 @@ pub struct Discovery {
     filters: Filters,
     /// How often /proc is scanned.
     pub period: Duration,
+    /// Probes of a library no traced process has mapped this long are
+    /// detached.
+    pub detach_unmapped: Duration,
     /// The daemon and its ancestors.
     excluded: HashSet<u32>,
 }
 
 impl Discovery {
-    pub fn new(filters: Filters, period: Duration) -> Self {
+    pub fn new(filters: Filters, period: Duration, detach_unmapped: Duration) -> Self {
         Self {
             filters,
             period,
+            detach_unmapped,
             excluded: discover::self_and_ancestors(),
         }
     }

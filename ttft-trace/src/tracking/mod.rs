@@ -10,7 +10,10 @@ mod counters;
 mod discovery;
 mod wait;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
+    time::Instant,
+};
 
 use anyhow::{Context as _, Result};
 use aya::maps::{MapData, RingBuf};
@@ -23,6 +26,7 @@ use crate::{
     ports,
     probes::{
         Attached, Probes,
+        libraries::FileId,
         libraries::{self, CudaLibrary, Scanner},
         symbols::Api,
     },
@@ -45,6 +49,9 @@ pub enum Change {
     Joined { pid: u32, root: u32 },
     /// Probes were attached to a library.
     Attached(Attached),
+    /// A library's probes were detached: no traced process mapped it for
+    /// the daemon's `detach_unmapped` period.
+    Detached(Attached),
 }
 
 /// The live traced processes, each with its workload, and the libraries
@@ -84,7 +91,8 @@ pub struct Tracking {
     mode: Mode,
     /// Roots of the workloads traced now.
     roots: BTreeSet<u32>,
-    listen_ports: BTreeSet<u16>,
+    /// (network namespace, port) followed; None: every namespace.
+    listen_ports: BTreeSet<(Option<u32>, u16)>,
     counters: CounterTracker,
     /// Last scheduler totals read per process still in the kernel's map,
     /// and the sum of those gone from it, so that the exported counters
@@ -95,6 +103,10 @@ pub struct Tracking {
     announced: Vec<u32>,
     /// Files the scanner had inspected at the last [`Tracking::release_memory`].
     files_seen: usize,
+    /// When a traced process was last seen mapping each probed file, and
+    /// the files named by the user (kept however long no one maps them).
+    last_mapped: HashMap<FileId, Instant>,
+    named: HashSet<FileId>,
     /// Exited processes the kernel kept a workload for at the last
     /// [`Tracking::forget_exited`].
     exited_seen: BTreeSet<u32>,
@@ -115,6 +127,8 @@ impl Tracking {
             announced: Vec::new(),
             exited_seen: BTreeSet::new(),
             files_seen: 0,
+            last_mapped: HashMap::new(),
+            named: HashSet::new(),
             changes: Vec::new(),
         }
     }
@@ -183,6 +197,7 @@ impl Tracking {
                 )
             })?;
             self.attach(&lib)?;
+            self.named.insert(lib.id.clone());
         }
         Ok(())
     }
@@ -191,6 +206,7 @@ impl Tracking {
     /// process may exit meanwhile (its /proc path is then gone): a warning,
     /// and a later scan of another process tries again.
     fn attach_found(&mut self, lib: &CudaLibrary) {
+        self.last_mapped.insert(lib.id.clone(), Instant::now());
         if let Err(e) = self.attach(lib) {
             log::warn!("could not attach to {}: {e:#}", lib.path.display());
         }
@@ -202,11 +218,11 @@ impl Tracking {
     pub fn follow_ports(&mut self, extra: &[u16]) -> Result<()> {
         let live: Vec<u32> = self.live_processes()?.iter().map(|(p, _)| *p).collect();
         let mut found = ports::listening_ports(&live);
-        found.extend(extra);
+        found.extend(extra.iter().map(|&port| (None, port)));
         let mut new = Vec::new();
-        for port in found {
-            if self.listen_ports.insert(port) {
-                self.probes.add_listen_port(port)?;
+        for (netns, port) in found {
+            if self.listen_ports.insert((netns, port)) {
+                self.probes.add_listen_port(netns, port)?;
                 new.push(port.to_string());
             }
         }
@@ -255,6 +271,7 @@ impl Tracking {
                 self.attach_found(&lib);
             }
         }
+        self.detach_unmapped();
         let (mut runtime_libs, mut driver_libs) = (0, 0);
         for a in self.probes.attached() {
             runtime_libs += usize::from(a.apis.contains(&Api::Runtime));
@@ -265,6 +282,35 @@ impl Tracking {
             runtime_libs,
             driver_libs,
         })
+    }
+
+    /// In daemon mode, detaches the probes of files no traced process has
+    /// mapped for the `detach_unmapped` period (every live process was
+    /// scanned just before; one whose scan failed keeps nothing alive, but
+    /// the period is far longer than a scan). The files named by the user
+    /// stay probed.
+    fn detach_unmapped(&mut self) {
+        let Mode::Daemon(discovery) = &self.mode else {
+            return;
+        };
+        let period = discovery.detach_unmapped;
+        let unmapped: Vec<FileId> = self
+            .probes
+            .attached_files()
+            .filter(|id| !self.named.contains(*id))
+            .filter(|id| {
+                self.last_mapped
+                    .get(*id)
+                    .is_none_or(|t| t.elapsed() >= period)
+            })
+            .cloned()
+            .collect();
+        for id in unmapped {
+            self.last_mapped.remove(&id);
+            if let Some(a) = self.probes.detach_library(&id) {
+                self.changes.push(Change::Detached(a));
+            }
+        }
     }
 
     /// Reads the kernel's counters and statistics; forgets processes that

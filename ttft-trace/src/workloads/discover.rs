@@ -43,8 +43,10 @@ impl Filters {
     }
 
     /// Whether a workload listening on `ports` passes the port filter.
-    pub fn accepts_ports(&self, ports: &BTreeSet<u16>) -> bool {
-        self.ports.is_empty() || self.ports.iter().any(|p| ports.contains(p))
+    /// Whether a workload listening on `ports` ((namespace, port), as
+    /// [`crate::ports::listening_ports`] gives them) is one to trace.
+    pub fn accepts_ports(&self, ports: &BTreeSet<(Option<u32>, u16)>) -> bool {
+        self.ports.is_empty() || ports.iter().any(|(_, p)| self.ports.contains(p))
     }
 }
 
@@ -141,8 +143,8 @@ mod tests {
             ports: vec![8000],
             ..Filters::default()
         };
-        assert!(ports.accepts_ports(&BTreeSet::from([8000, 9000])));
-        assert!(!ports.accepts_ports(&BTreeSet::from([9000])));
+        assert!(ports.accepts_ports(&BTreeSet::from([(Some(1), 8000), (None, 9000)])));
+        assert!(!ports.accepts_ports(&BTreeSet::from([(Some(1), 9000)])));
         assert!(Filters::default().accepts_ports(&BTreeSet::new()));
     }
 

@@ -10,9 +10,15 @@ use std::{
 };
 
 use opentelemetry_proto::tonic::{
-    collector::trace::v1::{
-        ExportTraceServiceRequest, ExportTraceServiceResponse,
-        trace_service_server::{TraceService, TraceServiceServer},
+    collector::{
+        metrics::v1::{
+            ExportMetricsServiceRequest, ExportMetricsServiceResponse,
+            metrics_service_server::{MetricsService, MetricsServiceServer},
+        },
+        trace::v1::{
+            ExportTraceServiceRequest, ExportTraceServiceResponse,
+            trace_service_server::{TraceService, TraceServiceServer},
+        },
     },
     common::v1::{AnyValue, any_value},
     trace::v1::Span,
@@ -28,9 +34,11 @@ use crate::{
     workloads::WorkloadLabels,
 };
 
+/// A collector's trace and metrics services: what each received.
 #[derive(Clone, Default)]
-struct Collector {
-    got: Arc<Mutex<Vec<ExportTraceServiceRequest>>>,
+pub(super) struct Collector {
+    pub(super) got: Arc<Mutex<Vec<ExportTraceServiceRequest>>>,
+    pub(super) metrics: Arc<Mutex<Vec<ExportMetricsServiceRequest>>>,
 }
 
 #[tonic::async_trait]
@@ -46,16 +54,30 @@ impl TraceService for Collector {
     }
 }
 
+#[tonic::async_trait]
+impl MetricsService for Collector {
+    async fn export(
+        &self,
+        req: tonic::Request<ExportMetricsServiceRequest>,
+    ) -> Result<tonic::Response<ExportMetricsServiceResponse>, tonic::Status> {
+        self.metrics.lock().expect("lock").push(req.into_inner());
+        Ok(tonic::Response::new(ExportMetricsServiceResponse {
+            partial_success: None,
+        }))
+    }
+}
+
 /// A receiver on `addr`, on a runtime of its own: dropping it stops the
 /// receiver hard, its connections closed (as a collector that dies).
-fn serve(addr: SocketAddr, c: Collector) -> tokio::runtime::Runtime {
+pub(super) fn serve(addr: SocketAddr, c: Collector) -> tokio::runtime::Runtime {
     let rt = runtime();
     let listener = std::net::TcpListener::bind(addr).expect("bind the receiver");
     listener.set_nonblocking(true).expect("nonblocking");
     rt.spawn(async move {
         let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
         tonic::transport::Server::builder()
-            .add_service(TraceServiceServer::new(c))
+            .add_service(TraceServiceServer::new(c.clone()))
+            .add_service(MetricsServiceServer::new(c))
             .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
             .await
             .expect("receiver runs");
@@ -71,13 +93,13 @@ fn runtime() -> tokio::runtime::Runtime {
         .expect("runtime")
 }
 
-fn free_addr() -> SocketAddr {
+pub(super) fn free_addr() -> SocketAddr {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free port")
 }
 
-fn config(addr: SocketAddr) -> OtlpConfig {
+pub(super) fn config(addr: SocketAddr) -> OtlpConfig {
     OtlpConfig {
         endpoint: Some(format!("http://{addr}")),
         flush_every: Duration::from_millis(50),
@@ -85,7 +107,7 @@ fn config(addr: SocketAddr) -> OtlpConfig {
     }
 }
 
-fn labels() -> WorkloadLabels {
+pub(super) fn labels() -> WorkloadLabels {
     WorkloadLabels {
         comm: "vllm".into(),
         container: String::new(),
@@ -97,7 +119,7 @@ fn labels() -> WorkloadLabels {
 
 /// Request `i`: arrival `i` ms after T0; every third one slow with a
 /// network cause and two retransmits; every fifth without a GPU episode.
-fn judged(i: u64) -> JudgedRequest {
+pub(super) fn judged(i: u64) -> JudgedRequest {
     let mut r = record(Outcome::Ok);
     let shift = i * MS;
     r.request_index = i as u32;
@@ -145,7 +167,7 @@ fn spans_of(j: &JudgedRequest) -> u64 {
 
 /// Polls `done` until true or 30 s pass (a generous bound for a loaded
 /// machine, not a timing assertion).
-fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+pub(super) fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while !done() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
@@ -435,27 +457,41 @@ fn slow_requests_are_exported_whatever_the_ratio() {
     );
 }
 
-/// An OTLP/HTTP receiver (binary protobuf on `/v1/traces`), on a runtime
-/// of its own.
-fn serve_http(addr: SocketAddr, c: Collector) -> tokio::runtime::Runtime {
+/// An OTLP/HTTP receiver (binary protobuf on `/v1/traces` and
+/// `/v1/metrics`), on a runtime of its own.
+pub(super) fn serve_http(addr: SocketAddr, c: Collector) -> tokio::runtime::Runtime {
     use prost::Message as _;
     let rt = runtime();
     let listener = std::net::TcpListener::bind(addr).expect("bind the receiver");
     listener.set_nonblocking(true).expect("nonblocking");
+    let protobuf = |body: Vec<u8>| {
+        (
+            [(axum::http::header::CONTENT_TYPE, "application/x-protobuf")],
+            body,
+        )
+    };
+    let traces = c.clone();
     let export = move |body: axum::body::Bytes| async move {
         let req = ExportTraceServiceRequest::decode(body).expect("an OTLP request");
-        c.got.lock().expect("lock").push(req);
+        traces.got.lock().expect("lock").push(req);
         let resp = ExportTraceServiceResponse {
             partial_success: None,
         };
-        (
-            [(axum::http::header::CONTENT_TYPE, "application/x-protobuf")],
-            resp.encode_to_vec(),
-        )
+        protobuf(resp.encode_to_vec())
+    };
+    let export_metrics = move |body: axum::body::Bytes| async move {
+        let req = ExportMetricsServiceRequest::decode(body).expect("an OTLP metrics request");
+        c.metrics.lock().expect("lock").push(req);
+        let resp = ExportMetricsServiceResponse {
+            partial_success: None,
+        };
+        protobuf(resp.encode_to_vec())
     };
     rt.spawn(async move {
         let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
-        let app = axum::Router::new().route("/v1/traces", axum::routing::post(export));
+        let app = axum::Router::new()
+            .route("/v1/traces", axum::routing::post(export))
+            .route("/v1/metrics", axum::routing::post(export_metrics));
         axum::serve(listener, app).await.expect("receiver runs");
     });
     rt
@@ -492,9 +528,13 @@ fn http_protobuf_reaches_an_http_receiver() {
 }
 
 #[test]
-fn http_base_urls_get_the_traces_path() {
-    use super::http_traces_url as url;
+fn http_base_urls_get_the_signal_path() {
+    let url = |e| super::http_signal_url(e, "v1/traces");
     assert_eq!(url("http://c:4318"), "http://c:4318/v1/traces");
     assert_eq!(url("http://c:4318/"), "http://c:4318/v1/traces");
     assert_eq!(url("https://c/otlp/v1/traces"), "https://c/otlp/v1/traces");
+    assert_eq!(
+        super::http_signal_url("http://c:4318", "v1/metrics"),
+        "http://c:4318/v1/metrics"
+    );
 }

@@ -298,3 +298,47 @@ fn a_segment_after_the_first_token_may_have_been_its_ack() {
     let r = w.one(ms(2000));
     assert_eq!((r.outcome, r.t_first_token_acked_ns), (Outcome::Ok, None));
 }
+
+fn exact_wire(isn: u32) -> Wire {
+    let mut w = wire(isn);
+    w.exact_acks = true;
+    w
+}
+
+#[test]
+fn an_exact_ack_is_dated_to_its_own_segment() {
+    let mut w = exact_wire(1_000);
+    streamed(&mut w, ms(1000), 20 * US);
+    let r = w.one(ms(3000));
+    assert_eq!(r.t_first_token_acked_ns, Some(ms(1100) + 20 * US));
+    assert_eq!(r.client_ttft_estimate_ns, Some(ms(100) + 120 * US));
+}
+
+#[test]
+fn an_exact_ack_just_before_the_close_is_known() {
+    // The same last segment as above, read exactly: it was the ACK.
+    let mut w = exact_wire(1_000);
+    answered(&mut w, ms(1000), ms(1100));
+    w.segment(SK, ms(1100) + 30 * US, 0);
+    w.state(CONN_CLOSE, SK, ms(1101), TCP_ESTABLISHED, TCP_FIN_WAIT1);
+    w.state(CONN_STATE, SK, ms(1300), TCP_FIN_WAIT1, TCP_FIN_WAIT2);
+    let r = w.one(ms(2000));
+    assert_eq!(r.t_first_token_acked_ns, Some(ms(1100) + 30 * US));
+    assert!(!r.notes.contains(&"first_token_acked_by_close"));
+}
+
+#[test]
+fn with_exact_acks_a_segment_that_acknowledged_nothing_keeps_the_wait() {
+    // A duplicate ACK (the client saw a later segment, the first token was
+    // lost) before the close: the first token's ACK came after the close,
+    // and everything acknowledged stands for it.
+    let mut w = exact_wire(1_000);
+    answered(&mut w, ms(1000), ms(1100));
+    w.dup_ack(SK, ms(1100) + 30 * US);
+    w.state(CONN_CLOSE, SK, ms(1101), TCP_ESTABLISHED, TCP_FIN_WAIT1);
+    assert!(w.drain(ms(1200)).is_empty(), "held for its ACK");
+    w.state(CONN_STATE, SK, ms(1300), TCP_FIN_WAIT1, TCP_FIN_WAIT2);
+    let r = w.one(ms(2000));
+    assert_eq!(r.t_first_token_acked_ns, Some(ms(1300)));
+    assert!(r.notes.contains(&"first_token_acked_by_close"));
+}

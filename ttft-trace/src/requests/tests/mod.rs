@@ -12,7 +12,8 @@ use std::collections::HashMap;
 
 use ttft_trace_common::{
     CONN_CLOSE, CONN_OPEN, CONN_STATE, ConnEvent, EVENT_CONN, EVENT_EPISODE, EVENT_SEGMENT,
-    EpisodeEvent, SEGMENT_ACKED, SEGMENT_DATA, SOCK_RECV, SOCK_SEND, SegmentEvent, SockEvent,
+    EpisodeEvent, SEGMENT_ACK_EXACT, SEGMENT_ACKED, SEGMENT_DATA, SOCK_RECV, SOCK_SEND,
+    SegmentEvent, SockEvent,
     event::{HEAD_BYTES, HEAD_SENDS, TAIL_BYTES},
 };
 
@@ -43,6 +44,9 @@ pub(super) struct Wire {
     /// Sends after each receive that carry a head ([`HEAD_SENDS`] as the
     /// probes do; more to model a capture of every send).
     pub head_sends: u32,
+    /// Segments carry their own acknowledgment number
+    /// (`SEGMENT_ACK_EXACT`), as on kernels where the probe can read it.
+    pub exact_acks: bool,
 }
 
 /// A server socket's send sequence space, as `tcp_probe` reads it, and the
@@ -66,6 +70,7 @@ impl Wire {
             sends_since_recv: HashMap::new(),
             seq: HashMap::new(),
             head_sends: HEAD_SENDS,
+            exact_acks: false,
         }
     }
 
@@ -134,19 +139,38 @@ impl Wire {
     /// acknowledging every byte sent so far, turned into what the kernel
     /// probe sends: it sees the state before the segment is processed.
     pub fn segment(&mut self, sk: u64, t: u64, data_len: u32) {
+        let ack = self.seq.get(&sk).expect("seq_from first").snd_nxt;
+        self.segment_acking(sk, t, data_len, ack);
+    }
+
+    /// A segment from the client that acknowledges nothing new (a
+    /// duplicate ACK, or a window update).
+    pub fn dup_ack(&mut self, sk: u64, t: u64) {
+        let ack = self.seq.get(&sk).expect("seq_from first").snd_una;
+        self.segment_acking(sk, t, 0, ack);
+    }
+
+    /// A segment from the client acknowledging the bytes before `ack`.
+    fn segment_acking(&mut self, sk: u64, t: u64, data_len: u32, ack: u32) {
         let q = self.seq.get_mut(&sk).expect("seq_from first");
         let mut flags = 0;
         if data_len > 0 {
             flags |= SEGMENT_DATA;
         }
         let t_prev = match q.last {
-            Some((t_prev, una)) if una != q.snd_una => {
+            Some((t_prev, una)) if !self.exact_acks && una != q.snd_una => {
                 flags |= SEGMENT_ACKED;
                 t_prev
             }
             Some((t_prev, _)) => t_prev,
             None => 0,
         };
+        if self.exact_acks {
+            flags |= SEGMENT_ACK_EXACT;
+            if ack != q.snd_una {
+                flags |= SEGMENT_ACKED;
+            }
+        }
         let ev = SegmentEvent {
             kind: EVENT_SEGMENT,
             flags,
@@ -157,10 +181,12 @@ impl Wire {
             snd_nxt: q.snd_nxt,
             srtt_us: 50,
             data_len,
+            ack_seq: if self.exact_acks { ack } else { 0 },
+            _pad: 0,
         };
         q.last = Some((t, q.snd_una));
-        q.snd_una = q.snd_nxt;
-        if flags != 0 {
+        q.snd_una = ack;
+        if flags & !SEGMENT_ACK_EXACT != 0 {
             self.c.on_segment(&ev);
         }
     }

@@ -1,0 +1,319 @@
+//! The GenAI metrics over OTLP: `gen_ai.server.time_to_first_token`,
+//! `gen_ai.server.time_per_output_token` and `gen_ai.server.request.duration`,
+//! histograms in seconds with the semantic conventions' bucket boundaries,
+//! through the SDK's periodic reader and the OTLP metric exporter (same
+//! endpoint, protocol and `OTEL_*` variables as the spans).
+//!
+//! A collector that is down costs no memory and no tracing time beyond the
+//! measurement itself: a measurement only adds to a cumulative histogram
+//! in memory (a fixed size per attribute set, and the sets are capped),
+//! the reader's own thread
+//! exports a copy of them every interval, and a failed export is counted in
+//! `ttft_trace_otlp_metric_exports_total{result="failed"}` and forgotten
+//! (the next one carries the same cumulative totals).
+
+use std::{future::Future, time::Duration};
+
+use opentelemetry::{
+    KeyValue,
+    metrics::{Histogram, Meter, MeterProvider as _},
+};
+use opentelemetry_otlp::WithExportConfig as _;
+use opentelemetry_sdk::{
+    Resource,
+    error::OTelSdkResult,
+    metrics::{
+        Instrument, PeriodicReader, SdkMeterProvider, Stream, Temporality, data::ResourceMetrics,
+        exporter::PushMetricExporter,
+    },
+};
+use prometheus::{IntCounterVec, Opts, Registry};
+
+use super::{OtlpConfig, OtlpError, Protocol, http_signal_url, scope};
+use crate::{
+    requests::{Figure, Outcome, RequestRecord},
+    workloads::WorkloadLabels,
+};
+
+/// Bucket boundaries, in seconds, from the OpenTelemetry semantic
+/// conventions for generative AI metrics
+/// (open-telemetry/semantic-conventions, docs/gen-ai/gen-ai-metrics.md,
+/// "Generative AI model server metrics": each metric "SHOULD be specified
+/// with ExplicitBucketBoundaries of" these).
+pub const TTFT_BOUNDARIES: [f64; 16] = [
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+];
+pub const TPOT_BOUNDARIES: [f64; 13] = [
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+];
+pub const DURATION_BOUNDARIES: [f64; 14] = [
+    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
+];
+
+/// Attribute sets kept per histogram. The SDK keeps a cumulative histogram
+/// per set for the daemon's life (retired workloads included), so this is
+/// what bounds its memory: about 1 KiB a set by estimate (bucket counters,
+/// sum, min, max, the attribute list), three histograms. Sets past
+/// the cap are folded by the SDK into one set marked
+/// `otel.metric.overflow=true`. The workload labels are already capped by
+/// `--max-label-sets` (later workloads share `comm="_other"`); the other
+/// attributes are the server port, the operation name and the error type.
+pub const MAX_ATTRIBUTE_SETS: usize = 1000;
+
+pub struct GenAiMetrics {
+    provider: SdkMeterProvider,
+    ttft: Histogram<f64>,
+    tpot: Histogram<f64>,
+    duration: Histogram<f64>,
+    operation: String,
+}
+
+impl GenAiMetrics {
+    /// Starts the reader's thread; the exporter connects lazily, so a
+    /// collector that is not up yet is not an error.
+    pub fn start(
+        cfg: &OtlpConfig,
+        resource: Resource,
+        registry: &Registry,
+    ) -> Result<Self, OtlpError> {
+        let exporter = OnRuntime::build(cfg, registry)?;
+        let mut reader = PeriodicReader::builder(exporter);
+        if let Some(every) = cfg.metrics_every {
+            reader = reader.with_interval(every);
+        }
+        let provider = SdkMeterProvider::builder()
+            .with_resource(resource)
+            .with_reader(reader.build())
+            .with_view(capped)
+            .build();
+        let meter = provider.meter_with_scope(scope());
+        Ok(Self {
+            ttft: histogram(
+                &meter,
+                "gen_ai.server.time_to_first_token",
+                "Time to generate the first token, from the request's arrival to the first body \
+                 bytes sent",
+                &TTFT_BOUNDARIES,
+            ),
+            tpot: histogram(
+                &meter,
+                "gen_ai.server.time_per_output_token",
+                "Time per output chunk after the first, for successful responses",
+                &TPOT_BOUNDARIES,
+            ),
+            duration: histogram(
+                &meter,
+                "gen_ai.server.request.duration",
+                "Request duration, from arrival to the response's last send",
+                &DURATION_BOUNDARIES,
+            ),
+            provider,
+            operation: cfg.gen_ai_operation_name.clone(),
+        })
+    }
+
+    /// Records the request's figures: the same TTFT and TPOT the Prometheus
+    /// histograms take, and its duration when it has an end.
+    pub fn request(&self, labels: &WorkloadLabels, r: &RequestRecord) {
+        let mut attrs = attributes(&self.operation, labels, r);
+        for (figure, ns) in r.observations() {
+            match figure {
+                Figure::Ttft => self.ttft.record(seconds(ns), &attrs),
+                Figure::Tpot => self.tpot.record(seconds(ns), &attrs),
+                _ => {}
+            }
+        }
+        if let Some(ns) = duration_ns(r) {
+            attrs.extend(error_type(r).map(|e| KeyValue::new("error.type", e)));
+            self.duration.record(seconds(ns), &attrs);
+        }
+    }
+
+    /// Exports the totals one last time and stops the reader (bounded: the
+    /// SDK waits at most 5 s).
+    pub fn shutdown(&self) {
+        if let Err(e) = self.provider.shutdown() {
+            log::debug!("OTLP metrics shutdown: {e}");
+        }
+    }
+}
+
+fn histogram(
+    meter: &Meter,
+    name: &'static str,
+    description: &'static str,
+    boundaries: &[f64],
+) -> Histogram<f64> {
+    meter
+        .f64_histogram(name)
+        .with_unit("s")
+        .with_description(description)
+        .with_boundaries(boundaries.to_vec())
+        .build()
+}
+
+/// The view that caps every instrument's attribute sets.
+fn capped(_: &Instrument) -> Option<Stream> {
+    Stream::builder()
+        .with_cardinality_limit(MAX_ATTRIBUTE_SETS)
+        .build()
+        .ok()
+}
+
+fn seconds(ns: u64) -> f64 {
+    ns as f64 / 1e9
+}
+
+/// The conventions' attributes we know (the operation as configured: the
+/// request path is not read; no model: the request body is not read) and
+/// the workload's labels, which are low in cardinality by construction.
+fn attributes(operation: &str, labels: &WorkloadLabels, r: &RequestRecord) -> Vec<KeyValue> {
+    let mut a = vec![
+        KeyValue::new("gen_ai.operation.name", operation.to_string()),
+        KeyValue::new("server.port", i64::from(r.server_port)),
+        KeyValue::new("ttft_trace.workload.comm", labels.comm.clone()),
+    ];
+    for (key, v) in [
+        ("container.name", &labels.container),
+        ("k8s.pod.name", &labels.pod),
+        ("k8s.namespace.name", &labels.namespace),
+    ] {
+        if !v.is_empty() {
+            a.push(KeyValue::new(key, v.clone()));
+        }
+    }
+    a.extend(
+        labels
+            .pid
+            .map(|p| KeyValue::new("process.pid", i64::from(p))),
+    );
+    a
+}
+
+/// The request's duration, when it has one: arrival to the last send, for
+/// whole responses and for those that ended in an error. Requests still in
+/// flight at exit have no end; HTTP/2 periods and pipelined requests are
+/// not requests one can time.
+fn duration_ns(r: &RequestRecord) -> Option<u64> {
+    match r.outcome {
+        Outcome::Ok => r.e2e_ns,
+        Outcome::ErrorStatus
+        | Outcome::ClosedMidResponse
+        | Outcome::ClosedBeforeResponse
+        | Outcome::Evicted => r.t_done_ns.map(|d| d.saturating_sub(r.t_arrive_ns)),
+        Outcome::PipelinedUnsupported | Outcome::Http2Unsupported | Outcome::InFlightAtExit => None,
+    }
+}
+
+/// `error.type` of a failed request: the HTTP status code for an error
+/// response (the conventions' example), else the outcome's name.
+fn error_type(r: &RequestRecord) -> Option<String> {
+    match r.outcome {
+        Outcome::Ok => None,
+        Outcome::ErrorStatus => Some(r.http_status.map_or("_OTHER".into(), |s| s.to_string())),
+        other => Some(other.name().to_string()),
+    }
+}
+
+/// The OTLP metric exporter on a runtime of its own: the tonic channel and
+/// the hyper client need a Tokio runtime, which the SDK's reader thread
+/// does not have; each export drives this one to completion. Counts what
+/// happened to each export.
+struct OnRuntime {
+    rt: Option<tokio::runtime::Runtime>,
+    inner: opentelemetry_otlp::MetricExporter,
+    exports: IntCounterVec,
+}
+
+impl OnRuntime {
+    fn build(cfg: &OtlpConfig, registry: &Registry) -> Result<Self, OtlpError> {
+        let exports = IntCounterVec::new(
+            Opts::new(
+                "ttft_trace_otlp_metric_exports_total",
+                "Exports of the GenAI metrics to the OTLP collector, by result (ok, failed); \
+                 a failed one loses nothing, the next carries the same cumulative totals",
+            ),
+            &["result"],
+        )?;
+        registry.register(Box::new(exports.clone()))?;
+        for result in ["ok", "failed"] {
+            exports.with_label_values(&[result]);
+        }
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| OtlpError::Build(e.to_string()))?;
+        let built = {
+            let _in_rt = rt.enter();
+            let b = opentelemetry_otlp::MetricExporter::builder();
+            match (cfg.protocol, cfg.endpoint.as_deref()) {
+                (Protocol::Grpc, Some(e)) => b.with_tonic().with_endpoint(e).build(),
+                (Protocol::Grpc, None) => b.with_tonic().build(),
+                (Protocol::HttpProtobuf, e) => {
+                    let b = b
+                        .with_http()
+                        .with_protocol(opentelemetry_otlp::Protocol::HttpBinary);
+                    match e {
+                        Some(e) => b.with_endpoint(http_signal_url(e, "v1/metrics")).build(),
+                        None => b.build(),
+                    }
+                }
+            }
+        };
+        let inner = built.map_err(|e| OtlpError::Build(e.to_string()))?;
+        Ok(Self {
+            rt: Some(rt),
+            inner,
+            exports,
+        })
+    }
+}
+
+impl PushMetricExporter for OnRuntime {
+    fn export(&self, metrics: &ResourceMetrics) -> impl Future<Output = OTelSdkResult> + Send {
+        let result = match &self.rt {
+            Some(rt) => rt.block_on(self.inner.export(metrics)),
+            // Only while being dropped.
+            None => Ok(()),
+        };
+        match &result {
+            Ok(()) => self.exports.with_label_values(&["ok"]).inc(),
+            Err(e) => {
+                let failed = self.exports.with_label_values(&["failed"]);
+                if failed.get() == 0 {
+                    log::warn!(
+                        "OTLP metric export failed (later failures are only counted; the next \
+                         export carries the same totals): {e}"
+                    );
+                }
+                failed.inc();
+            }
+        }
+        std::future::ready(result)
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn temporality(&self) -> Temporality {
+        self.inner.temporality()
+    }
+}
+
+impl Drop for OnRuntime {
+    /// The runtime may be dropped on a thread inside the daemon's own
+    /// runtime, where a blocking drop would panic.
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,150 @@
+//! Ending without waiting for the kernel to take the uprobes out.
+//!
+//! Closing a uprobe perf event waits for a grace period under the kernel's
+//! `event_mutex` (Linux 6.18: 68–124 ms each, serialised), and a process's
+//! exit does those closes before its parent sees it exit: with the stub
+//! runtime and driver (64 perf events) the daemon took 6.4 s to exit after
+//! SIGINT. `uprobe_multi` links would detach with one grace period, but
+//! aya 0.14 cannot load a program for them.
+//!
+//! So at the end a child process is forked that holds only the links of
+//! the uprobes (aya attaches a perf event through a BPF link, which holds
+//! it; every other descriptor is closed: the tracepoints detach, and the
+//! /metrics port, the JSONL file and the ring buffer are free at once).
+//! When this process exits, its own closes are cheap (the child still
+//! holds each uprobe); the child then exits and the kernel detaches in its
+//! exit. Until it has, the programs still run on the probed functions (and
+//! write to a ring buffer no one reads). The child is in its own session,
+//! ignores the signals a terminal or service manager sends, and is named
+//! `ttft-detach`.
+
+use std::{fs, io, os::fd::RawFd};
+
+/// What `readlink /proc/self/fd/N` says of a BPF link and a perf event.
+const BPF_LINK: &str = "anon_inode:bpf_link";
+const PERF_EVENT: &str = "anon_inode:[perf_event]";
+
+/// `bpf(2)` command, link type and perf event types (uapi `linux/bpf.h`).
+const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+const BPF_LINK_TYPE_PERF_EVENT: u32 = 7;
+const BPF_PERF_EVENT_UPROBE: u32 = 1;
+const BPF_PERF_EVENT_URETPROBE: u32 = 2;
+
+/// Forks the child that holds this process's uprobes past its exit.
+/// Returns its pid and how many it holds, or None when there are none.
+pub fn detach_in_background() -> io::Result<Option<(i32, usize)>> {
+    let keep = uprobe_fds()?;
+    if keep.is_empty() {
+        return Ok(None);
+    }
+    let mut pipe = [0; 2];
+    // SAFETY: a two-element array for pipe2 to fill.
+    if unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let [read_end, write_end] = pipe;
+    // What the child keeps, sorted here: it may not allocate.
+    let mut kept = keep.clone();
+    kept.push(read_end);
+    kept.sort_unstable();
+    // SAFETY: the child runs only async-signal-safe system calls (no
+    // allocation, no locks) before `_exit`, as a fork of a threaded
+    // process must.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        let e = io::Error::last_os_error();
+        // SAFETY: both ends are ours.
+        unsafe {
+            libc::close(read_end);
+            libc::close(write_end);
+        }
+        return Err(e);
+    }
+    if pid == 0 {
+        hold_until_parent_exits(&kept, read_end);
+    }
+    // The write end stays open until this process exits: its close is the
+    // child's cue. The read end is the child's alone.
+    // SAFETY: ours, closed once.
+    unsafe { libc::close(read_end) };
+    Ok(Some((pid, keep.len())))
+}
+
+/// The child: keeps the descriptors `kept` (sorted, `read_end` among them),
+/// closes every other, waits for the parent to be gone (end of file on the
+/// pipe), then exits.
+fn hold_until_parent_exits(kept: &[RawFd], read_end: RawFd) -> ! {
+    // SAFETY: async-signal-safe system calls on values owned by this
+    // process; `_exit` never returns.
+    unsafe {
+        libc::setsid();
+        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGPIPE] {
+            libc::signal(sig, libc::SIG_IGN);
+        }
+        libc::prctl(libc::PR_SET_NAME, c"ttft-detach".as_ptr(), 0, 0, 0);
+        let mut next: libc::c_uint = 0;
+        for &fd in kept {
+            let fd = fd as libc::c_uint;
+            if fd > next {
+                libc::syscall(libc::SYS_close_range, next, fd - 1, 0);
+            }
+            next = fd + 1;
+        }
+        libc::syscall(libc::SYS_close_range, next, libc::c_uint::MAX, 0);
+        let mut byte = 0u8;
+        loop {
+            let n = libc::read(read_end, (&raw mut byte).cast(), 1);
+            if n == 0 || (n < 0 && *libc::__errno_location() != libc::EINTR) {
+                break;
+            }
+        }
+        libc::_exit(0)
+    }
+}
+
+/// This process's uprobe descriptors (BPF links of uprobe perf events, and
+/// bare perf events, which only uprobes leave here), in ascending order.
+fn uprobe_fds() -> io::Result<Vec<RawFd>> {
+    let mut fds = Vec::new();
+    for entry in fs::read_dir("/proc/self/fd")? {
+        let entry = entry?;
+        let Some(fd) = entry.file_name().to_str().and_then(|n| n.parse().ok()) else {
+            continue;
+        };
+        let Ok(target) = fs::read_link(entry.path()) else {
+            continue;
+        };
+        let target = target.as_os_str();
+        if target == PERF_EVENT || (target == BPF_LINK && is_uprobe_link(fd)) {
+            fds.push(fd);
+        }
+    }
+    fds.sort_unstable();
+    Ok(fds)
+}
+
+/// Whether the BPF link `fd` attaches a program to a uprobe perf event.
+fn is_uprobe_link(fd: RawFd) -> bool {
+    // `struct bpf_link_info`: type, id, prog_id, then (8-aligned, at 16)
+    // the union whose `perf_event` member starts with its own type. Zeroed
+    // and larger than read: the kernel fills what it has.
+    let mut info = [0u64; 16];
+    // `struct bpf_attr`'s `info`: bpf_fd, info_len, info (pointer).
+    let mut attr = [0u64; 2];
+    attr[0] = u64::from(fd as u32) | ((std::mem::size_of_val(&info) as u64) << 32);
+    attr[1] = info.as_mut_ptr() as u64;
+    // SAFETY: both buffers outlive the call and have the sizes given.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_OBJ_GET_INFO_BY_FD,
+            attr.as_mut_ptr(),
+            std::mem::size_of_val(&attr),
+        )
+    };
+    let link_type = info[0] as u32;
+    let perf_type = info[2] as u32;
+    rc == 0
+        && link_type == BPF_LINK_TYPE_PERF_EVENT
+        && matches!(perf_type, BPF_PERF_EVENT_UPROBE | BPF_PERF_EVENT_URETPROBE)
+}
