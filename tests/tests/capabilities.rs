@@ -134,6 +134,7 @@ fn check_passes_here_and_lists_every_item() -> Result<()> {
         "ok    tracepoint sched:sched_switch",
         "ok    tracepoint sock:sock_send_length",
         "ok    send hook",
+        "ok    event hook",
         "ok    tracepoint tcp:tcp_retransmit_skb",
         "ok    tracepoint fields",
         "ok    capability CAP_SYS_ADMIN",

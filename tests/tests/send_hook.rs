@@ -4,7 +4,9 @@
 //! plain sends, `sendmsg` and `writev` with several iovecs (empty ones, a
 //! chunk split across iovecs), and one multi-megabyte send that the kernel
 //! copies in many steps. The server
-//! stamps its own sends on the tracer's clock (CLOCK_MONOTONIC).
+//! stamps its own sends on the tracer's clock (CLOCK_MONOTONIC). The socket
+//! lengths that end each send and receive are read by both event hooks too
+//! (the default raw tracepoints and the classic ones they replace).
 
 use std::{
     io::{BufRead, BufReader, Read, Write},
@@ -22,6 +24,8 @@ use ttft_trace_tests::{
 
 /// ttft-trace's switch for the send hook (`probes::SEND_HOOK_ENV`).
 const SEND_HOOK_ENV: &str = "TTFT_TRACE_SEND_HOOK";
+/// ttft-trace's switch for the event hook (`probes::EVENT_HOOK_ENV`).
+const EVENT_HOOK_ENV: &str = "TTFT_TRACE_EVENT_HOOK";
 const SHAPES: u64 = 4;
 /// The server's delay between headers and body in shapes 0-2.
 const BODY_DELAY_NS: u64 = 40_000_000;
@@ -37,7 +41,7 @@ struct Run {
     stderr: String,
 }
 
-fn run(hook: &str) -> Result<Run> {
+fn run(hook: &str, event_hook: &str) -> Result<Run> {
     let mut child = Command::new("python3")
         .arg(concat!(
             env!("CARGO_MANIFEST_DIR"),
@@ -56,7 +60,10 @@ fn run(hook: &str) -> Result<Run> {
 
     // SAFETY: this file's only test sets the variable before spawning the
     // tracer and no other thread of this binary reads the environment.
-    unsafe { std::env::set_var(SEND_HOOK_ENV, hook) };
+    unsafe {
+        std::env::set_var(SEND_HOOK_ENV, hook);
+        std::env::set_var(EVENT_HOOK_ENV, event_hook);
+    }
     let tracer = Tracer::start(
         &[
             "--pid".into(),
@@ -67,7 +74,10 @@ fn run(hook: &str) -> Result<Run> {
         0,
     );
     // SAFETY: as above.
-    unsafe { std::env::remove_var(SEND_HOOK_ENV) };
+    unsafe {
+        std::env::remove_var(SEND_HOOK_ENV);
+        std::env::remove_var(EVENT_HOOK_ENV);
+    }
     let mut tracer = tracer?;
     tracer.wait_for_stderr("following requests on port", 1, Duration::from_secs(30))?;
 
@@ -163,13 +173,27 @@ fn both_send_hooks_read_every_send_shape_exactly() -> Result<()> {
     let Some(_guard) = root_test("both_send_hooks_read_every_send_shape_exactly") else {
         return Ok(());
     };
-    let default = run("tcp_sendmsg_locked")?;
+    let default = run("tcp_sendmsg_locked", "btf")?;
     check("tcp_sendmsg_locked", &default);
-    let fallback = run("syscalls")?;
+    assert!(
+        default.stderr.contains("event hook: BTF tracepoints"),
+        "{}",
+        default.stderr
+    );
+    let fallback = run("syscalls", "btf")?;
     check("syscalls", &fallback);
-    for (a, b) in default.requests.iter().zip(&fallback.requests) {
-        for field in ["chunks", "bytes_out", "bytes_in"] {
-            assert_eq!(a[field], b[field], "{field}: {a} vs {b}");
+    let classic = run("tcp_sendmsg_locked", "tracepoints")?;
+    check("classic event tracepoints", &classic);
+    assert!(
+        classic.stderr.contains("event hook: classic tracepoints"),
+        "{}",
+        classic.stderr
+    );
+    for other in [&fallback, &classic] {
+        for (a, b) in default.requests.iter().zip(&other.requests) {
+            for field in ["chunks", "bytes_out", "bytes_in"] {
+                assert_eq!(a[field], b[field], "{field}: {a} vs {b}");
+            }
         }
     }
     Ok(())

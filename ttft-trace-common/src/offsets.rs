@@ -100,3 +100,21 @@ pub struct SendOffsets {
     pub iter_ubuf: u32,
     pub iter_iovec: u32,
 }
+
+// --- Raw tracepoints for the per-event hot path (scheduler, socket lengths) ---
+
+/// Kernel struct member offsets the raw tracepoints `sched_switch`,
+/// `sched_wakeup` and `sched_wakeup_new` need: their arguments are
+/// `struct task_struct *`, whose thread id the probes read. Read by
+/// userspace from the kernel's BTF at load time, with each tracepoint's
+/// prototype checked; without them the classic tracepoints are used.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TaskOffsets {
+    /// `struct task_struct`: `pid` (the thread id, a 4-byte `pid_t`).
+    pub pid: u32,
+}
+
+// SAFETY: `#[repr(C)]`, `Copy`, integers only: any bit pattern is valid.
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for TaskOffsets {}

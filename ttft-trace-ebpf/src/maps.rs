@@ -1,13 +1,14 @@
 //! Maps and load-time globals, all in one place (as in libbpf-tools).
 
 use aya_ebpf::{
-    bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
+    bindings::{BPF_F_MMAPABLE, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     macros::map,
-    maps::{HashMap, LruHashMap, LruPerCpuHashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, LruHashMap, LruPerCpuHashMap, PerCpuArray, RingBuf},
 };
 use ttft_trace_common::{
     ConnState, GpuCounters, ListenKey, SendArgs, ThreadState, TracepointOffsets,
     counters::STATS,
+    offsets::TaskOffsets,
     signals::{RUNQ_BUCKETS, SchedState, SchedTotals},
 };
 
@@ -74,6 +75,39 @@ pub static SEND_ARGS: LruHashMap<u32, SendArgs> = LruHashMap::with_max_entries(1
 #[map]
 pub static SCHED_STATE: LruHashMap<u32, SchedState> = LruHashMap::with_max_entries(65536, 0);
 
+/// Ids that may be traced: one byte per process or thread id, in elements
+/// of [`IDS_PER_SLOT`] ids, set before the id goes into [`TRACKED`] (by
+/// userspace, through a shared mapping, or by the fork program) or into
+/// [`SCHED_STATE`], cleared when it exits. Every program that runs for
+/// untraced tasks too reads it before any hash lookup: an array read the
+/// verifier inlines, where a hash lookup costs tens of ns. An id past the
+/// end (`pid_max` raised after load) is looked up in the hash. Each byte is
+/// written whole (no read-modify-write of a neighbour's flag). Userspace
+/// sizes it to `pid_max` at load; the default covers `PID_MAX_LIMIT` (4 MiB).
+#[map]
+pub static TRACED_IDS: Array<[u8; IDS_PER_SLOT as usize]> =
+    Array::with_max_entries(1024, BPF_F_MMAPABLE);
+
+pub const IDS_PER_SLOT: u32 = 4096;
+
+/// Whether `id` may be traced (in TRACKED, or with scheduler state); false
+/// only when it is surely not.
+#[inline(always)]
+pub fn may_be_traced(id: u32) -> bool {
+    match TRACED_IDS.get(id / IDS_PER_SLOT) {
+        Some(slot) => slot[(id % IDS_PER_SLOT) as usize] != 0,
+        None => true,
+    }
+}
+
+#[inline(always)]
+pub fn mark_traced(id: u32, traced: bool) {
+    if let Some(slot) = TRACED_IDS.get_ptr_mut(id / IDS_PER_SLOT) {
+        // SAFETY: the byte of this id in a live map value.
+        unsafe { (*slot)[(id % IDS_PER_SLOT) as usize] = u8::from(traced) };
+    }
+}
+
 /// Per-process scheduler totals, keyed by tgid, one copy per CPU.
 #[map]
 pub static SCHED_TOTALS: LruPerCpuHashMap<u32, SchedTotals> =
@@ -133,6 +167,11 @@ pub static OFFSETS: TracepointOffsets = TracepointOffsets {
     net_inum: 0,
 };
 
+/// `struct task_struct` offsets for the BTF scheduler tracepoints, set by
+/// userspace from the kernel's BTF at load time.
+#[unsafe(no_mangle)]
+pub static TASK_OFFSETS: TaskOffsets = TaskOffsets { pid: 0 };
+
 /// Scheduler intervals shorter than this are only summed, not sent.
 #[unsafe(no_mangle)]
 pub static SCHED_MIN_NS: u64 = 1_000_000;
@@ -191,6 +230,16 @@ pub fn offsets() -> TracepointOffsets {
     unsafe { core::ptr::read_volatile(&OFFSETS) }
 }
 
+/// One field of [`OFFSETS`], as a context offset: the hot tracepoints read
+/// only what they use, not the whole struct as [`offsets`] does.
+macro_rules! offset {
+    ($field:ident) => {
+        // SAFETY: reading a static we own; userspace rewrites it before load.
+        unsafe { core::ptr::read_volatile(&$crate::maps::OFFSETS.$field) } as usize
+    };
+}
+pub(crate) use offset;
+
 #[inline(always)]
 pub fn bump_stat(stat: ttft_trace_common::Stat) {
     if let Some(p) = STATS_MAP.get_ptr_mut(stat as u32) {
@@ -207,6 +256,9 @@ pub fn is_tracked(tgid: u32) -> bool {
 /// The workload id of a traced process or thread.
 #[inline(always)]
 pub fn workload_of(id: u32) -> Option<u32> {
+    if !may_be_traced(id) {
+        return None;
+    }
     // SAFETY: the value is copied out of the map.
     unsafe { TRACKED.get(id).copied() }
 }

@@ -8,7 +8,8 @@ use aya_ebpf::{
 use ttft_trace_common::{Stat, offsets::ABSENT};
 
 use crate::maps::{
-    EXITED, SCHED_STATE, SEND_ARGS, THREADS, TRACKED, bump_stat, is_tracked, offsets, workload_of,
+    EXITED, SCHED_STATE, SEND_ARGS, THREADS, TRACKED, bump_stat, is_tracked, mark_traced, offsets,
+    workload_of,
 };
 
 /// `sched:sched_process_fork`: runs in the parent's context, so the parent
@@ -22,10 +23,11 @@ pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
         return 0;
     };
     // SAFETY: offset from this kernel's tracefs format file.
-    if let Ok(child) = unsafe { ctx.read_at::<i32>(offsets().fork_child_pid as usize) }
-        && TRACKED.insert(child as u32, workload, 0).is_err()
-    {
-        bump_stat(Stat::TrackedFull);
+    if let Ok(child) = unsafe { ctx.read_at::<i32>(offsets().fork_child_pid as usize) } {
+        mark_traced(child as u32, true);
+        if TRACKED.insert(child as u32, workload, 0).is_err() {
+            bump_stat(Stat::TrackedFull);
+        }
     }
     0
 }
@@ -51,12 +53,16 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
     };
     if tid != tgid {
         let _ = TRACKED.remove(tid);
+        mark_traced(tid, false);
     }
     if group_dead {
         if let Some(workload) = workload_of(tgid) {
             let _ = EXITED.insert(tgid, workload, 0);
         }
         let _ = TRACKED.remove(tgid);
+        // The leader's id stays marked while other threads live: it is the
+        // process's id, which they are checked by.
+        mark_traced(tgid, false);
     }
     0
 }

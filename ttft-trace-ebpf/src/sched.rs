@@ -7,11 +7,19 @@
 //! `SCHED_MIN_NS` become events (the scheduler can switch a million times a
 //! second on a busy host; the long intervals are the ones that explain a
 //! slow request).
+//!
+//! The switch and wakeup programs run for every task on the host, so they
+//! are BTF tracepoints (the scheduler's own arguments, `struct task_struct
+//! *`, read in place at the thread id's offset from the kernel's BTF) where
+//! the prototypes check out, and the classic tracepoints (which fill a perf
+//! record before the program runs) otherwise. A task is looked up only when
+//! [`TRACED_IDS`](crate::maps::TRACED_IDS) says it may be traced: for
+//! untraced tasks, an array read per task instead of a hash lookup.
 
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
-    macros::tracepoint,
-    programs::TracePointContext,
+    macros::{btf_tracepoint, tracepoint},
+    programs::{BtfTracePointContext, TracePointContext},
 };
 use ttft_trace_common::{
     Stat,
@@ -23,8 +31,8 @@ use ttft_trace_common::{
 };
 
 use crate::maps::{
-    CONNS, EVENTS, RUNQ_HIST, SCHED_STATE, SCHED_TOTALS, bump_stat, is_tracked, offsets,
-    sched_min_ns, wakeup_flag,
+    CONNS, EVENTS, RUNQ_HIST, SCHED_STATE, SCHED_TOTALS, TASK_OFFSETS, bump_stat, is_tracked,
+    mark_traced, may_be_traced, offset, offsets, sched_min_ns, wakeup_flag,
 };
 
 /// `prev_state` bits that mean "not runnable"; a preempted task reports 0
@@ -34,6 +42,12 @@ const BLOCKED_STATE_MASK: u64 = 0xff;
 /// `EXIT_DEAD` (0x10) or `EXIT_ZOMBIE` (0x20). Its state goes with it, so
 /// that threads that come and go leave no entry behind.
 const EXITING_STATE_MASK: u64 = 0x30;
+/// The raw tracepoint's `prev_state` is the task's own state: `TASK_DEAD`
+/// on its last switch, and the sleeping states within `TASK_REPORT`
+/// (interruptible, uninterruptible, stopped, traced, parked), the bits the
+/// classic tracepoint reports as blocked. Kernel ABI since 4.14.
+const TASK_DEAD: u32 = 0x80;
+const TASK_REPORT: u32 = 0x7f;
 
 #[inline(always)]
 fn now_ns() -> u64 {
@@ -83,28 +97,103 @@ fn runq_histogram(ns: u64) {
     }
 }
 
-/// `sched:sched_switch`, in the context of the task switched out.
-#[tracepoint]
-pub fn sched_switch(ctx: TracePointContext) -> u32 {
-    let off = offsets();
-    let now = now_ns();
+/// How the task switched out left the CPU.
+enum Left {
+    /// Still runnable (preempted, or yielded): run-queue wait starts.
+    Runnable,
+    /// Asleep: blocked time starts.
+    Blocked,
+    /// Its last switch: the thread is dead.
+    Exiting,
+}
+
+/// One context switch, in the context of the task switched out: `left`
+/// tells how it left (read only when it is traced), `next` is the thread
+/// switched in (0 for the idle task). An untraced task switching to an
+/// untraced thread pays two array reads (`TRACED_IDS`), no hash lookup.
+#[inline(always)]
+fn on_switch(left: impl FnOnce() -> Left, next: u32) {
     let id = bpf_get_current_pid_tgid();
     let (tgid, tid) = ((id >> 32) as u32, id as u32);
+    let mut now = 0;
     if tid != 0 && is_tracked(tgid) {
-        // SAFETY: offset from this kernel's tracefs format file.
-        let prev_state = unsafe { ctx.read_at::<u64>(off.switch_prev_state as usize) }.unwrap_or(0);
-        if prev_state & EXITING_STATE_MASK != 0 {
-            // The thread's last switch: sched_process_exit dropped its
-            // state already; updating it here would make it again.
-            let _ = SCHED_STATE.remove(tid);
-        } else {
-            switched_out(tgid, tid, now, prev_state & BLOCKED_STATE_MASK != 0);
+        now = now_ns();
+        match left() {
+            // sched_process_exit dropped its state already; updating it
+            // here would make it again.
+            Left::Exiting => {
+                let _ = SCHED_STATE.remove(tid);
+            }
+            Left::Blocked => switched_out(tgid, tid, now, true),
+            Left::Runnable => switched_out(tgid, tid, now, false),
         }
     }
-    // SAFETY: as above.
-    if let Ok(next) = unsafe { ctx.read_at::<i32>(off.switch_next_pid as usize) } {
-        switched_in(next as u32, now);
+    if next != 0 {
+        switched_in(next, now);
     }
+}
+
+/// `sched:sched_switch` (the classic tracepoint: the fallback where the
+/// raw one cannot be had).
+#[tracepoint]
+pub fn sched_switch(ctx: TracePointContext) -> u32 {
+    let at = offset!(switch_next_pid);
+    // SAFETY: offset from this kernel's tracefs format file.
+    let next = unsafe { ctx.read_at::<i32>(at) }.unwrap_or(0);
+    on_switch(
+        || {
+            let at = offset!(switch_prev_state);
+            // SAFETY: as above.
+            let state = unsafe { ctx.read_at::<u64>(at) }.unwrap_or(0);
+            if state & EXITING_STATE_MASK != 0 {
+                Left::Exiting
+            } else if state & BLOCKED_STATE_MASK != 0 {
+                Left::Blocked
+            } else {
+                Left::Runnable
+            }
+        },
+        next as u32,
+    );
+    0
+}
+
+/// Thread id of a `struct task_struct *` argument of a BTF tracepoint: a
+/// plain load, which the verifier checks against the kernel's layout (the
+/// offset, from this kernel's BTF, is a constant to it: `.rodata` is frozen
+/// before the programs load).
+#[inline(always)]
+fn task_tid(task: *const u8) -> u32 {
+    // SAFETY: reading a static we own; userspace rewrites it before load.
+    let off = unsafe { core::ptr::read_volatile(&TASK_OFFSETS.pid) } as usize;
+    // SAFETY: a BTF-typed pointer of the tracepoint's arguments; the
+    // verifier allows only a load of `task_struct.pid` here, and the kernel
+    // turns a fault into a zero.
+    unsafe { core::ptr::read_volatile(task.add(off).cast::<i32>()) as u32 }
+}
+
+/// BTF `sched_switch(bool preempt, struct task_struct *prev, struct
+/// task_struct *next, unsigned int prev_state)`: the arguments as the
+/// scheduler passes them, without the perf record the classic tracepoint
+/// fills first. `prev_state` is the raw task state here, not the
+/// tracepoint's reported one.
+#[btf_tracepoint(function = "sched_switch")]
+pub fn btf_sched_switch(ctx: BtfTracePointContext) -> i32 {
+    let next: *const u8 = ctx.arg(2);
+    on_switch(
+        || {
+            let preempt: u64 = ctx.arg(0);
+            let state = ctx.arg::<u64>(3) as u32;
+            if state & TASK_DEAD != 0 {
+                Left::Exiting
+            } else if preempt & 0xff == 0 && state & TASK_REPORT != 0 {
+                Left::Blocked
+            } else {
+                Left::Runnable
+            }
+        },
+        task_tid(next),
+    );
     0
 }
 
@@ -113,6 +202,8 @@ fn switched_out(tgid: u32, tid: u32, now: u64, blocked: bool) {
     let st = match SCHED_STATE.get_ptr_mut(tid) {
         Some(p) => p,
         None => {
+            // Marked first: a wakeup on another CPU must not skip it.
+            mark_traced(tid, true);
             let _ = SCHED_STATE.insert(
                 tid,
                 SchedState {
@@ -151,9 +242,13 @@ fn switched_out(tgid: u32, tid: u32, now: u64, blocked: bool) {
 
 #[inline(always)]
 fn switched_in(tid: u32, now: u64) {
+    if !may_be_traced(tid) {
+        return;
+    }
     let Some(st) = SCHED_STATE.get_ptr_mut(tid) else {
         return;
     };
+    let now = if now == 0 { now_ns() } else { now };
     // SAFETY: live map value.
     let st = unsafe { &mut *st };
     if st.t_runnable_ns != 0 {
@@ -173,13 +268,13 @@ fn switched_in(tid: u32, now: u64) {
     st.t_on_ns = now;
 }
 
+/// A wakeup of thread `tid`: ends its blocked time if it is a traced
+/// thread asleep. One map lookup for any other thread.
 #[inline(always)]
-fn woken(ctx: &TracePointContext) -> u32 {
-    // SAFETY: offset from this kernel's tracefs format file.
-    let Ok(pid) = (unsafe { ctx.read_at::<i32>(offsets().wakeup_pid as usize) }) else {
+fn woken(tid: u32) -> u32 {
+    if tid == 0 || !may_be_traced(tid) {
         return 0;
-    };
-    let tid = pid as u32;
+    }
     let Some(st) = SCHED_STATE.get_ptr_mut(tid) else {
         return 0;
     };
@@ -200,16 +295,38 @@ fn woken(ctx: &TracePointContext) -> u32 {
     0
 }
 
-/// `sched:sched_wakeup`.
-#[tracepoint]
-pub fn sched_wakeup(ctx: TracePointContext) -> u32 {
-    woken(&ctx)
+#[inline(always)]
+fn woken_pid(ctx: &TracePointContext) -> u32 {
+    let at = offset!(wakeup_pid);
+    // SAFETY: offset from this kernel's tracefs format file.
+    match unsafe { ctx.read_at::<i32>(at) } {
+        Ok(pid) => woken(pid as u32),
+        Err(_) => 0,
+    }
 }
 
-/// `sched:sched_wakeup_new`.
+/// `sched:sched_wakeup` (classic: the fallback).
+#[tracepoint]
+pub fn sched_wakeup(ctx: TracePointContext) -> u32 {
+    woken_pid(&ctx)
+}
+
+/// `sched:sched_wakeup_new` (classic: the fallback).
 #[tracepoint]
 pub fn sched_wakeup_new(ctx: TracePointContext) -> u32 {
-    woken(&ctx)
+    woken_pid(&ctx)
+}
+
+/// BTF `sched_wakeup(struct task_struct *p)`.
+#[btf_tracepoint(function = "sched_wakeup")]
+pub fn btf_sched_wakeup(ctx: BtfTracePointContext) -> i32 {
+    woken(task_tid(ctx.arg(0))) as i32
+}
+
+/// BTF `sched_wakeup_new(struct task_struct *p)`.
+#[btf_tracepoint(function = "sched_wakeup_new")]
+pub fn btf_sched_wakeup_new(ctx: BtfTracePointContext) -> i32 {
+    woken(task_tid(ctx.arg(0))) as i32
 }
 
 #[inline(always)]

@@ -4,7 +4,12 @@
 //! `inet_sock_set_state` tells which sockets are server connections (accepted
 //! on a listening port of the tree), when they close, and their later states
 //! until the kernel is done with them; `sock_recv_length` and
-//! `sock_send_length` time each receive and send on them. Where a send
+//! `sock_send_length` time each receive and send on them. Those two run for
+//! every socket call of every task on the host, so they are raw tracepoints
+//! (the arguments as passed, no perf record filled first) where the kernel's
+//! BTF shows their prototype, with the classic tracepoints as the fallback,
+//! and they return at once for a process that is not traced (an array
+//! read), before looking the socket up. Where a send
 //! starts, its user buffer is noted so that the first sends of each response
 //! can be peeked at (HTTP headers or body?) and every send's last bytes (end
 //! of a chunked response): by the raw tracepoint `tcp:tcp_sendmsg_locked`,
@@ -26,7 +31,10 @@ use ttft_trace_common::{
 
 use crate::{
     listen,
-    maps::{CONNS, EVENTS, SEND_ARGS, bump_stat, is_tracked, offsets, wakeup_flag},
+    maps::{
+        CONNS, EVENTS, SEND_ARGS, bump_stat, is_tracked, may_be_traced, offset, offsets,
+        wakeup_flag,
+    },
 };
 
 const TCP_ESTABLISHED: i32 = 1;
@@ -47,8 +55,13 @@ pub(crate) fn now_ns() -> u64 {
 
 #[inline(always)]
 pub(crate) fn read<T>(ctx: &TracePointContext, offset: u32) -> Option<T> {
+    read_at(ctx, offset as usize)
+}
+
+#[inline(always)]
+fn read_at<T>(ctx: &TracePointContext, offset: usize) -> Option<T> {
     // SAFETY: offsets come from this kernel's tracefs format files.
-    unsafe { ctx.read_at::<T>(offset as usize) }.ok()
+    unsafe { ctx.read_at::<T>(offset) }.ok()
 }
 
 /// `sock:inet_sock_set_state`.
@@ -146,43 +159,39 @@ fn emit_conn(
     }
 }
 
-/// `sock:sock_recv_length`: fires at the end of every receive.
-#[tracepoint]
-pub fn sock_recv_length(ctx: TracePointContext) -> u32 {
-    let off = offsets();
-    let (Some(sk), Some(ret), Some(flags)) = (
-        read::<u64>(&ctx, off.len_sk),
-        read::<i32>(&ctx, off.len_ret),
-        read::<i32>(&ctx, off.len_flags),
-    ) else {
-        return 0;
-    };
+/// Whether the calling process may be traced: followed connections are
+/// served by the traced tree, so the socket calls of every other process
+/// stop here, at an array read, before the hash lookup of the socket.
+#[inline(always)]
+fn caller_may_be_traced() -> bool {
+    may_be_traced((bpf_get_current_pid_tgid() >> 32) as u32)
+}
+
+/// The end of a receive on socket `sk` (any family), in the receiving
+/// task's context.
+#[inline(always)]
+fn received(sk: u64, ret: i32, flags: i32) {
     // Errors (EAGAIN from non-blocking servers above all) and peeks move no data.
-    if ret < 0 || flags & MSG_PEEK != 0 {
-        return 0;
+    if ret < 0 || flags & MSG_PEEK != 0 || !caller_may_be_traced() {
+        return;
     }
     let Some(state) = CONNS.get_ptr_mut(sk) else {
-        return 0;
+        return;
     };
     // SAFETY: live map value.
     unsafe { (*state).sends_since_recv = 0 };
     emit_sock(SOCK_RECV, sk, ret, None, false);
-    0
 }
 
-/// `sock:sock_send_length`: fires at the end of every send, still inside
-/// the syscall, so the user buffer noted where the send began is readable.
-#[tracepoint]
-pub fn sock_send_length(ctx: TracePointContext) -> u32 {
-    let off = offsets();
-    let (Some(sk), Some(ret)) = (
-        read::<u64>(&ctx, off.len_sk),
-        read::<i32>(&ctx, off.len_ret),
-    ) else {
-        return 0;
-    };
+/// The end of a send on socket `sk` (any family), still inside the
+/// syscall, so the user buffer noted where the send began is readable.
+#[inline(always)]
+fn sent(sk: u64, ret: i32) {
+    if !caller_may_be_traced() {
+        return;
+    }
     let Some(state) = CONNS.get_ptr_mut(sk) else {
-        return 0;
+        return;
     };
     let tid = bpf_get_current_pid_tgid() as u32;
     // SAFETY: copied out at once.
@@ -197,13 +206,58 @@ pub fn sock_send_length(ctx: TracePointContext) -> u32 {
         _ => None,
     };
     if ret <= 0 {
-        return 0;
+        return;
     }
     // SAFETY: live map value.
     let sends = unsafe { (*state).sends_since_recv };
     // SAFETY: as above.
     unsafe { (*state).sends_since_recv = sends.saturating_add(1) };
     emit_sock(SOCK_SEND, sk, ret, args, sends < HEAD_SENDS);
+}
+
+/// `sock:sock_recv_length` (classic: the fallback where the raw tracepoint
+/// cannot be had): fires at the end of every receive.
+#[tracepoint]
+pub fn sock_recv_length(ctx: TracePointContext) -> u32 {
+    let (Some(sk), Some(ret), Some(flags)) = (
+        read_at::<u64>(&ctx, offset!(len_sk)),
+        read_at::<i32>(&ctx, offset!(len_ret)),
+        read_at::<i32>(&ctx, offset!(len_flags)),
+    ) else {
+        return 0;
+    };
+    received(sk, ret, flags);
+    0
+}
+
+/// `sock:sock_send_length` (classic: the fallback): fires at the end of
+/// every send.
+#[tracepoint]
+pub fn sock_send_length(ctx: TracePointContext) -> u32 {
+    let (Some(sk), Some(ret)) = (
+        read_at::<u64>(&ctx, offset!(len_sk)),
+        read_at::<i32>(&ctx, offset!(len_ret)),
+    ) else {
+        return 0;
+    };
+    sent(sk, ret);
+    0
+}
+
+/// Raw `sock_recv_length(struct sock *sk, int ret, int flags)`: the
+/// arguments themselves, no perf record filled first and no memory read.
+#[raw_tracepoint(tracepoint = "sock_recv_length")]
+pub fn raw_sock_recv_length(ctx: RawTracePointContext) -> i32 {
+    let (sk, ret, flags): (u64, u64, u64) = (ctx.arg(0), ctx.arg(1), ctx.arg(2));
+    received(sk, ret as i32, flags as i32);
+    0
+}
+
+/// Raw `sock_send_length(struct sock *sk, int ret, int flags)`.
+#[raw_tracepoint(tracepoint = "sock_send_length")]
+pub fn raw_sock_send_length(ctx: RawTracePointContext) -> i32 {
+    let (sk, ret): (u64, u64) = (ctx.arg(0), ctx.arg(1));
+    sent(sk, ret as i32);
     0
 }
 
@@ -235,6 +289,9 @@ fn kernel<T>(addr: u64) -> Option<T> {
 /// the send; only for followed connections.
 #[raw_tracepoint(tracepoint = "tcp_sendmsg_locked")]
 pub fn tcp_sendmsg_locked(ctx: RawTracePointContext) -> i32 {
+    if !caller_may_be_traced() {
+        return 0;
+    }
     let sk: u64 = ctx.arg(0);
     // SAFETY: value not kept past the lookup.
     if unsafe { CONNS.get(sk) }.is_none() {

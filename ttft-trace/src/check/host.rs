@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use super::{CheckConfig, Item, Report, features_missing, parse_release, tracefs_mounts};
 use crate::caps::{self, CAP_SYS_ADMIN, CAP_SYS_RESOURCE, CapSet};
-use crate::probes::{self, LoadConfig, Probes, SendHook, TRACEPOINTS};
+use crate::probes::{self, EventHook, LoadConfig, Probes, SendHook, TRACEPOINTS};
 use crate::tracefs::{self, Format};
 
 const UNIT_HINT: &str = "as a service: deploy/systemd/ttft-trace.service";
@@ -253,8 +253,8 @@ fn send_hook_item(hook: SendHook) -> Item {
             "send hook",
             format!(
                 "{}: the syscalls of processes not traced pay nothing; their socket \
-                 calls and context switches still run the sock and sched programs (about \
-                 0.1-0.2 µs each, the README's cost table)",
+                 calls and context switches still run the sock and sched programs (see the \
+                 event hook)",
                 hook.describe()
             ),
         ),
@@ -402,6 +402,7 @@ fn load_and_fire(tracefs_ok: bool) -> Vec<Item> {
         ),
     );
     let hook = send_hook_item(probes.send_hook());
+    let events = event_hook_item(probes.event_hook());
     let fire = match probes.uprobe_selftest() {
         Ok(1) => Item::ok(
             "uprobe self-test",
@@ -418,7 +419,38 @@ fn load_and_fire(tracefs_ok: bool) -> Vec<Item> {
             format!("run as root, or grant {CAP_SYS_ADMIN} ({UNIT_HINT})"),
         ),
     };
-    vec![load, hook, fire]
+    vec![load, hook, events, fire]
+}
+
+/// How the per-event programs are attached, and what that costs tasks the
+/// tracer does not follow.
+fn event_hook_item(hook: EventHook) -> Item {
+    match hook {
+        EventHook::Raw => Item::ok(
+            "event hook",
+            format!(
+                "{}: a context switch, wakeup or socket call of untraced tasks runs a \
+                 program that returns after an array read per task, with no hash lookup (the \
+                 README's cost table)",
+                hook.describe()
+            ),
+        ),
+        EventHook::Tracepoints => {
+            let why = match probes::event_hook_plan() {
+                Err(why) => format!(" ({why})"),
+                Ok(_) => " (attaching the raw tracepoints failed)".into(),
+            };
+            Item::warn(
+                "event hook",
+                format!(
+                    "{}{why}: every context switch and socket call on the host pays for it",
+                    hook.describe()
+                ),
+                "a kernel with BTF (CONFIG_DEBUG_INFO_BTF=y), Linux 6.3+; unset \
+                 TTFT_TRACE_EVENT_HOOK",
+            )
+        }
+    }
 }
 
 fn distinct_tracepoint_programs() -> usize {

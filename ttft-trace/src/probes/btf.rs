@@ -1,14 +1,14 @@
 //! A small reader of the kernel's BTF (`/sys/kernel/btf/vmlinux`): just
 //! enough to find struct member offsets, enum values and a tracepoint's
 //! prototype. The eBPF side is Rust, which has no CO-RE relocations, so the
-//! layouts the send probe walks (`msghdr`, `iov_iter`, `iovec`) are read
-//! here at load time and handed over as a load-time global, as the tracefs
-//! offsets are.
+//! layouts the send probe walks (`msghdr`, `iov_iter`, `iovec`) and the
+//! thread id in `task_struct` are read here at load time and handed over as
+//! load-time globals, as the tracefs offsets are.
 
 use std::path::Path;
 
 use thiserror::Error;
-use ttft_trace_common::SendOffsets;
+use ttft_trace_common::{SendOffsets, offsets::TaskOffsets};
 
 pub const VMLINUX: &str = "/sys/kernel/btf/vmlinux";
 
@@ -386,6 +386,40 @@ pub fn send_offsets(btf: &Btf) -> Result<SendOffsets, BtfError> {
     })
 }
 
+/// The raw tracepoints of the hot path and what their arguments must point
+/// to, in order ("" for an argument that is not a struct pointer): the
+/// probes read these slots by index, so each prototype is checked.
+/// `sched_switch` has had `prev_state` as its fourth argument since 5.18.
+pub const HOT_PROTOTYPES: &[(&str, &[&str])] = &[
+    ("sched_switch", &["", "task_struct", "task_struct", ""]),
+    ("sched_wakeup", &["task_struct"]),
+    ("sched_wakeup_new", &["task_struct"]),
+    ("sock_send_length", &["sock", "", ""]),
+    ("sock_recv_length", &["sock", "", ""]),
+];
+
+/// The offsets the raw scheduler tracepoints need, after checking every
+/// prototype of [`HOT_PROTOTYPES`].
+pub fn task_offsets(btf: &Btf) -> Result<TaskOffsets, BtfError> {
+    for &(tracepoint, want) in HOT_PROTOTYPES {
+        let args = btf.tracepoint_args(tracepoint)?;
+        if args != want {
+            return Err(BtfError::Unexpected(format!(
+                "{tracepoint} takes ({}), not ({})",
+                args.join(", "),
+                want.join(", ")
+            )));
+        }
+    }
+    let (pid, size) = btf.member("task_struct", "pid")?;
+    if size != 4 {
+        return Err(BtfError::Unexpected(format!(
+            "task_struct.pid is {size} bytes, not 4"
+        )));
+    }
+    Ok(TaskOffsets { pid })
+}
+
 /// Offset of a received segment's acknowledgment number in its `struct
 /// sk_buff`: the control block `cb`, where TCP keeps `struct tcp_skb_cb`,
 /// and its `ack_seq` (host order, filled before `tcp_rcv_established`).
@@ -663,6 +697,63 @@ mod tests {
         ));
     }
 
+    /// The hot tracepoints' prototypes as 6.18 has them, `sched_switch`
+    /// with or without `prev_state` (before 5.18), and `task_struct.pid`.
+    fn scheduler_like(with_prev_state: bool, pid_size: u32) -> Vec<u8> {
+        let mut b = Builder::new();
+        let int_t = b.int("int", 4);
+        let pid_t = b.int("pid_t", pid_size);
+        let bool_t = b.int("_Bool", 1);
+        let void_ptr = b.push("", KIND_PTR, 0, 0);
+        let task = b.record(
+            KIND_STRUCT,
+            "task_struct",
+            2048,
+            &[("__state", int_t, 24), ("pid", pid_t, 1496)],
+        );
+        let task_ptr = b.push("", KIND_PTR, 0, task);
+        let sock = b.record(KIND_STRUCT, "sock", 8, &[("sk_x", int_t, 0)]);
+        let sock_ptr = b.push("", KIND_PTR, 0, sock);
+        let typedef = |b: &mut Builder, name: &str, args: &[u32]| {
+            let proto = b.push("", KIND_FUNC_PROTO, args.len() as u32 + 1, 0);
+            b.words(&[0, void_ptr]);
+            for &a in args {
+                b.words(&[0, a]);
+            }
+            let fn_ptr = b.push("", KIND_PTR, 0, proto);
+            b.push(&format!("btf_trace_{name}"), KIND_TYPEDEF, 0, fn_ptr);
+        };
+        if with_prev_state {
+            typedef(&mut b, "sched_switch", &[bool_t, task_ptr, task_ptr, int_t]);
+        } else {
+            typedef(&mut b, "sched_switch", &[bool_t, task_ptr, task_ptr]);
+        }
+        typedef(&mut b, "sched_wakeup", &[task_ptr]);
+        typedef(&mut b, "sched_wakeup_new", &[task_ptr]);
+        typedef(&mut b, "sock_send_length", &[sock_ptr, int_t, int_t]);
+        typedef(&mut b, "sock_recv_length", &[sock_ptr, int_t, int_t]);
+        b.blob()
+    }
+
+    #[test]
+    fn task_offsets_follow_the_prototypes() {
+        let btf = Btf::parse(&scheduler_like(true, 4)).expect("parse");
+        assert_eq!(
+            task_offsets(&btf).expect("offsets"),
+            TaskOffsets { pid: 1496 }
+        );
+        // Before 5.18 sched_switch has no prev_state: the classic tracepoint.
+        let btf = Btf::parse(&scheduler_like(false, 4)).expect("parse");
+        let err = task_offsets(&btf).expect_err("three-argument sched_switch");
+        assert!(err.to_string().contains("sched_switch"), "{err}");
+        // A pid the probe would read wrongly.
+        let btf = Btf::parse(&scheduler_like(true, 8)).expect("parse");
+        assert!(task_offsets(&btf).is_err());
+        // A kernel without the sock tracepoints (before 6.3).
+        let btf = Btf::parse(&kernel_like(8)).expect("parse");
+        assert!(matches!(task_offsets(&btf), Err(BtfError::Missing(_))));
+    }
+
     #[test]
     fn rejects_what_is_not_btf() {
         assert!(Btf::parse(b"not btf at all, not btf at all").is_err());
@@ -696,6 +787,12 @@ mod tests {
                 assert_eq!(off.ubuf, off.iov);
                 assert!(off.count > off.ubuf && off.nr_segs > off.count);
             }
+            Err(BtfError::Missing(what)) => eprintln!("this kernel lacks {what}"),
+            Err(e) => panic!("{e}"),
+        }
+        match task_offsets(&btf) {
+            // pid sits well inside task_struct on every kernel.
+            Ok(off) => assert!(off.pid > 64, "{off:?}"),
             Err(BtfError::Missing(what)) => eprintln!("this kernel lacks {what}"),
             Err(e) => panic!("{e}"),
         }

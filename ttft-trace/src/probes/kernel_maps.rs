@@ -21,6 +21,10 @@ impl Probes {
     /// map is counted and warned about, not an error: the process is then
     /// not traced, everything else is. Returns whether it is tracked.
     pub fn track(&mut self, pid: u32, workload: u32) -> Result<bool, ProbeError> {
+        // Marked first: the per-event programs look it up only when marked
+        // (a mark left by a refused insert costs a lookup, and the exit
+        // program clears it).
+        self.traced_ids.mark(pid);
         let mut map: BpfHashMap<_, u32, u32> = BpfHashMap::try_from(
             self.ebpf
                 .map_mut("TRACKED")

@@ -2,13 +2,16 @@
 
 pub mod btf;
 mod detach;
+mod event_hook;
 mod kernel_maps;
 pub mod libraries;
 mod selftest;
 mod send_hook;
 pub mod symbols;
+mod traced_ids;
 
 pub use detach::detach_in_background;
+pub use event_hook::{EVENT_HOOK_ENV, EventHook, event_hook_plan};
 pub use send_hook::{SEND_HOOK_ENV, SendHook, send_hook_plan, syscall_offsets};
 use send_hook::{SYSCALL_SEND_TRACEPOINTS, attach_sendmsg};
 
@@ -25,7 +28,10 @@ use aya::{
     },
 };
 use thiserror::Error;
-use ttft_trace_common::{SendOffsets, TracepointOffsets, offsets::ABSENT};
+use ttft_trace_common::{
+    SendOffsets, TracepointOffsets,
+    offsets::{ABSENT, TaskOffsets},
+};
 
 use crate::tracefs::{self, Format, TracefsError};
 use libraries::{CudaLibrary, FileId};
@@ -62,6 +68,8 @@ pub enum ProbeError {
     Map(&'static str, #[source] aya::maps::MapError),
     #[error("eBPF object lacks {0}")]
     Missing(&'static str),
+    #[error("eBPF map {0}: cannot map it into memory: {1}")]
+    Mmap(&'static str, std::io::Error),
     #[error("cannot stat {0}: {1}")]
     Stat(PathBuf, std::io::Error),
 }
@@ -102,6 +110,9 @@ struct Probed {
 pub struct Probes {
     ebpf: Ebpf,
     send_hook: SendHook,
+    event_hook: EventHook,
+    /// Ids the per-event programs may look up (see `traced_ids`).
+    traced_ids: traced_ids::TracedIds,
     /// Libraries attached, by the file they land on: uprobes attach to a
     /// file, and fire in every process that maps it.
     attached: HashMap<FileId, Probed>,
@@ -113,7 +124,8 @@ pub struct Probes {
 }
 
 /// Tracepoints and the programs attached to them: (program, category, name).
-/// The send hook's come on top (see [`SendHook`]).
+/// The send hook's come on top (see [`SendHook`]); the per-event ones are
+/// raw tracepoints instead where the kernel allows (see [`EventHook`]).
 pub const TRACEPOINTS: &[(&str, &str, &str)] = &[
     ("sched_process_fork", "sched", "sched_process_fork"),
     ("sched_process_exit", "sched", "sched_process_exit"),
@@ -266,6 +278,7 @@ impl Probes {
             Err(why) => log::info!("listening ports: matched in every network namespace ({why})"),
         }
         let send_offsets = send_hook_plan();
+        let task_offsets = event_hook_plan();
         let syscalls_ready = match &send_offsets {
             Ok(_) => syscall_offsets(&mut offsets).is_ok(),
             Err(why) => {
@@ -278,6 +291,7 @@ impl Probes {
         // otherwise it drains on its timer (see the probes' wakeup_flag).
         let wakeup_bytes = u64::from(ringbuf_bytes / 8);
         let no_send_offsets = SendOffsets::default();
+        let no_task_offsets = TaskOffsets::default();
         let discover = u32::from(cfg.discover);
         let mut loader = EbpfLoader::new();
         loader
@@ -287,11 +301,17 @@ impl Probes {
                 send_offsets.as_ref().unwrap_or(&no_send_offsets),
                 true,
             )
+            .override_global(
+                "TASK_OFFSETS",
+                task_offsets.as_ref().unwrap_or(&no_task_offsets),
+                true,
+            )
             .override_global("WAKEUP_BYTES", &wakeup_bytes, true)
             .override_global("SCHED_MIN_NS", &cfg.sched_min_ns, true)
             .override_global("LARGE_COPY_BYTES", &cfg.large_copy_bytes, true)
             .override_global("DISCOVER", &discover, true)
-            .map_max_entries("EVENTS", ringbuf_bytes);
+            .map_max_entries("EVENTS", ringbuf_bytes)
+            .map_max_entries(traced_ids::MAP, traced_ids::slots());
         for &(map, entries) in &cfg.map_entries {
             loader.map_max_entries(map, entries);
         }
@@ -304,9 +324,26 @@ impl Probes {
                 .map_err(|e| ProbeError::Program(name, e))?;
             prog.load().map_err(|e| ProbeError::Program(name, e))?;
         }
+        let event_hook = match task_offsets {
+            Ok(_) => match event_hook::attach_default(&mut ebpf) {
+                Ok(()) => EventHook::Raw,
+                Err(e) => {
+                    log::warn!("event hook: {e}; using the classic tracepoints instead");
+                    EventHook::Tracepoints
+                }
+            },
+            Err(why) => {
+                log::info!("event hook: classic tracepoints ({why})");
+                EventHook::Tracepoints
+            }
+        };
         for &(name, category, tracepoint) in TRACEPOINTS {
+            if event_hook == EventHook::Raw && event_hook::is_hot(name) {
+                continue;
+            }
             attach_tracepoint(&mut ebpf, name, category, tracepoint)?;
         }
+        log::info!("event hook: {}", event_hook.describe());
         let send_hook = match send_offsets {
             Ok(_) => match attach_sendmsg(&mut ebpf) {
                 Ok(()) => SendHook::TcpSendmsgLocked,
@@ -324,9 +361,12 @@ impl Probes {
             }
         }
         log::info!("send hook: {}", send_hook.describe());
+        let traced_ids = traced_ids::TracedIds::map(&ebpf)?;
         Ok(Self {
             ebpf,
             send_hook,
+            event_hook,
+            traced_ids,
             netns_known: offsets.sk_net != ABSENT,
             attached: HashMap::new(),
             map_full: BTreeMap::new(),
@@ -336,6 +376,11 @@ impl Probes {
     /// Which send hook is attached.
     pub fn send_hook(&self) -> SendHook {
         self.send_hook
+    }
+
+    /// How the per-event (scheduler, socket length) programs are attached.
+    pub fn event_hook(&self) -> EventHook {
+        self.event_hook
     }
 
     /// Attaches the probes to one library, once per file. Returns None when
