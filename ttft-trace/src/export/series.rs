@@ -90,17 +90,22 @@ impl Series {
     }
 
     /// Removes the series of label sets unused past the grace period.
+    /// Every series and the workloads gauge are updated before the log line
+    /// says so (a scrape prompted by the line sees the change).
     pub fn retire(&mut self, now_ns: u64) {
-        for labels in self.label_sets.retire(now_ns) {
+        let retired = self.label_sets.retire(now_ns);
+        for labels in &retired {
             let values = labels.values();
             let w: Vec<&str> = values.iter().map(String::as_str).collect();
             self.core.retire_workload(&w);
             self.requests.retire_workload(&w);
             self.causes.retire_workload(&w);
-            log::info!("retired the series of workload {}", labels.comm);
         }
         self.core
             .set_workloads(self.label_sets.len(), self.label_sets.overflowed);
+        for labels in &retired {
+            log::info!("retired the series of workload {}", labels.comm);
+        }
     }
 
     pub fn episode(&self, w: &[&str], rec: &EpisodeRecord) {
