@@ -1,11 +1,13 @@
 //! Root-only: a full eBPF map is counted and warned about, never the end
 //! of the daemon. `LISTEN_PORTS` holds 1024 ports; the daemon is asked to
-//! follow more, and keeps tracing.
+//! follow more, and keeps tracing. `TRACKED` and `CONNS` are made small
+//! through the settings file and overfilled.
 
 use std::time::Duration;
 
 use anyhow::Result;
 use ttft_trace_tests::{
+    demo::{DemoServer, loadgen},
     fixtures::{Style, Variant, Workload, temp_path},
     tracer::{Tracer, http_get, root_test},
 };
@@ -154,5 +156,78 @@ fn a_full_tracked_map_is_counted_not_fatal() -> Result<()> {
         "a refused process is not reported as traced until it is:\n{}",
         out.stderr
     );
+    Ok(())
+}
+
+/// `CONNS` sized to 4 entries with 8 keep-alive connections busy at once:
+/// the kernel's LRU map evicts followed connections, each is adopted again
+/// at its next request (its request in flight is cut), and the daemon
+/// counts them in `ttft_trace_table_evictions_total{table="kernel_connections"}`
+/// and goes on following requests.
+#[test]
+fn a_full_conns_map_is_counted_not_fatal() -> Result<()> {
+    let Some(_g) = root_test("a_full_conns_map_is_counted_not_fatal") else {
+        return Ok(());
+    };
+    let config = temp_path("maps-full-config", "toml");
+    std::fs::write(&config, "[kernel_maps]\nconns = 4\n")?;
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port()
+        .to_string();
+    let listen = addr.to_string();
+    let args: Vec<String> = [
+        "--listen",
+        &listen,
+        "--config",
+        config.to_str().unwrap_or_default(),
+        "--rescan-ms",
+        "200",
+        "--no-nvml",
+        "--only-port",
+        &port,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut tracer = Tracer::start_daemon(&args)?;
+    let server = DemoServer::start(&["--output-tokens", "4", "--port", &port])?;
+    tracer.wait_for_stderr("following requests on port", 1, Duration::from_secs(30))?;
+    let clients = loadgen(
+        server.port,
+        &[
+            "--concurrency",
+            "8",
+            "--requests",
+            "96",
+            "--output-tokens",
+            "4",
+        ],
+    )?;
+    std::thread::sleep(Duration::from_millis(1500));
+    let metrics = http_get(addr, "/metrics")?;
+    server.stop()?;
+    let out = tracer.interrupt(Duration::from_secs(30))?;
+    let _ = std::fs::remove_file(&config);
+    assert!(out.success, "the daemon ended badly:\n{}", out.stderr);
+    let lost: f64 = metrics
+        .lines()
+        .find(|l| l.starts_with("ttft_trace_table_evictions_total{table=\"kernel_connections\"}"))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0.0);
+    let requests: Vec<&serde_json::Value> = out
+        .lines
+        .iter()
+        .filter(|l| l["type"] == "request")
+        .collect();
+    let ok = requests.iter().filter(|r| r["outcome"] == "ok").count();
+    eprintln!(
+        "{} requests sent, {} traced, {ok} ok; connections lost in the kernel's map: {lost}",
+        clients.len(),
+        requests.len()
+    );
+    assert!(lost > 0.0, "the evictions are counted");
+    assert!(ok > 0, "the daemon goes on following requests");
     Ok(())
 }

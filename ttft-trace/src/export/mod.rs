@@ -38,14 +38,18 @@ pub struct Sinks {
     ended_stats: VecDeque<(u32, CorrelatorStats)>,
     ended_stats_dropped: u64,
     /// What the correlators of ended workloads dropped, per table.
-    ended_drops: [u64; 4],
+    ended_drops: [u64; DROP_TABLES],
 }
+
+/// The correlators' tables that count what they dropped.
+const DROP_TABLES: usize = 5;
 
 /// What a request correlator drops to stay bounded, as the `table` label
 /// of `ttft_trace_table_evictions_total` names it.
-fn correlator_drops(s: &CorrelatorStats) -> [(&'static str, u64); 4] {
+fn correlator_drops(s: &CorrelatorStats) -> [(&'static str, u64); DROP_TABLES] {
     [
         ("connections_refused", s.connections_refused),
+        ("kernel_connections", s.connections_lost_in_kernel),
         ("connections_idle", s.connections_evicted),
         ("held_gpu_episodes", s.episodes_dropped),
         ("finished_requests", s.requests_dropped),
@@ -76,7 +80,7 @@ impl Sinks {
             terminal: Terminal::default(),
             ended_stats: VecDeque::new(),
             ended_stats_dropped: 0,
-            ended_drops: [0; 4],
+            ended_drops: [0; DROP_TABLES],
         })
     }
 

@@ -105,6 +105,11 @@ pub struct CorrelatorStats {
     pub connections_evicted: u64,
     /// Opens of a socket still held open (its close was lost).
     pub connections_reopened: u64,
+    /// Connections the kernel stopped following while they were open here
+    /// (its `CONNS` map is LRU: a full map evicts the least recently used),
+    /// seen when one is adopted again at its next request; what happened
+    /// on it in between was not seen, and its request in flight is cut.
+    pub connections_lost_in_kernel: u64,
     /// Connections opened before tracing began, followed from their next
     /// request (an open event from `ESTABLISHED`).
     pub connections_adopted: u64,
@@ -293,7 +298,11 @@ impl Correlator {
         match ev.op {
             CONN_OPEN => {
                 if let Some(mut old) = self.conns.remove(&ev.sk) {
-                    self.stats.connections_reopened += 1;
+                    if ev.oldstate == TCP_ESTABLISHED && old.closed_at.is_none() {
+                        self.stats.connections_lost_in_kernel += 1;
+                    } else {
+                        self.stats.connections_reopened += 1;
+                    }
                     old.gone(&mut self.out);
                 }
                 if self.conns.len() >= self.cfg.max_connections {

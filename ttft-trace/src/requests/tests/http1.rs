@@ -542,6 +542,27 @@ fn reused_socket_without_a_close() {
 }
 
 #[test]
+fn a_connection_the_kernel_stopped_following_is_counted() {
+    // Open here, adopted again by the kernel (an open from ESTABLISHED):
+    // its map evicted it meanwhile. The request in flight is cut, the next
+    // one followed.
+    let mut w = Wire::new();
+    w.open(SK, 0);
+    w.recv(SK, ms(1000), 100);
+    w.state(CONN_OPEN, SK, ms(2000), TCP_ESTABLISHED, TCP_ESTABLISHED);
+    w.recv(SK, ms(2001), 100);
+    w.send(SK, ms(2002), &json_response("200 OK", "{}"));
+    let rs = w.drain(ms(3000));
+    let got: Vec<_> = rs.iter().map(|r| r.outcome).collect();
+    assert_eq!(got, [Outcome::ClosedBeforeResponse, Outcome::Ok]);
+    let s = w.c.stats();
+    assert_eq!(
+        (s.connections_lost_in_kernel, s.connections_reopened),
+        (1, 0)
+    );
+}
+
+#[test]
 fn bodyless_and_until_close_responses() {
     let mut w = Wire::new();
     w.open(SK, 0);
