@@ -1,5 +1,6 @@
 //! Project tasks: `cargo xtask setup | demo | test | bench | fuzz | soak`.
 
+mod attachtime;
 mod bench;
 mod demo;
 mod fuzz;

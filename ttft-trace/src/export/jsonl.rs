@@ -149,7 +149,7 @@ impl Jsonl {
         let apis: Vec<&str> = a.apis.iter().map(|x| x.name()).collect();
         self.write(&json!({
             "type": "attach", "t_ns": monotonic_ns(), "library": a.path,
-            "apis": apis, "symbols": a.symbols, "failed": a.failed.len(),
+            "apis": apis, "symbols": a.symbols, "failed": a.failed.len(), "attach_ms": a.attach_ms,
         }));
     }
 

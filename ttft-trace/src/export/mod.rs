@@ -148,10 +148,11 @@ impl Sinks {
     pub fn library_attached(&mut self, a: &Attached) {
         let apis: Vec<&str> = a.apis.iter().map(|x| x.name()).collect();
         log::info!(
-            "attached {} probes to {} ({})",
+            "attached {} probes to {} ({}) in {:.1} ms",
             a.symbols,
             a.path.display(),
-            apis.join("+")
+            apis.join("+"),
+            a.attach_ms
         );
         for (sym, err) in &a.failed {
             log::warn!("could not probe {sym} in {}: {err}", a.path.display());

@@ -98,6 +98,8 @@ pub struct Attached {
     pub symbols: usize,
     /// Symbols whose attach failed, with the reason.
     pub failed: Vec<(String, String)>,
+    /// How long creating the uprobes took.
+    pub attach_ms: f64,
 }
 
 /// One file's probes: what was attached, and the links to detach them by.
@@ -267,6 +269,7 @@ impl Probes {
                 caps, &missing,
             )));
         }
+        let started = std::time::Instant::now();
         let mut offsets = tracepoint_offsets()?;
         let structs = StructOffsets::read(&offsets);
         match structs.ack_seq {
@@ -315,6 +318,7 @@ impl Probes {
         for &(map, entries) in &cfg.map_entries {
             loader.map_max_entries(map, entries);
         }
+        let layouts = started.elapsed();
         let mut ebpf = loader.load(OBJECT).map_err(ProbeError::Load)?;
         for name in symbols::program_names() {
             let prog: &mut UProbe = ebpf
@@ -324,6 +328,7 @@ impl Probes {
                 .map_err(|e| ProbeError::Program(name, e))?;
             prog.load().map_err(|e| ProbeError::Program(name, e))?;
         }
+        let verified = started.elapsed();
         let event_hook = match task_offsets {
             Ok(_) => match event_hook::attach_default(&mut ebpf) {
                 Ok(()) => EventHook::Raw,
@@ -362,6 +367,15 @@ impl Probes {
         }
         log::info!("send hook: {}", send_hook.describe());
         let traced_ids = traced_ids::TracedIds::map(&ebpf)?;
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+        log::info!(
+            "probes loaded in {:.0} ms: kernel layouts (tracefs, BTF) {:.0} ms, maps and \
+             programs loaded and verified {:.0} ms, tracepoints attached {:.0} ms",
+            ms(started.elapsed()),
+            ms(layouts),
+            ms(verified - layouts),
+            ms(started.elapsed() - verified)
+        );
         Ok(Self {
             ebpf,
             send_hook,
@@ -392,11 +406,13 @@ impl Probes {
         if self.attached.contains_key(&key) {
             return Ok(None);
         }
+        let started = std::time::Instant::now();
         let mut report = Attached {
             path: lib.path.clone(),
             apis: lib.apis.iter().copied().collect(),
             symbols: 0,
             failed: Vec::new(),
+            attach_ms: 0.0,
         };
         let mut links = Vec::new();
         for (sym, offset) in &lib.symbols {
@@ -414,6 +430,7 @@ impl Probes {
                 Err(e) => report.failed.push((sym.name.to_string(), e.to_string())),
             }
         }
+        report.attach_ms = started.elapsed().as_secs_f64() * 1e3;
         self.attached.insert(
             key,
             Probed {

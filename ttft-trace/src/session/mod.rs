@@ -65,6 +65,28 @@ struct Session {
     judge: Judge,
     sinks: Sinks,
     started: Instant,
+    /// Taken by the loop; installed before the probes load, so that a
+    /// signal right after attaching ends the session, not the process.
+    signals: Option<Signals>,
+}
+
+/// The signals the loop answers: SIGTERM and SIGINT stop, SIGHUP reopens
+/// the JSONL file.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> std::io::Result<Self> {
+        use tokio::signal::unix::signal;
+        Ok(Self {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+            hup: signal(SignalKind::hangup())?,
+        })
+    }
 }
 
 impl Session {
@@ -210,9 +232,10 @@ impl Session {
         let discovery = self.tracking.discovery_period();
         let mut discover = tokio::time::interval(discovery.unwrap_or(Duration::from_secs(3600)));
         discover.tick().await;
-        let mut sigterm = tokio::signal::unix::signal(SignalKind::terminate())?;
-        let mut sigint = tokio::signal::unix::signal(SignalKind::interrupt())?;
-        let mut sighup = tokio::signal::unix::signal(SignalKind::hangup())?;
+        let mut signals = match self.signals.take() {
+            Some(s) => s,
+            None => Signals::install()?,
+        };
         let deadline = cfg.duration.map(|d| tokio::time::Instant::now() + d);
         let stop = loop {
             tokio::select! {
@@ -241,9 +264,9 @@ impl Session {
                     self.started.elapsed().as_secs_f64(),
                     self.tracking.counter_totals(),
                 ),
-                _ = sighup.recv() => self.sinks.reopen_jsonl(),
-                _ = sigterm.recv() => break Stop::Signal,
-                _ = sigint.recv() => break Stop::Signal,
+                _ = signals.hup.recv() => self.sinks.reopen_jsonl(),
+                _ = signals.term.recv() => break Stop::Signal,
+                _ = signals.int.recv() => break Stop::Signal,
                 _ = sleep_until(deadline) => break Stop::Duration,
             }
         };

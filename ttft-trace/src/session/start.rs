@@ -5,7 +5,7 @@ use std::{net::TcpListener, time::Instant};
 
 use anyhow::{Result, bail};
 
-use super::{LARGE_COPY_BYTES, Session, Stop};
+use super::{LARGE_COPY_BYTES, Session, Signals, Stop};
 use crate::{
     config::{AttachConfig, DaemonOptions, TraceConfig},
     export::{Sinks, prometheus},
@@ -68,6 +68,7 @@ impl Session {
     /// Binds /metrics (first, so a port in use fails before anything is
     /// loaded), loads the probes, opens the JSONL file, starts NVML.
     fn start(cfg: &TraceConfig, mode: Mode) -> Result<(Self, Option<TcpListener>)> {
+        let signals = Signals::install()?;
         let mut sinks = Sinks::new(&cfg.labels)?;
         let listener = cfg.listen.map(prometheus::bind).transpose()?;
         let probes = Probes::load(&LoadConfig {
@@ -93,6 +94,7 @@ impl Session {
             judge: Judge::new(cfg.causes.clone(), gpu),
             sinks,
             started: Instant::now(),
+            signals: Some(signals),
         };
         Ok((s, listener))
     }
