@@ -46,7 +46,7 @@ impl Drop for Killed {
 /// Waits until no `ttft-detach` process is left from an earlier run: the
 /// kernel removes a uprobe under the mutex that reading tracefs takes too,
 /// so a detach in progress holds up the next tracer's start by seconds.
-fn wait_for_detaches() -> Result<()> {
+pub fn wait_for_detaches() -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let busy = std::fs::read_dir("/proc")?.flatten().any(|e| {

@@ -210,10 +210,13 @@ fn start(root: &Path, setup: &str, workload: u32) -> Result<Child> {
     }
 }
 
+/// Stops a setup, and waits until the kernel has removed its uprobes (its
+/// `ttft-detach` child is gone): removing a uprobe holds up every fork on
+/// the host (the kernel's `dup_mmap_sem`), which the next rows would pay.
 fn stop(mut child: Child) -> Result<()> {
     signal(child.id(), "INT")?;
     child.wait()?;
-    Ok(())
+    crate::attachtime::wait_for_detaches()
 }
 
 /// The BPF programs loaded now (bpftool's JSON objects).
