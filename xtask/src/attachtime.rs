@@ -72,7 +72,13 @@ fn once(root: &std::path::Path) -> Result<Value> {
     let lib_dir = cudart.parent().context("cudart dir")?;
     let fixtures = root.join("target/fixtures");
     let workload = Command::new(fixtures.join("workload_real"))
-        .args(["--ignore-errors", "--episodes", "100000000", "--gap-us", "10000"])
+        .args([
+            "--ignore-errors",
+            "--episodes",
+            "100000000",
+            "--gap-us",
+            "10000",
+        ])
         .env(
             "LD_LIBRARY_PATH",
             format!("{}:{}", lib_dir.display(), fixtures.display()),
