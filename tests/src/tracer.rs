@@ -74,6 +74,9 @@ pub struct TraceOutput {
     pub stdout: String,
     pub stderr: String,
     pub lines: Vec<serde_json::Value>,
+    /// When the tracer process exited (its `ttft-detach` child, which holds
+    /// the uprobes while the kernel removes them, was waited for after).
+    pub exited_at: Instant,
 }
 
 /// One episode line of the tracer's JSONL.
@@ -216,10 +219,16 @@ impl Tracer {
             }
             thread::sleep(Duration::from_millis(10));
         }
+        let exited_at = Instant::now();
         let out = child.wait_with_output()?;
         while let Ok(line) = self.stderr.recv_timeout(Duration::from_millis(200)) {
             self.stderr_lines.push(line);
         }
+        // As a service manager waits for the unit's cgroup: the next test's
+        // tracer would otherwise start while the kernel still removes these
+        // uprobes (under the mutex that reading tracefs and creating uprobes
+        // take), and miss the start of its workload.
+        wait_for_detach(&self.stderr_lines)?;
         let text = std::fs::read_to_string(&self.jsonl).unwrap_or_default();
         let lines = text
             .lines()
@@ -227,6 +236,7 @@ impl Tracer {
             .collect::<Result<Vec<_>>>()?;
         let _ = std::fs::remove_file(&self.jsonl);
         Ok(TraceOutput {
+            exited_at,
             success: out.status.success(),
             stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
             stderr: self.stderr_lines.join("\n"),
@@ -297,6 +307,25 @@ pub fn http_get(addr: std::net::SocketAddr, path: &str) -> Result<String> {
     let mut text = String::new();
     s.read_to_string(&mut text)?;
     Ok(text)
+}
+
+/// Waits until the `ttft-detach` child named in the tracer's log
+/// (`… in the background (process P, …`) is gone; at most 60 s.
+pub fn wait_for_detach(stderr_lines: &[String]) -> Result<()> {
+    let Some(pid) = stderr_lines.iter().find_map(|l| {
+        let rest = l.split("in the background (process ").nth(1)?;
+        rest.split(',').next()?.parse::<u32>().ok()
+    }) else {
+        return Ok(());
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while std::path::Path::new(&format!("/proc/{pid}")).exists() {
+        if Instant::now() > deadline {
+            bail!("ttft-detach {pid} still there after 60 s");
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
 }
 
 /// BPF links of uprobes on this host: perf-event links whose program is of
