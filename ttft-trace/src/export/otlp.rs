@@ -579,15 +579,7 @@ fn request_attributes(j: &JudgedRequest, labels: &WorkloadLabels, root_pid: u32)
     ] {
         a.extend(v.map(|v| int(key, v)));
     }
-    for (key, v) in [
-        ("container.name", &labels.container),
-        ("k8s.pod.name", &labels.pod),
-        ("k8s.namespace.name", &labels.namespace),
-    ] {
-        if !v.is_empty() {
-            a.push(KeyValue::new(key, v.clone()));
-        }
-    }
+    a.extend(workload_place(labels));
     if j.attribution.slow {
         let names: Vec<StringValue> = j
             .attribution
@@ -696,3 +688,16 @@ fn json_attributes(prefix: &str, v: &serde_json::Value, a: &mut Vec<KeyValue>) {
 
 #[cfg(test)]
 mod tests;
+
+/// The workload's container, pod and namespace, under the semantic
+/// conventions' names, those it has (spans and GenAI metrics alike).
+fn workload_place(labels: &WorkloadLabels) -> impl Iterator<Item = KeyValue> + '_ {
+    [
+        ("container.name", &labels.container),
+        ("k8s.pod.name", &labels.pod),
+        ("k8s.namespace.name", &labels.namespace),
+    ]
+    .into_iter()
+    .filter(|(_, v)| !v.is_empty())
+    .map(|(key, v)| KeyValue::new(key, v.clone()))
+}

@@ -29,7 +29,7 @@ use opentelemetry_sdk::{
 };
 use prometheus::{IntCounterVec, Opts, Registry};
 
-use super::{OtlpConfig, OtlpError, Protocol, http_signal_url, scope};
+use super::{OtlpConfig, OtlpError, Protocol, http_signal_url, scope, workload_place};
 use crate::{
     requests::{Figure, Outcome, RequestRecord},
     workloads::WorkloadLabels,
@@ -173,15 +173,7 @@ fn attributes(operation: &str, labels: &WorkloadLabels, r: &RequestRecord) -> Ve
         KeyValue::new("server.port", i64::from(r.server_port)),
         KeyValue::new("ttft_trace.workload.comm", labels.comm.clone()),
     ];
-    for (key, v) in [
-        ("container.name", &labels.container),
-        ("k8s.pod.name", &labels.pod),
-        ("k8s.namespace.name", &labels.namespace),
-    ] {
-        if !v.is_empty() {
-            a.push(KeyValue::new(key, v.clone()));
-        }
-    }
+    a.extend(workload_place(labels));
     a.extend(
         labels
             .pid
