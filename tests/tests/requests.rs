@@ -425,7 +425,13 @@ fn a_server_that_closes_after_every_response() -> Result<()> {
         let notes = t["notes"].as_array().context("notes")?;
         by_close += usize::from(notes.iter().any(|n| n == "first_token_acked_by_close"));
         if let Some(est) = t["client_ttft_estimate_ns"].as_u64() {
-            err.push(est as f64 / 1e6 - c.ttft_s.context("client ttft")? * 1e3);
+            let e = est as f64 / 1e6 - c.ttft_s.context("client ttft")? * 1e3;
+            if e.abs() > 5.0 {
+                eprintln!("estimate off by {e:.3} ms: client {c:?}, traced {t}");
+            }
+            err.push(e);
+        } else {
+            eprintln!("no estimate: {t}");
         }
     }
     let abs_max = err.iter().map(|e| e.abs()).fold(0.0, f64::max);
@@ -440,11 +446,15 @@ fn a_server_that_closes_after_every_response() -> Result<()> {
             p(err.clone(), 0.5)
         },
     );
+    // On loopback the estimate is the client's own TTFT within a few tens
+    // of µs; 5 ms leaves room for a loaded machine, not for another
+    // connection's ACK (issue: the kernel reuses a closed socket's address).
+    let close = err.iter().filter(|e| e.abs() < 5.0).count();
     assert!(
-        err.len() * 10 >= pairs.len() * 9,
-        "estimates for {} of {} requests",
+        close * 10 >= pairs.len() * 9,
+        "estimates within 5 ms of the client's for {close} of {} requests ({} with one)",
+        pairs.len(),
         err.len(),
-        pairs.len()
     );
     Ok(())
 }

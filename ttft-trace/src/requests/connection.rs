@@ -34,12 +34,16 @@ const AF_INET6: u16 = 10;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct ConnInfo {
     pub sk: u64,
+    /// Which of the connections followed this is, in opening order: the
+    /// kernel reuses a freed socket's address (`sk`) for the next one, often
+    /// while the last one's requests still wait for their record.
+    pub serial: u64,
     pub server: SocketAddr,
     pub client: SocketAddr,
 }
 
 impl ConnInfo {
-    pub fn new(ev: &ConnEvent) -> Self {
+    pub fn new(ev: &ConnEvent, serial: u64) -> Self {
         let ip = |a: [u8; 16]| -> IpAddr {
             if ev.family == AF_INET6 {
                 Ipv6Addr::from(a).into()
@@ -49,6 +53,7 @@ impl ConnInfo {
         };
         Self {
             sk: ev.sk,
+            serial,
             server: SocketAddr::new(ip(ev.saddr), ev.sport),
             client: SocketAddr::new(ip(ev.daddr), ev.dport),
         }
@@ -169,8 +174,8 @@ pub(crate) struct Outbox {
     pub pipelined: u64,
     pub sends_without_request: u64,
     pub socket_errors: u64,
-    /// First-token deliveries by `(sk, request index)`, of requests in flight
-    /// or finished, until their record is made.
+    /// First-token deliveries by `(connection serial, request index)`, of
+    /// requests in flight or finished, until their record is made.
     pub deliveries: HashMap<(u64, u32), Delivery>,
 }
 
@@ -192,7 +197,7 @@ impl Outbox {
             && let Some(dropped) = self.finished.pop_front()
         {
             let r = &dropped.request;
-            self.deliveries.remove(&(r.conn.sk, r.index));
+            self.deliveries.remove(&(r.conn.serial, r.index));
             self.finished_dropped += 1;
         }
         let outcome = outcome(&request, cause);
@@ -324,7 +329,7 @@ impl Connection {
             if let Some(seg) = req.segment {
                 let end = delivery::first_token_end(seg, req.bytes_out);
                 let d = self.acks.first_token(req.index, end, t);
-                out.deliveries.insert((self.info.sk, req.index), d);
+                out.deliveries.insert((self.info.serial, req.index), d);
             }
         }
         if req.response.as_ref().map(Response::end) == Some(End::Complete) {
@@ -339,7 +344,7 @@ impl Connection {
         let idle = self.current.as_ref().is_none_or(Request::answered);
         for (index, ack) in self.acks.on_segment(ev, idle) {
             // Absent: the request was reported already (it waited too long).
-            if let Some(d) = out.deliveries.get_mut(&(self.info.sk, index)) {
+            if let Some(d) = out.deliveries.get_mut(&(self.info.serial, index)) {
                 *d = Delivery::Acked(ack);
             }
         }
@@ -357,7 +362,7 @@ impl Connection {
         }
         self.closed_at = Some(ev.t_ns);
         for index in self.acks.closed(ev.t_last_segment_ns) {
-            if let Some(d) = out.deliveries.get_mut(&(self.info.sk, index)) {
+            if let Some(d) = out.deliveries.get_mut(&(self.info.serial, index)) {
                 *d = Delivery::Unknown;
             }
         }
@@ -382,7 +387,7 @@ impl Connection {
             return;
         }
         for (index, ack) in self.acks.all_acked(ev.t_ns) {
-            if let Some(d) = out.deliveries.get_mut(&(self.info.sk, index)) {
+            if let Some(d) = out.deliveries.get_mut(&(self.info.serial, index)) {
                 *d = Delivery::Acked(ack);
             }
         }
@@ -406,7 +411,7 @@ impl Connection {
     fn end(&mut self, cause: Cause, out: &mut Outbox) {
         self.finish_current(cause, out);
         for index in self.acks.give_up() {
-            if let Some(d) = out.deliveries.get_mut(&(self.info.sk, index)) {
+            if let Some(d) = out.deliveries.get_mut(&(self.info.serial, index)) {
                 *d = Delivery::Unknown;
             }
         }

@@ -162,6 +162,8 @@ pub fn ends_socket(ev: &ConnEvent) -> bool {
 pub struct Correlator {
     cfg: CorrelatorConfig,
     conns: HashMap<u64, Connection>,
+    /// Connections opened so far: each one's serial (see [`ConnInfo`]).
+    conns_opened: u64,
     held: BinaryHeap<Reverse<Held>>,
     seq: u64,
     applied_until: u64,
@@ -181,6 +183,7 @@ impl Correlator {
         Self {
             cfg,
             conns: HashMap::new(),
+            conns_opened: 0,
             held: BinaryHeap::new(),
             seq: 0,
             applied_until: 0,
@@ -312,7 +315,9 @@ impl Correlator {
                 if ev.oldstate == TCP_ESTABLISHED {
                     self.stats.connections_adopted += 1;
                 }
-                let conn = Connection::new(ConnInfo::new(ev), ev.t_ns, self.cfg.itl_cap);
+                self.conns_opened += 1;
+                let info = ConnInfo::new(ev, self.conns_opened);
+                let conn = Connection::new(info, ev.t_ns, self.cfg.itl_cap);
                 self.conns.insert(ev.sk, conn);
             }
             CONN_CLOSE | CONN_STATE => {
@@ -409,7 +414,7 @@ impl Correlator {
         let mut ready = Vec::new();
         let mut waiting = VecDeque::new();
         for mut f in std::mem::take(&mut self.out.finished) {
-            let key = (f.request.conn.sk, f.request.index);
+            let key = (f.request.conn.serial, f.request.index);
             let awaited = matches!(
                 self.out.deliveries.get(&key),
                 Some(Delivery::Waiting { .. })

@@ -181,6 +181,25 @@ fn a_close_ends_the_wait() {
 }
 
 #[test]
+fn a_reused_socket_address_keeps_each_connections_ack() {
+    // The kernel hands a freed socket's address to the next connection
+    // while the first one's record still waits out the join grace: both
+    // requests are index 0 on the same `sk`, each with its own ACK.
+    let mut w = wire(1_000);
+    streamed(&mut w, ms(1000), 20 * US);
+    w.close(SK, ms(1200));
+    w.open(SK, ms(1250));
+    w.seq_from(SK, 9_000_000);
+    streamed(&mut w, ms(1300), ms(3));
+    let v = w.drain(ms(5000));
+    assert_eq!(v.len(), 2, "{v:#?}");
+    assert_eq!((v[0].request_index, v[1].request_index), (0, 0));
+    assert_eq!(v[0].t_first_token_acked_ns, Some(ms(1100) + 20 * US));
+    assert_eq!(v[1].t_first_token_acked_ns, Some(ms(1403)));
+    assert_eq!(v[1].client_ttft_estimate_ns, Some(ms(103) + 100 * US));
+}
+
+#[test]
 fn without_segment_events_nothing_waits() {
     // A kernel without the probe (or events lost): requests as before.
     let mut w = Wire::new();
