@@ -81,7 +81,6 @@ fn traced_thread() -> Option<(u32, u32)> {
 
 /// Daemon mode: tells userspace, once per process, that an untraced process
 /// calls into a probed library (a restarted server mapping the same files).
-/// Rare, so it wakes the reader at once.
 #[inline(always)]
 fn announce(tgid: u32) {
     if ANNOUNCED
@@ -90,10 +89,17 @@ fn announce(tgid: u32) {
     {
         return;
     }
+    send_discover(tgid, now_ns());
+}
+
+/// Sends a [`DiscoverEvent`] for `tgid`. Rare, so it wakes the reader at
+/// once: what it starts (tracing, probes) should not wait for a batch.
+#[inline(always)]
+pub fn send_discover(tgid: u32, t_ns: u64) {
     let ev = DiscoverEvent {
         kind: EVENT_DISCOVER,
         tgid,
-        t_ns: now_ns(),
+        t_ns,
     };
     match EVENTS.reserve::<DiscoverEvent>(0) {
         Some(mut entry) => {

@@ -3,13 +3,18 @@
 //! per-thread state is dropped when a thread exits.
 
 use aya_ebpf::{
-    helpers::bpf_get_current_pid_tgid, macros::tracepoint, programs::TracePointContext,
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    macros::tracepoint,
+    programs::TracePointContext,
 };
 use ttft_trace_common::{Stat, offsets::ABSENT};
 
-use crate::maps::{
-    EXITED, SCHED_STATE, SEND_ARGS, THREADS, TRACKED, bump_stat, is_tracked, mark_traced, offsets,
-    workload_of,
+use crate::{
+    cuda::send_discover,
+    maps::{
+        EXITED, SCHED_STATE, SEND_ARGS, THREADS, TRACKED, bump_stat, discover, is_tracked,
+        mark_traced, offsets, workload_of,
+    },
 };
 
 /// `sched:sched_process_fork`: runs in the parent's context, so the parent
@@ -27,6 +32,13 @@ pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
         mark_traced(child as u32, true);
         if TRACKED.insert(child as u32, workload, 0).is_err() {
             bump_stat(Stat::TrackedFull);
+        } else if !discover() {
+            // `attach` binds the uprobes to each traced process: a child
+            // (or a thread, which userspace skips) gets its own at once,
+            // not at the next /proc scan. Its inherited breakpoints do not
+            // fire for it until then.
+            // SAFETY: plain helper call, no pointers involved.
+            send_discover(child as u32, unsafe { bpf_ktime_get_ns() });
         }
     }
     0

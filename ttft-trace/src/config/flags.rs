@@ -22,6 +22,13 @@ pub struct AttachArgs {
     /// Also probe this library (repeatable), e.g. one not mapped yet.
     #[arg(long = "cuda-lib", value_name = "PATH")]
     pub cuda_libs: Vec<PathBuf>,
+    /// Put the uprobes in every process that maps the CUDA libraries (as
+    /// the daemon does), not only in the traced ones: a child that a traced
+    /// process forks is then traced from its first call rather than from a
+    /// few milliseconds after its birth, and every other process mapping
+    /// the same files takes a trap per probed call.
+    #[arg(long)]
+    pub host_wide_probes: bool,
     /// Prometheus endpoint address.
     #[arg(long, default_value = "127.0.0.1:9464")]
     pub listen: SocketAddr,
@@ -171,6 +178,7 @@ impl AttachArgs {
                 .map(|t| seconds("--wait-timeout", t))
                 .transpose()?,
             cuda_libs: self.cuda_libs,
+            host_wide_probes: self.host_wide_probes,
             trace: trace_config(&file, &self.common)?,
         })
     }
@@ -235,6 +243,11 @@ mod tests {
         assert_eq!(cfg.trace.interval, std::time::Duration::from_secs(5));
         assert_eq!(cfg.trace.causes.slow_ttft_ns, 200_000_000);
         assert!(cfg.trace.nvml.is_some());
+        assert!(!cfg.host_wide_probes, "bound to the traced processes");
+        let Cli::Attach(a) = parse(&["attach", "--pid", "7", "--host-wide-probes"]) else {
+            panic!("attach")
+        };
+        assert!(a.into_config().expect("valid").host_wide_probes);
     }
 
     #[test]

@@ -77,6 +77,9 @@ pub struct AttachConfig {
     pub wait: bool,
     pub wait_timeout: Option<Duration>,
     pub cuda_libs: Vec<PathBuf>,
+    /// Uprobes fire in every process that maps the probed files, not only
+    /// in the traced ones.
+    pub host_wide_probes: bool,
     pub trace: TraceConfig,
 }
 

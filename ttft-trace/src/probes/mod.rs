@@ -17,6 +17,7 @@ use send_hook::{SYSCALL_SEND_TRACEPOINTS, attach_sendmsg};
 
 use std::{
     collections::{BTreeMap, HashMap},
+    num::NonZeroU32,
     path::PathBuf,
 };
 
@@ -70,6 +71,8 @@ pub enum ProbeError {
     Missing(&'static str),
     #[error("eBPF map {0}: cannot map it into memory: {1}")]
     Mmap(&'static str, std::io::Error),
+    #[error("process {0} exited before its probes were attached")]
+    ProcessGone(u32),
     #[error("cannot stat {0}: {1}")]
     Stat(PathBuf, std::io::Error),
 }
@@ -102,10 +105,25 @@ pub struct Attached {
     pub attach_ms: f64,
 }
 
-/// One file's probes: what was attached, and the links to detach them by.
+/// Which processes a library's uprobes fire in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Reach {
+    /// Every process that maps the file (`daemon`: workloads are found by
+    /// what they call).
+    Host,
+    /// One process (`attach`): the kernel plants the breakpoints in that
+    /// process's memory only, so another process mapping the same file
+    /// takes no trap at all.
+    Process(NonZeroU32),
+}
+
+type Links = Vec<(&'static str, UProbeLinkId)>;
+
+/// One file's probes: what was attached, and the links to detach them by,
+/// per reach.
 struct Probed {
     report: Attached,
-    links: Vec<(&'static str, UProbeLinkId)>,
+    links: BTreeMap<Reach, Links>,
 }
 
 /// The loaded programs and the libraries they are attached to.
@@ -116,7 +134,7 @@ pub struct Probes {
     /// Ids the per-event programs may look up (see `traced_ids`).
     traced_ids: traced_ids::TracedIds,
     /// Libraries attached, by the file they land on: uprobes attach to a
-    /// file, and fire in every process that maps it.
+    /// file, and fire in the processes of their [`Reach`] that map it.
     attached: HashMap<FileId, Probed>,
     /// Inserts refused from userspace because the map was full, by map.
     map_full: BTreeMap<&'static str, u64>,
@@ -397,13 +415,21 @@ impl Probes {
         self.event_hook
     }
 
-    /// Attaches the probes to one library, once per file. Returns None when
-    /// the file was attached before.
-    pub fn attach_library(&mut self, lib: &CudaLibrary) -> Result<Option<Attached>, ProbeError> {
-        // The real file's identity: one set of probes however many mount
-        // namespaces or overlays show it.
-        let key = lib.id.clone();
-        if self.attached.contains_key(&key) {
+    /// Attaches the probes to one library for `reach`, once per file and
+    /// reach. Returns the report the first time the file is probed, None
+    /// after (another process, or the same again).
+    pub fn attach_library(
+        &mut self,
+        lib: &CudaLibrary,
+        reach: Reach,
+    ) -> Result<Option<Attached>, ProbeError> {
+        // The real file's identity: one set of probes per reach however
+        // many mount namespaces or overlays show it.
+        if self
+            .attached
+            .get(&lib.id)
+            .is_some_and(|p| p.links.contains_key(&reach))
+        {
             return Ok(None);
         }
         let started = std::time::Instant::now();
@@ -416,14 +442,14 @@ impl Probes {
         };
         let mut links = Vec::new();
         for (sym, offset) in &lib.symbols {
-            match self.attach_symbol(sym, *offset, lib) {
+            match self.attach_symbol(sym, *offset, lib, reach) {
                 Ok(mut attached) => {
                     report.symbols += 1;
                     links.append(&mut attached);
                 }
-                Err(e @ ProbeError::UprobeDenied { .. }) => {
+                Err(e @ (ProbeError::UprobeDenied { .. } | ProbeError::ProcessGone(_))) => {
                     // Every other symbol would fail the same way: say why,
-                    // once, and leave none of this file's probes behind.
+                    // once, and leave none of this attach's probes behind.
                     self.detach_links(links);
                     return Err(e);
                 }
@@ -431,13 +457,20 @@ impl Probes {
             }
         }
         report.attach_ms = started.elapsed().as_secs_f64() * 1e3;
-        self.attached.insert(
-            key,
-            Probed {
-                report: report.clone(),
-                links,
-            },
-        );
+        if let Some(probed) = self.attached.get_mut(&lib.id) {
+            probed.links.insert(reach, links);
+            log::debug!(
+                "probes on {} for {reach:?} in {:.1} ms",
+                lib.path.display(),
+                report.attach_ms
+            );
+            return Ok(None);
+        }
+        let probed = Probed {
+            report: report.clone(),
+            links: BTreeMap::from([(reach, links)]),
+        };
+        self.attached.insert(lib.id.clone(), probed);
         Ok(Some(report))
     }
 
@@ -447,11 +480,36 @@ impl Probes {
     /// own, so the event loop does not wait.
     pub fn detach_library(&mut self, id: &FileId) -> Option<Attached> {
         let probed = self.attached.remove(id)?;
-        self.detach_links(probed.links);
+        self.detach_links(probed.links.into_values().flatten().collect());
         Some(probed.report)
     }
 
-    fn detach_links(&mut self, links: Vec<(&'static str, UProbeLinkId)>) {
+    /// Detaches the probes bound to processes `keep` rejects (they
+    /// exited); returns the files left with no probes at all, detached.
+    pub fn detach_processes(&mut self, keep: impl Fn(u32) -> bool) -> Vec<Attached> {
+        let mut gone = Vec::new();
+        let mut emptied = Vec::new();
+        for (id, probed) in &mut self.attached {
+            probed.links.retain(|reach, links| match reach {
+                Reach::Process(pid) if !keep(pid.get()) => {
+                    gone.append(links);
+                    false
+                }
+                _ => true,
+            });
+            if probed.links.is_empty() {
+                emptied.push(id.clone());
+            }
+        }
+        self.detach_links(gone);
+        emptied
+            .iter()
+            .filter_map(|id| self.attached.remove(id))
+            .map(|p| p.report)
+            .collect()
+    }
+
+    fn detach_links(&mut self, links: Links) {
         let owned: Vec<_> = links
             .into_iter()
             .filter_map(|(program, id)| uprobe(&mut self.ebpf, program).ok()?.take_link(id).ok())
@@ -484,22 +542,27 @@ impl Probes {
         sym: &symbols::ProbedSymbol,
         offset: u64,
         lib: &CudaLibrary,
-    ) -> Result<Vec<(&'static str, UProbeLinkId)>, ProbeError> {
+        reach: Reach,
+    ) -> Result<Links, ProbeError> {
+        let scope = match reach {
+            Reach::Host => UProbeScope::AllProcesses,
+            Reach::Process(pid) => UProbeScope::OneProcess(pid),
+        };
         let mut links = Vec::with_capacity(2);
         if sym.needs_return {
             let ret_name = sym.api.return_program();
             let ret = uprobe(&mut self.ebpf, ret_name)?;
             let link = ret
-                .attach(offset, &lib.open_path, UProbeScope::AllProcesses)
-                .map_err(|e| uprobe_error(ret_name, &lib.path, e))?;
+                .attach(offset, &lib.open_path, scope)
+                .map_err(|e| uprobe_error(ret_name, &lib.path, reach, e))?;
             links.push((ret_name, link));
         }
         let entry = uprobe(&mut self.ebpf, sym.program)?;
-        match entry.attach(offset, &lib.open_path, UProbeScope::AllProcesses) {
+        match entry.attach(offset, &lib.open_path, scope) {
             Ok(link) => links.push((sym.program, link)),
             Err(e) => {
                 self.detach_links(links);
-                return Err(uprobe_error(sym.program, &lib.path, e));
+                return Err(uprobe_error(sym.program, &lib.path, reach, e));
             }
         }
         Ok(links)
@@ -536,8 +599,15 @@ fn attach_tracepoint(
 fn uprobe_error(
     program: &'static str,
     path: &std::path::Path,
+    reach: Reach,
     e: aya::programs::ProgramError,
 ) -> ProbeError {
+    if let aya::programs::ProgramError::SyscallError(aya::sys::SyscallError { call, io_error }) = &e
+        && *call == "perf_event_open"
+        && let (Reach::Process(pid), Some(libc::ESRCH)) = (reach, io_error.raw_os_error())
+    {
+        return ProbeError::ProcessGone(pid.get());
+    }
     if let aya::programs::ProgramError::SyscallError(aya::sys::SyscallError { call, io_error }) = &e
         && *call == "perf_event_open"
         && matches!(io_error.raw_os_error(), Some(libc::EACCES | libc::EPERM))

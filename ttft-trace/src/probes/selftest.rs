@@ -5,7 +5,7 @@ use std::{num::NonZeroU32, path::PathBuf};
 
 use aya::programs::uprobe::UProbeScope;
 
-use super::{ProbeError, Probes, uprobe, uprobe_error};
+use super::{ProbeError, Probes, Reach, uprobe, uprobe_error};
 
 /// The program attached: it counts a kernel launch for a tracked process.
 const PROGRAM: &str = "cu_launch_kernel";
@@ -46,10 +46,11 @@ impl Probes {
         let pid = std::process::id();
         let scope =
             NonZeroU32::new(pid).map_or(UProbeScope::CallingProcess, UProbeScope::OneProcess);
+        let reach = NonZeroU32::new(pid).map_or(Reach::Host, Reach::Process);
         let prog = uprobe(&mut self.ebpf, PROGRAM)?;
         let link = prog
             .attach(offset, &path, scope)
-            .map_err(|e| uprobe_error(PROGRAM, &path, e))?;
+            .map_err(|e| uprobe_error(PROGRAM, &path, reach, e))?;
         self.track(pid, pid)?;
         std::hint::black_box(std::hint::black_box(target)(1));
         let launches = self.counters()?.get(&pid).map_or(0, |c| c.kernel_launches);

@@ -30,7 +30,12 @@ pub async fn attach(cfg: AttachConfig) -> Result<Stop> {
         cfg.pid,
         targets::comm(cfg.pid).unwrap_or_default()
     );
-    let (mut s, listener) = Session::start(&cfg.trace, Mode::Attach)?;
+    let (mut s, listener) = Session::start(
+        &cfg.trace,
+        Mode::Attach {
+            host_wide_probes: cfg.host_wide_probes,
+        },
+    )?;
     s.tracking.add_workload(cfg.pid)?;
     s.tracking.attach_named(&cfg.cuda_libs)?;
     s.tracking.rescan()?;

@@ -10,6 +10,10 @@ use std::{collections::HashSet, sync::Arc, time::Duration};
 use anyhow::Result;
 
 use super::{Change, Mode, Tracking};
+
+/// Announced processes kept per turn of the event loop (see
+/// [`Tracking::announce`]).
+const MAX_ANNOUNCED: usize = 4096;
 use crate::{
     ports,
     probes::libraries::CudaLibrary,
@@ -63,14 +67,17 @@ impl Tracking {
     pub fn discovery_period(&self) -> Option<Duration> {
         match &self.mode {
             Mode::Daemon(d) => Some(d.period),
-            Mode::Attach => None,
+            Mode::Attach { .. } => None,
         }
     }
 
     /// Notes a process the kernel announced, to consider at the next
-    /// [`Tracking::consider_announced`].
+    /// [`Tracking::consider_announced`]: in `daemon` mode an untraced
+    /// process calling into a probed library, in `attach` mode a child (or
+    /// thread) of a traced process. Beyond [`MAX_ANNOUNCED`] a turn, the
+    /// rest wait for the next /proc scan.
     pub fn announce(&mut self, pid: u32) {
-        if matches!(self.mode, Mode::Daemon(_)) {
+        if self.announced.len() < MAX_ANNOUNCED {
             self.announced.push(pid);
         }
     }
@@ -111,6 +118,15 @@ impl Tracking {
 
     /// The processes the kernel announced since the last call.
     pub fn consider_announced(&mut self) -> Result<()> {
+        if matches!(self.mode, Mode::Attach { .. }) {
+            for pid in std::mem::take(&mut self.announced) {
+                // A new thread shares its process's probes.
+                if targets::is_process(pid) {
+                    self.probe_process(pid);
+                }
+            }
+            return Ok(());
+        }
         for pid in std::mem::take(&mut self.announced) {
             let Mode::Daemon(d) = &self.mode else {
                 return Ok(());
@@ -157,7 +173,7 @@ impl Tracking {
                 });
             }
             for lib in &libs {
-                self.attach_found(lib);
+                self.attach_found(lib, pid);
             }
             return Ok(());
         }
@@ -166,7 +182,7 @@ impl Tracking {
             return Ok(());
         }
         for lib in &libs {
-            self.attach_found(lib);
+            self.attach_found(lib, pid);
         }
         self.add_workload(root)?;
         self.follow_ports(&[])

@@ -12,6 +12,8 @@ mod wait;
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},
+    num::NonZeroU32,
+    sync::Arc,
     time::Instant,
 };
 
@@ -25,7 +27,7 @@ pub use wait::WaitFor;
 use crate::{
     ports,
     probes::{
-        Attached, Probes,
+        Attached, ProbeError, Probes, Reach,
         libraries::FileId,
         libraries::{self, CudaLibrary, Scanner},
         symbols::Api,
@@ -36,7 +38,11 @@ use counters::CounterTracker;
 
 /// What is traced: one process tree, or whatever discovery finds.
 pub enum Mode {
-    Attach,
+    /// The probes are bound to each traced process unless
+    /// `host_wide_probes` (see [`Reach`]).
+    Attach {
+        host_wide_probes: bool,
+    },
     Daemon(Discovery),
 }
 
@@ -107,6 +113,9 @@ pub struct Tracking {
     /// the files named by the user (kept however long no one maps them).
     last_mapped: HashMap<FileId, Instant>,
     named: HashSet<FileId>,
+    /// The libraries named by the user, in `attach` mode: bound to each
+    /// traced process.
+    named_libs: Vec<Arc<CudaLibrary>>,
     /// Exited processes the kernel kept a workload for at the last
     /// [`Tracking::forget_exited`].
     exited_seen: BTreeSet<u32>,
@@ -129,6 +138,7 @@ impl Tracking {
             files_seen: 0,
             last_mapped: HashMap::new(),
             named: HashSet::new(),
+            named_libs: Vec::new(),
             changes: Vec::new(),
         }
     }
@@ -150,7 +160,7 @@ impl Tracking {
 
     /// Whether tracing ends with the last workload (`attach`).
     pub fn ends_with_last_workload(&self) -> bool {
-        matches!(self.mode, Mode::Attach)
+        matches!(self.mode, Mode::Attach { .. })
     }
 
     pub fn workloads(&self) -> usize {
@@ -181,16 +191,34 @@ impl Tracking {
         Ok(())
     }
 
-    /// Attaches the probes to `lib` unless its file already has them.
-    fn attach(&mut self, lib: &CudaLibrary) -> Result<()> {
-        if let Some(a) = self.probes.attach_library(lib)? {
+    /// Which processes the probes put on a library for process `pid` fire
+    /// in: `attach` binds them to each traced process, so that the other
+    /// processes of the host that map the same file take no trap; `daemon`
+    /// finds its workloads by what they call, so its probes fire host-wide
+    /// (the kernel's filter drops what is not traced).
+    fn reach(&self, pid: u32) -> Reach {
+        match (&self.mode, NonZeroU32::new(pid)) {
+            (
+                Mode::Attach {
+                    host_wide_probes: false,
+                },
+                Some(pid),
+            ) => Reach::Process(pid),
+            _ => Reach::Host,
+        }
+    }
+
+    /// Attaches the probes to `lib` for `reach` unless they are there.
+    fn attach(&mut self, lib: &CudaLibrary, reach: Reach) -> Result<()> {
+        if let Some(a) = self.probes.attach_library(lib, reach)? {
             self.changes.push(Change::Attached(a));
         }
         Ok(())
     }
 
     /// Attaches the probes to libraries named by `--cuda-lib`: a path that is
-    /// no CUDA library is the user's error.
+    /// no CUDA library is the user's error. In `attach` mode they are bound
+    /// to each traced process at its scan, as found libraries are.
     pub fn attach_named(&mut self, paths: &[std::path::PathBuf]) -> Result<()> {
         for path in paths {
             let lib = libraries::inspect(path, path)?.with_context(|| {
@@ -200,19 +228,26 @@ impl Tracking {
                     path.display()
                 )
             })?;
-            self.attach(&lib)?;
             self.named.insert(lib.id.clone());
+            match self.mode {
+                Mode::Attach { .. } => self.named_libs.push(Arc::new(lib)),
+                Mode::Daemon(_) => self.attach(&lib, Reach::Host)?,
+            }
         }
         Ok(())
     }
 
-    /// Attaches the probes to a library found in a process's mappings. The
-    /// process may exit meanwhile (its /proc path is then gone): a warning,
-    /// and a later scan of another process tries again.
-    fn attach_found(&mut self, lib: &CudaLibrary) {
+    /// Attaches the probes to a library found in process `pid`'s mappings
+    /// (or named). The process may exit meanwhile (its /proc path is then
+    /// gone): a warning, and a later scan of another process tries again.
+    fn attach_found(&mut self, lib: &CudaLibrary, pid: u32) {
         self.last_mapped.insert(lib.id.clone(), Instant::now());
-        if let Err(e) = self.attach(lib) {
-            log::warn!("could not attach to {}: {e:#}", lib.path.display());
+        match self.attach(lib, self.reach(pid)) {
+            Ok(()) => {}
+            Err(e) if matches!(e.downcast_ref(), Some(ProbeError::ProcessGone(_))) => {
+                log::debug!("{e}");
+            }
+            Err(e) => log::warn!("could not attach to {}: {e:#}", lib.path.display()),
         }
     }
 
@@ -268,13 +303,9 @@ impl Tracking {
     pub fn rescan(&mut self) -> Result<Rescan> {
         let live = self.live_processes()?;
         for (pid, _) in &live {
-            let Ok(scan) = self.scanner.scan(*pid) else {
-                continue;
-            };
-            for lib in scan.libraries {
-                self.attach_found(&lib);
-            }
+            self.probe_process(*pid);
         }
+        self.detach_exited(&live);
         self.detach_unmapped();
         let (mut runtime_libs, mut driver_libs) = (0, 0);
         for a in self.probes.attached() {
@@ -286,6 +317,26 @@ impl Tracking {
             runtime_libs,
             driver_libs,
         })
+    }
+
+    /// Attaches the probes to the libraries traced process `pid` maps (and,
+    /// in `attach` mode, to the named ones) where they are not yet.
+    fn probe_process(&mut self, pid: u32) {
+        let Ok(scan) = self.scanner.scan(pid) else {
+            return;
+        };
+        let named = self.named_libs.clone();
+        for lib in scan.libraries.iter().chain(&named) {
+            self.attach_found(lib, pid);
+        }
+    }
+
+    /// Detaches the probes bound to traced processes that exited.
+    fn detach_exited(&mut self, live: &[(u32, u32)]) {
+        let alive: HashSet<u32> = live.iter().map(|(pid, _)| *pid).collect();
+        for a in self.probes.detach_processes(|pid| alive.contains(&pid)) {
+            self.changes.push(Change::Detached(a));
+        }
     }
 
     /// In daemon mode, detaches the probes of files no traced process has
