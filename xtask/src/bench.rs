@@ -6,10 +6,13 @@
 //! - the episode rate the daemon keeps up with before the kernel drops
 //!   events (ttft_trace_events_lost_total stays 0);
 //! - attach and detach times on the real libcudart.so.12 (see
-//!   [`crate::attachtime`]), checked against 300 ms.
+//!   [`crate::attachtime`]), checked against 300 ms;
+//! - what a process outside the traced tree that maps the same CUDA
+//!   libraries pays per launch (see [`crate::neighbour`]), checked against
+//!   the host tax's +5 %.
 //!
-//! `--quick` (for CI: well under a minute once built) runs the host tax
-//! and one attach and detach, one round of short runs: it shows the bench
+//! `--quick` (for CI: well under a minute once built) runs the host tax,
+//! one attach and detach and one neighbour round, one round of short runs: it shows the bench
 //! works and prints what breaks the thresholds, but one round is too noisy
 //! to fail on.
 
@@ -21,7 +24,7 @@ use serde_json::{Value, json};
 use crate::{
     attachtime,
     demo::{build_all, signal, start_tracer, wait_stopped},
-    hosttax,
+    hosttax, neighbour,
     process::{output, repo_root},
 };
 
@@ -161,6 +164,9 @@ pub fn bench(quick: bool) -> Result<()> {
         let (attach, attach_failures) = attachtime::run(&root, 1)?;
         write_result(&root, "attach.json", &attach)?;
         failures.extend(attach_failures);
+        let (neighbour, neighbour_failures) = neighbour::run(&root, 1)?;
+        write_result(&root, "neighbour.json", &neighbour)?;
+        failures.extend(neighbour_failures);
         if !verdict(&failures) {
             println!(
                 "(--quick: one round of short runs is too noisy to fail on; the full bench does)"
@@ -173,6 +179,8 @@ pub fn bench(quick: bool) -> Result<()> {
     write_result(&root, "hosttax.json", &tax)?;
     let (attach, attach_failures) = attachtime::run(&root, 3)?;
     tax_failures.extend(attach_failures);
+    let (neighbour, neighbour_failures) = neighbour::run(&root, RUNS)?;
+    tax_failures.extend(neighbour_failures);
     let mut untraced = Vec::new();
     let mut traced = Vec::new();
     for _ in 0..RUNS {
@@ -227,6 +235,7 @@ pub fn bench(quick: bool) -> Result<()> {
     let results = json!({
         "host_tax": tax,
         "attach_detach": attach,
+        "neighbour_launch": neighbour,
         "userspace_pipeline": pipeline,
         "daemon_discovery": discovery,
         "launch_ns_untraced": u, "launch_ns_traced": t, "launch_ns_added": t - u,

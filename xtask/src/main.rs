@@ -5,6 +5,7 @@ mod bench;
 mod demo;
 mod fuzz;
 mod hosttax;
+mod neighbour;
 mod process;
 mod run;
 mod setup;
