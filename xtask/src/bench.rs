@@ -1,8 +1,8 @@
 //! `cargo xtask bench`: costs that matter to a user, measured end to end.
 //! - the host tax: what untraced processes pay while the tracer runs
 //!   (see [`crate::hosttax`]), checked against +5 %;
-//! - the added cost per cudaLaunchKernel call, untraced vs traced (the
-//!   workload's tight launch loop, median of several runs);
+//! - the added cost per launch, traced against one empty uprobe on the same
+//!   function (see [`crate::launchtrap`]), checked against 1.10 x;
 //! - the episode rate the daemon keeps up with before the kernel drops
 //!   events (ttft_trace_events_lost_total stays 0);
 //! - attach and detach times on the real libcudart.so.12 (see
@@ -24,50 +24,11 @@ use serde_json::{Value, json};
 use crate::{
     attachtime,
     demo::{build_all, signal, start_tracer, wait_stopped},
-    hosttax, neighbour,
+    hosttax, launchtrap, neighbour,
     process::{output, repo_root},
 };
 
-const LAUNCHES: u32 = 200_000;
 const RUNS: usize = 5;
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-/// ns per launch of one run of the workload's tight loop, optionally traced.
-fn launch_cost(root: &std::path::Path, traced: bool) -> Result<f64> {
-    let bin = root.join("target/fixtures/workload");
-    let mut c = Command::new(&bin);
-    c.args(["--bench-launches", &LAUNCHES.to_string()]);
-    if !traced {
-        let out = c.output()?;
-        return parse_ns(&out.stdout);
-    }
-    c.arg("--stop-before-work")
-        .stdout(std::process::Stdio::piped());
-    let child = c.spawn()?;
-    let pid = child.id();
-    wait_stopped(pid)?;
-    let mut tracer = start_tracer(
-        root,
-        "attach",
-        &["--pid".into(), pid.to_string(), "--no-listen".into()],
-        "attached",
-    )?;
-    signal(pid, "CONT")?;
-    let out = child.wait_with_output()?;
-    tracer.wait()?;
-    parse_ns(&out.stdout)
-}
-
-fn parse_ns(stdout: &[u8]) -> Result<f64> {
-    let text = String::from_utf8_lossy(stdout);
-    let line = text.lines().last().context("workload printed nothing")?;
-    let v: Value = serde_json::from_str(line)?;
-    v["ns_per_launch"].as_f64().context("no ns_per_launch")
-}
 
 /// Runs `episodes` one-launch episodes with no device time and no gap, as
 /// fast as the stub allows, and returns (episodes/s offered, episodes seen,
@@ -154,9 +115,29 @@ fn verdict(failures: &[String]) -> bool {
     failures.is_empty()
 }
 
-pub fn bench(quick: bool) -> Result<()> {
+/// One part of the bench, run alone (its full rounds).
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Part {
+    /// A neighbour's launch beside `attach` (see [`crate::neighbour`]).
+    Neighbour,
+    /// A traced launch against one empty uprobe (see [`crate::launchtrap`]).
+    Launches,
+}
+
+pub fn bench(quick: bool, only: Option<Part>) -> Result<()> {
     let root = repo_root()?;
     build_all(&root)?;
+    if let Some(part) = only {
+        let (name, (value, failures)) = match part {
+            Part::Neighbour => ("neighbour.json", neighbour::run(&root, RUNS)?),
+            Part::Launches => ("launches.json", launchtrap::run(&root, RUNS)?),
+        };
+        write_result(&root, name, &value)?;
+        if !verdict(&failures) {
+            bail!("a threshold is not met (FAIL lines above)");
+        }
+        return Ok(());
+    }
     if quick {
         let plan = hosttax::Plan { rounds: 1, ms: 100 };
         let (tax, mut failures) = hosttax::run(&root, &plan)?;
@@ -181,17 +162,8 @@ pub fn bench(quick: bool) -> Result<()> {
     tax_failures.extend(attach_failures);
     let (neighbour, neighbour_failures) = neighbour::run(&root, RUNS)?;
     tax_failures.extend(neighbour_failures);
-    let mut untraced = Vec::new();
-    let mut traced = Vec::new();
-    for _ in 0..RUNS {
-        untraced.push(launch_cost(&root, false)?);
-        traced.push(launch_cost(&root, true)?);
-    }
-    let (u, t) = (median(untraced.clone()), median(traced.clone()));
-    println!(
-        "cudaLaunchKernel: {u:.0} ns untraced, {t:.0} ns traced, +{:.0} ns per call (median of {RUNS})",
-        t - u
-    );
+    let (launch_traps, over) = launchtrap::run(&root, RUNS)?;
+    tax_failures.extend(over);
     let mut rates = Vec::new();
     for (episodes, ringbuf) in [(200_000u32, 1u32 << 22), (200_000, 1 << 16)] {
         let (rate, seen, lost) = event_rate(&root, episodes, ringbuf)?;
@@ -238,13 +210,9 @@ pub fn bench(quick: bool) -> Result<()> {
         "neighbour_launch": neighbour,
         "userspace_pipeline": pipeline,
         "daemon_discovery": discovery,
-        "launch_ns_untraced": u, "launch_ns_traced": t, "launch_ns_added": t - u,
-        "runs_untraced": untraced, "runs_traced": traced, "event_rate": rates,
+        "launch_traps": launch_traps, "event_rate": rates,
     });
     write_result(&root, "results.json", &results)?;
-    if t <= 0.0 || u <= 0.0 {
-        bail!("implausible launch timings");
-    }
     if !verdict(&tax_failures) {
         bail!("a threshold is not met (FAIL lines above)");
     }

@@ -243,7 +243,7 @@ fn tracer_like_ids() -> Result<BTreeSet<u64>> {
 /// Whether a tracer-like program other than `own` is loaded: another
 /// tracer on the host taxes every run, untraced or not (the ratios then
 /// understate the tax). Waits up to `wait` for it to go.
-fn other_tracer(own: &BTreeSet<u64>, wait: Duration) -> Result<bool> {
+pub fn other_tracer(own: &BTreeSet<u64>, wait: Duration) -> Result<bool> {
     let deadline = std::time::Instant::now() + wait;
     loop {
         if tracer_like_ids()?.is_subset(own) {

@@ -5,6 +5,7 @@ mod bench;
 mod demo;
 mod fuzz;
 mod hosttax;
+mod launchtrap;
 mod neighbour;
 mod process;
 mod run;
@@ -57,12 +58,17 @@ enum Task {
         restart_s: u64,
     },
     /// Measure what untraced processes pay while the tracer runs (the host
-    /// tax, checked against +5 %), probe overhead per cudaLaunchKernel and
-    /// the event rate the daemon keeps up with; writes target/bench/*.json.
+    /// tax and a neighbour mapping the same libraries, checked against
+    /// +5 %), a traced launch against one empty uprobe (1.10 x), attach and
+    /// detach times and the event rate the daemon keeps up with; writes
+    /// target/bench/*.json.
     Bench {
         /// Host tax only, one round of short runs (for CI).
         #[arg(long)]
         quick: bool,
+        /// Only this part, with its full rounds.
+        #[arg(long, value_enum, conflicts_with = "quick")]
+        only: Option<bench::Part>,
     },
 }
 
@@ -89,9 +95,9 @@ fn main() -> anyhow::Result<()> {
             setup::setup()?;
             soak::soak(minutes, restart_s)
         }
-        Task::Bench { quick } => {
+        Task::Bench { quick, only } => {
             setup::setup()?;
-            bench::bench(quick)
+            bench::bench(quick, only)
         }
     }
 }

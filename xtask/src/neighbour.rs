@@ -7,6 +7,7 @@
 //! add at most what the host tax allows ([`hosttax::THRESHOLD`]).
 
 use std::{
+    collections::BTreeSet,
     path::Path,
     process::{Command, Stdio},
     thread,
@@ -70,12 +71,20 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// Runs `rounds` rounds; returns the results and the threshold failures.
 pub fn run(root: &Path, rounds: usize) -> Result<(Value, Vec<String>)> {
     let (mut none, mut bound, mut host) = (Vec::new(), Vec::new(), Vec::new());
+    let mut other = false;
     for _ in 0..rounds {
+        // Another tracer's uprobes on the same files would tax every setup,
+        // the untraced one too: wait (up to a minute) for it to go.
+        other |= hosttax::other_tracer(&BTreeSet::new(), Duration::from_secs(60))?;
         none.push(launch_ns(root, None)?);
         bound.push(launch_ns(root, Some(&[]))?);
         host.push(launch_ns(root, Some(&["--host-wide-probes"]))?);
     }
-    let (n, b, h) = (median(none.clone()), median(bound.clone()), median(host.clone()));
+    let (n, b, h) = (
+        median(none.clone()),
+        median(bound.clone()),
+        median(host.clone()),
+    );
     println!(
         "a neighbour mapping the same CUDA libraries, per launch: {n:.0} ns without a tracer, \
          {b:.0} ns beside attach ({:+.1} %), {h:.0} ns beside attach --host-wide-probes \
@@ -83,6 +92,11 @@ pub fn run(root: &Path, rounds: usize) -> Result<(Value, Vec<String>)> {
         (b / n - 1.0) * 100.0,
         (h / n - 1.0) * 100.0
     );
+    if other {
+        println!(
+            "WARNING: another tracer was loaded during the neighbour runs: they are taxed by it"
+        );
+    }
     let mut failures = Vec::new();
     if b > n * hosttax::THRESHOLD {
         failures.push(format!(
@@ -90,7 +104,7 @@ pub fn run(root: &Path, rounds: usize) -> Result<(Value, Vec<String>)> {
         ));
     }
     let result = json!({
-        "launches": LAUNCHES, "rounds": rounds,
+        "launches": LAUNCHES, "rounds": rounds, "other_tracer": other,
         "ns_no_tracer": n, "ns_beside_attach": b, "ns_beside_host_wide_probes": h,
         "runs_no_tracer": none, "runs_beside_attach": bound, "runs_beside_host_wide_probes": host,
     });

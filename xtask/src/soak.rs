@@ -1,7 +1,8 @@
 //! `cargo xtask soak --minutes M`: the daemon left running against the demo
 //! server under load, with the server restarted every `--restart-s` seconds
 //! (new pids, the same libraries), connections opened and closed every
-//! two requests, and a 4 KiB ring buffer so that the kernel drops events.
+//! two requests, and a 4 KiB ring buffer so that the kernel drops events;
+//! a short CUDA process of another tenant (untraced) runs every 5 s.
 //! Sampled every 5 s: the daemon's RSS, open files, probe attachments (a
 //! perf event or BPF link each), and the entries of its kernel maps. After a warm-up of
 //! two restarts, each may grow by at most 10 % (the figure is the floor of
@@ -9,6 +10,7 @@
 //! warm-up); losses are counted, not failures. Writes target/soak/results.json.
 
 use std::{
+    collections::BTreeMap,
     io::{BufRead, BufReader},
     net::TcpListener,
     path::Path,
@@ -99,9 +101,9 @@ fn stop(mut child: Child) {
 }
 
 /// Entries of the kernel maps `pid` holds (their ids from the fds'
-/// fdinfo), except the ring buffer, whose size is in bytes.
-fn map_entries(pid: u32, map_ids: &[u64]) -> Result<u64> {
-    let mut total = 0;
+/// fdinfo), by map name, except the ring buffer, whose size is in bytes.
+fn map_entries(pid: u32, map_ids: &[u64]) -> Result<BTreeMap<String, u64>> {
+    let mut by_name = BTreeMap::new();
     for id in map_ids {
         let show =
             output(Command::new("bpftool").args(["-j", "map", "show", "id", &id.to_string()]))?;
@@ -113,12 +115,18 @@ fn map_entries(pid: u32, map_ids: &[u64]) -> Result<u64> {
             output(Command::new("bpftool").args(["-j", "map", "dump", "id", &id.to_string()]))
                 .with_context(|| format!("dumping map {id} of pid {pid}"))?;
         let dump: Value = serde_json::from_str(&dump).unwrap_or(Value::Null);
-        total += dump.as_array().map_or(0, |a| a.len() as u64);
+        let name = show["name"].as_str().unwrap_or("?").to_string();
+        *by_name.entry(name).or_default() += dump.as_array().map_or(0, |a| a.len() as u64);
     }
-    Ok(total)
+    Ok(by_name)
 }
 
-fn sample(pid: u32, started: Instant, metrics: std::net::SocketAddr) -> Result<Sample> {
+/// One reading, and the entries of each kernel map.
+fn sample(
+    pid: u32,
+    started: Instant,
+    metrics: std::net::SocketAddr,
+) -> Result<(Sample, BTreeMap<String, u64>)> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     let rss_kib = status
         .lines()
@@ -153,15 +161,17 @@ fn sample(pid: u32, started: Instant, metrics: std::net::SocketAddr) -> Result<S
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum::<f64>() as u64
     };
-    Ok(Sample {
+    let maps = map_entries(pid, &map_ids)?;
+    let sample = Sample {
         t_s: started.elapsed().as_secs_f64(),
         rss_kib,
         fds,
         perf_events,
-        map_entries: map_entries(pid, &map_ids)?,
+        map_entries: maps.values().sum(),
         events_lost: sum("ttft_trace_events_lost_total"),
         requests: sum("ttft_trace_requests_total{"),
-    })
+    };
+    Ok((sample, maps))
 }
 
 fn floor(values: impl Iterator<Item = u64>) -> u64 {
@@ -200,6 +210,7 @@ pub fn soak(minutes: f64, restart_s: u64) -> Result<()> {
     let deadline = started + Duration::from_secs_f64(minutes * 60.0);
     let mut next_restart = started + Duration::from_secs(restart_s);
     let mut samples = Vec::new();
+    let mut per_map = Vec::new();
     let mut restarts = 0u32;
     let result = (|| -> Result<()> {
         while Instant::now() < deadline {
@@ -214,9 +225,18 @@ pub fn soak(minutes: f64, restart_s: u64) -> Result<()> {
                 restarts += 1;
                 next_restart += Duration::from_secs(restart_s);
             }
-            let s = sample(pid, started, metrics)?;
+            // Another tenant's short CUDA process, which listens on no
+            // followed port: the kernel announces it, the daemon turns it
+            // down, and must forget it once it has exited.
+            let tenant = Command::new(root.join("target/fixtures/workload"))
+                .args(["--style", "sync", "--episodes", "2", "--gap-us", "0"])
+                .stdout(Stdio::null())
+                .status()?;
+            anyhow::ensure!(tenant.success(), "the tenant workload failed: {tenant}");
+            let (s, maps) = sample(pid, started, metrics)?;
             eprintln!("soak: {s:?}");
             samples.push(s);
+            per_map.push(maps);
         }
         Ok(())
     })();
@@ -257,6 +277,25 @@ pub fn soak(minutes: f64, restart_s: u64) -> Result<()> {
         }
         rows.push(json!({"figure": name, "after_warmup": before, "end": end, "growth": growth}));
     }
+    // Which map moved: the same floors per map (the total's floor need not
+    // be the sum of theirs).
+    let maps_after = &per_map[per_map.len() - after.len()..];
+    let mut maps = Vec::new();
+    let names: std::collections::BTreeSet<&String> =
+        maps_after.iter().flat_map(|m| m.keys()).collect();
+    for name in names {
+        let of = |w: &[BTreeMap<String, u64>]| {
+            floor(w.iter().map(|m| m.get(name).copied().unwrap_or(0)))
+        };
+        let (before, end) = (
+            of(&maps_after[..window]),
+            of(&maps_after[maps_after.len() - window..]),
+        );
+        if before != end {
+            println!("soak:   map {name:<16} {before:>10} -> {end:>10}");
+        }
+        maps.push(json!({"map": name, "after_warmup": before, "end": end}));
+    }
     let end = after.last().copied().unwrap_or_default();
     // The request counters restart with each retired label set: the JSONL
     // has every request.
@@ -274,7 +313,7 @@ pub fn soak(minutes: f64, restart_s: u64) -> Result<()> {
     let results = json!({
         "minutes": minutes, "restart_s": restart_s, "restarts": restarts,
         "requests": requests, "events_lost": end.events_lost, "figures": rows,
-        "max_growth": MAX_GROWTH,
+        "max_growth": MAX_GROWTH, "maps": maps,
         "samples": samples.iter().map(|s| json!({
             "t_s": s.t_s, "rss_kib": s.rss_kib, "open_files": s.fds, "probe_attachments": s.perf_events,
             "kernel_map_entries": s.map_entries, "events_lost": s.events_lost, "requests": s.requests,

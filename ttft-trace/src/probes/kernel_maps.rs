@@ -83,6 +83,17 @@ impl Probes {
         remove_key::<u64>(&mut self.ebpf, "ANNOUNCED", tgid)
     }
 
+    /// The processes the kernel announced (and userspace has not forgotten).
+    pub fn announced(&self) -> Result<Vec<u32>, ProbeError> {
+        let map: BpfHashMap<_, u32, u64> = BpfHashMap::try_from(
+            self.ebpf
+                .map("ANNOUNCED")
+                .ok_or(ProbeError::Missing("ANNOUNCED"))?,
+        )
+        .map_err(|e| ProbeError::Map("ANNOUNCED", e))?;
+        Ok(map.keys().filter_map(Result::ok).collect())
+    }
+
     /// Marks a TCP port as a listening port of the traced tree, in network
     /// namespace `netns` (every namespace: None, or where the probes cannot
     /// read a socket's): connections accepted on it are followed as server

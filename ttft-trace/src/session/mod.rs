@@ -178,11 +178,13 @@ impl Session {
         // workloads: read it before ending them.
         self.drain(ring)?;
         let now = monotonic_ns();
-        for root in self.tracking.ended(&scan.live) {
-            self.end_workload(root, now);
+        let ended = self.tracking.ended(&scan.live);
+        for root in &ended {
+            self.end_workload(*root, now);
         }
         self.tracking.forget_exited()?;
-        self.tracking.release_memory();
+        self.tracking.forget_announced_exited()?;
+        self.tracking.release_memory(!ended.is_empty());
         self.sinks.series.retire(now);
         Ok(self.tracking.workloads())
     }

@@ -286,13 +286,15 @@ impl Tracking {
         Ok(live)
     }
 
-    /// Hands the heap freed after inspecting new files back to the system.
-    /// Reading an ELF file's symbol tables (tens of MiB for a Python or
-    /// PyTorch library) leaves the allocator's arenas that large for good
-    /// otherwise: the daemon's RSS stayed at its high-water mark.
-    pub fn release_memory(&mut self) {
+    /// Hands the heap freed after inspecting new files, or after a
+    /// workload ended (`workload_ended`: its connections, requests and
+    /// label sets), back to the system. Reading an ELF file's symbol tables
+    /// (tens of MiB for a Python or PyTorch library) leaves the allocator's
+    /// arenas that large for good otherwise: the daemon's RSS stayed at its
+    /// high-water mark, and did not show what it holds.
+    pub fn release_memory(&mut self, workload_ended: bool) {
         let seen = self.scanner.files_seen();
-        if seen != self.files_seen {
+        if seen != self.files_seen || workload_ended {
             self.files_seen = seen;
             // SAFETY: malloc_trim(3) has no preconditions; 0 keeps no pad.
             unsafe { libc::malloc_trim(0) };
@@ -441,6 +443,23 @@ impl Tracking {
             self.probes.forget_exited(*tgid)?;
         }
         self.exited_seen = now.difference(&self.exited_seen).copied().collect();
+        Ok(())
+    }
+
+    /// Forgets the announced processes that exited (turned down: not
+    /// traced), so that the kernel's map holds live processes only and a
+    /// process reusing one of their pids is announced again.
+    pub fn forget_announced_exited(&mut self) -> Result<()> {
+        if !matches!(self.mode, Mode::Daemon(_)) {
+            return Ok(());
+        }
+        let gone: Vec<u32> = self
+            .probes
+            .announced()?
+            .into_iter()
+            .filter(|tgid| !std::path::Path::new(&format!("/proc/{tgid}")).exists())
+            .collect();
+        self.forget_announced(gone.into_iter());
         Ok(())
     }
 

@@ -1,0 +1,178 @@
+//! What a traced launch costs against one empty uprobe on the same function,
+//! measured in the same run: the workload's tight launch loop
+//! (`--bench-launches`) untraced, under bpftrace with an empty program on
+//! the launch function (`uprobe:LIB:FUNC {}`, one trap per call), and under
+//! `ttft-trace attach`. Three shapes: a runtime launch whose runtime calls
+//! the driver (the stub pair: `cudaLaunchKernel` over `cuLaunchKernel`), a
+//! direct driver launch (`cuLaunchKernel`), and a graph launch
+//! (`cudaGraphLaunch` over `cuGraphLaunch`). Rounds alternate the setups;
+//! medians. The target is a traced launch at most 1.10 x the empty uprobe's
+//! added cost; the bench prints how far each shape is and what the added
+//! cost is per step of a server issuing 800 launches per step.
+
+use std::{
+    collections::BTreeSet,
+    io::BufRead as _,
+    path::Path,
+    process::{Command, Stdio},
+    thread,
+    time::Duration,
+};
+
+use anyhow::{Context as _, Result};
+use serde_json::{Value, json};
+
+use crate::{
+    attachtime::wait_for_detaches,
+    demo::{signal, start_tracer, wait_stopped},
+    hosttax,
+};
+
+const LAUNCHES: u32 = 200_000;
+/// Launches per step of a real server shape (eager prefill of a large model).
+const PER_STEP: f64 = 800.0;
+/// Largest traced cost, as a multiple of one empty uprobe's.
+pub const LIMIT: f64 = 1.10;
+
+/// One shape: the workload's style, the library and function bpftrace
+/// probes.
+struct Shape {
+    name: &'static str,
+    style: &'static str,
+    library: &'static str,
+    function: &'static str,
+}
+
+const SHAPES: &[Shape] = &[
+    Shape {
+        name: "runtime over driver",
+        style: "stream",
+        library: "libcudart.so.12",
+        function: "cudaLaunchKernel",
+    },
+    Shape {
+        name: "driver",
+        style: "driver",
+        library: "libcuda.so.1",
+        function: "cuLaunchKernel",
+    },
+    Shape {
+        name: "graph",
+        style: "graph",
+        library: "libcudart.so.12",
+        function: "cudaGraphLaunch",
+    },
+];
+
+fn workload(root: &Path, shape: &Shape) -> Command {
+    let mut c = Command::new(root.join("target/fixtures/workload"));
+    c.args(["--style", shape.style])
+        .args(["--bench-launches", &LAUNCHES.to_string()]);
+    c
+}
+
+fn parse_ns(stdout: &[u8]) -> Result<f64> {
+    let text = String::from_utf8_lossy(stdout);
+    let line = text.lines().last().context("workload printed nothing")?;
+    let v: Value = serde_json::from_str(line)?;
+    v["ns_per_launch"].as_f64().context("no ns_per_launch")
+}
+
+fn untraced(root: &Path, shape: &Shape) -> Result<f64> {
+    parse_ns(&workload(root, shape).output()?.stdout)
+}
+
+/// Under bpftrace's empty program on the shape's launch function.
+fn empty_uprobe(root: &Path, shape: &Shape) -> Result<f64> {
+    let lib = root.join("target/fixtures").join(shape.library);
+    let mut bpftrace = Command::new("bpftrace")
+        .arg("-e")
+        .arg(format!("uprobe:{}:{} {{}}", lib.display(), shape.function))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting bpftrace (cargo xtask setup installs it)")?;
+    // bpftrace prints "Attaching 1 probe..." once it is live.
+    let mut line = String::new();
+    let stdout = bpftrace.stdout.take().context("bpftrace stdout")?;
+    std::io::BufReader::new(stdout).read_line(&mut line)?;
+    thread::sleep(Duration::from_millis(200));
+    let ns = untraced(root, shape);
+    signal(bpftrace.id(), "INT")?;
+    bpftrace.wait()?;
+    ns
+}
+
+/// Under `ttft-trace attach`, started while the workload is stopped.
+fn traced(root: &Path, shape: &Shape) -> Result<f64> {
+    let child = workload(root, shape)
+        .arg("--stop-before-work")
+        .stdout(Stdio::piped())
+        .spawn()?;
+    let pid = child.id();
+    wait_stopped(pid)?;
+    let args = ["--pid".into(), pid.to_string(), "--no-listen".into()];
+    let mut tracer = start_tracer(root, "attach", &args, "attached")?;
+    // The second library's probes follow the first's "attached" line.
+    thread::sleep(Duration::from_millis(300));
+    signal(pid, "CONT")?;
+    let out = child.wait_with_output()?;
+    tracer.wait()?;
+    wait_for_detaches()?;
+    parse_ns(&out.stdout)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Runs `rounds` rounds of every shape; returns the results and the shapes
+/// over the limit (reported, see the README's cost section).
+pub fn run(root: &Path, rounds: usize) -> Result<(Value, Vec<String>)> {
+    let mut rows = Vec::new();
+    let mut over = Vec::new();
+    let mut other = false;
+    for shape in SHAPES {
+        let (mut u, mut e, mut t) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            // Another tracer's uprobes on the same files would tax every
+            // setup, the untraced one too: wait (up to a minute) for it to go.
+            other |= hosttax::other_tracer(&BTreeSet::new(), Duration::from_secs(60))?;
+            u.push(untraced(root, shape)?);
+            e.push(empty_uprobe(root, shape)?);
+            t.push(traced(root, shape)?);
+        }
+        let (um, em, tm) = (median(u.clone()), median(e.clone()), median(t.clone()));
+        let (trap, added) = (em - um, tm - um);
+        let ratio = added / trap;
+        println!(
+            "launch, {}: {um:.0} ns untraced, +{trap:.0} ns one empty uprobe on {}, \
+             +{added:.0} ns traced ({ratio:.2} x the trap; {:.2} ms per step of {PER_STEP} launches)",
+            shape.name,
+            shape.function,
+            added * PER_STEP / 1e6
+        );
+        if ratio > LIMIT {
+            over.push(format!(
+                "a traced launch ({}) costs {ratio:.2} x one empty uprobe (limit {LIMIT})",
+                shape.name
+            ));
+        }
+        rows.push(json!({
+            "shape": shape.name, "function": shape.function,
+            "ns_untraced": um, "ns_empty_uprobe": em, "ns_traced": tm,
+            "added_ns_empty_uprobe": trap, "added_ns_traced": added, "ratio": ratio,
+            "added_ms_per_step": added * PER_STEP / 1e6, "launches_per_step": PER_STEP,
+            "runs_untraced": u, "runs_empty_uprobe": e, "runs_traced": t,
+        }));
+    }
+    if other {
+        println!("WARNING: another tracer was loaded during the launch runs: they are taxed by it");
+    }
+    let result = json!({
+        "launches": LAUNCHES, "rounds": rounds, "limit": LIMIT, "shapes": rows,
+        "other_tracer": other,
+    });
+    Ok((result, over))
+}
