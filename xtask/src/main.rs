@@ -8,6 +8,7 @@ mod hosttax;
 mod neighbour;
 mod process;
 mod run;
+mod scale;
 mod setup;
 mod soak;
 
@@ -57,12 +58,18 @@ enum Task {
         restart_s: u64,
     },
     /// Measure what untraced processes pay while the tracer runs (the host
-    /// tax, checked against +5 %), probe overhead per cudaLaunchKernel and
-    /// the event rate the daemon keeps up with; writes target/bench/*.json.
+    /// tax, checked against +5 %), probe overhead per cudaLaunchKernel, the
+    /// event rate the daemon keeps up with, and its RSS and CPU with 10 000
+    /// followed streaming connections (checked against 64 MiB, no event
+    /// lost); writes target/bench/*.json.
     Bench {
         /// Host tax only, one round of short runs (for CI).
         #[arg(long)]
         quick: bool,
+        /// The scale bench only (about 2 minutes): 1 000 then 10 000
+        /// streaming connections on loopback; target/bench/scale.json.
+        #[arg(long, conflicts_with = "quick")]
+        scale: bool,
     },
 }
 
@@ -89,9 +96,9 @@ fn main() -> anyhow::Result<()> {
             setup::setup()?;
             soak::soak(minutes, restart_s)
         }
-        Task::Bench { quick } => {
+        Task::Bench { quick, scale } => {
             setup::setup()?;
-            bench::bench(quick)
+            bench::bench(quick, scale)
         }
     }
 }
