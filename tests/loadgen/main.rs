@@ -3,16 +3,20 @@
 //! holds many keep-alive connections, both on loopback, bounded in count and
 //! in time.
 //!
-//!   loadgen serve --cudart PATH [--port 0] [--chunk-ms 50] [--step-us 1000]
+//!   loadgen serve --cudart PATH [--port 0] [--chunk-ms 50] [--engines 8] [--step-us 1000]
 //!   loadgen load --addr 127.0.0.1:PORT --connections N --seconds S [--max-tokens K]
+//!                [--steps-per-chunk N] [--stagger-s S]
 //!
-//! The server is shaped like a continuous-batching engine: one GPU thread
-//! runs a decode step (a kernel, the tokens' device-to-host copy, a stream
-//! synchronisation, on the stub CUDA runtime so that `ttft-trace attach`
-//! accepts and probes the process) every `--chunk-ms`, and every stream in
-//! flight sends one SSE chunk per step. So each connection receives one chunk
-//! per step (20 a second at 50 ms) for as long as the machine keeps up, and
-//! the GPU episodes stay at one per step whatever the number of streams.
+//! The server is shaped like a host of continuous-batching engines (`--engines`,
+//! as with that many GPUs): each engine runs a decode step (a kernel, the
+//! tokens' device-to-host copy, a stream synchronisation, on the stub CUDA
+//! runtime so that `ttft-trace attach` accepts and probes the process) every
+//! `--chunk-ms`, the engines' steps spread evenly over that period and run by
+//! one GPU thread, and every stream in flight on an engine sends one SSE
+//! chunk per step of it. So each connection receives one chunk per step (20
+//! a second at 50 ms) for as long as the machine keeps up, or one every
+//! `steps_per_chunk` steps when the request asks so, and the GPU episodes
+//! stay at one per step whatever the number of streams.
 //!
 //! Responses are HTTP/1.1 `Transfer-Encoding: chunked`, `text/event-stream`:
 //! the headers in one send, then one send per step with one chunk of
@@ -22,9 +26,10 @@
 //!
 //! The client connects all `--connections` first (at most 256 connects in
 //! flight), says so on a line of JSON, then each connection issues streamed
-//! requests back to back for `--seconds`; requests in flight at the end are
-//! finished, none is started after it. Its last line of JSON gives what was
-//! achieved: requests completed, chunks received in the window.
+//! requests back to back for `--seconds`, the first requests spread over
+//! `--stagger-s`; requests in flight at the end are finished, none is
+//! started after it. Its last line of JSON gives what was achieved:
+//! requests completed, chunks received in the window.
 
 use std::{
     ffi::{CString, c_void},
@@ -65,9 +70,15 @@ enum Mode {
         cudart: PathBuf,
         #[arg(long, default_value_t = 0)]
         port: u16,
-        /// Period of the decode step, hence of each stream's chunks.
+        /// Period of each engine's decode step, hence of each stream's
+        /// chunks.
         #[arg(long, default_value_t = 50)]
         chunk_ms: u64,
+        /// Engines (batches, as on a host with that many GPUs), each with
+        /// its share of the connections and its own step, their steps
+        /// spread evenly over the period.
+        #[arg(long, default_value_t = 8)]
+        engines: usize,
         /// Emulated device time of one step's kernel.
         #[arg(long, default_value_t = 1000)]
         step_us: u64,
@@ -84,6 +95,15 @@ enum Mode {
         /// Chunks per response (the request's `max_tokens`).
         #[arg(long, default_value_t = 100)]
         max_tokens: u64,
+        /// One chunk every this many decode steps of the server (the
+        /// request's `steps_per_chunk`): 4 at 50 ms steps is 5 a second.
+        #[arg(long, default_value_t = 1)]
+        steps_per_chunk: u64,
+        /// Spread the connections' first requests evenly over this many
+        /// seconds, so that requests arrive at a steady rate rather than
+        /// all at once (the window still starts at once).
+        #[arg(long, default_value_t = 0.0)]
+        stagger_s: f64,
     },
 }
 
@@ -220,21 +240,30 @@ impl Gpu {
     }
 }
 
-/// Runs a step every `period` and announces each on `tick`. A step that
-/// overruns its period is not made up for: the streams then get fewer
-/// chunks a second, which the client measures.
-fn gpu_loop(gpu: &Gpu, tick: &watch::Sender<u64>, period: Duration, step: Duration) -> Result<()> {
+/// Runs each engine's step every `period`, the engines in turn (one step
+/// every `period / engines`), and announces each on the engine's `ticks`.
+/// A step that overruns its time is not made up for: the streams then get
+/// fewer chunks a second, which the client measures.
+fn gpu_loop(
+    gpu: &Gpu,
+    ticks: &[watch::Sender<u64>],
+    period: Duration,
+    step: Duration,
+) -> Result<()> {
     let step_ns = u64::try_from(step.as_nanos()).context("step time")?;
+    let every = period / u32::try_from(ticks.len()).context("engines")?;
     let mut next = Instant::now();
     let mut n = 0u64;
     loop {
-        gpu.step(step_ns)?;
-        n += 1;
-        tick.send_replace(n);
-        next += period;
-        match next.checked_duration_since(Instant::now()) {
-            Some(wait) => std::thread::sleep(wait),
-            None => next = Instant::now(),
+        for tick in ticks {
+            gpu.step(step_ns)?;
+            n += 1;
+            tick.send_replace(n);
+            next += every;
+            match next.checked_duration_since(Instant::now()) {
+                Some(wait) => std::thread::sleep(wait),
+                None => next = Instant::now(),
+            }
         }
     }
 }
@@ -293,11 +322,11 @@ async fn serve_connection(mut s: TcpStream, mut tick: watch::Receiver<u64>) -> R
                 bail!("end of stream inside a body");
             }
         }
-        let tokens = serde_json::from_slice::<serde_json::Value>(&buf[head_len..][..body_len])
-            .ok()
-            .and_then(|v| v["max_tokens"].as_u64())
-            .unwrap_or(16)
-            .max(1);
+        let body = serde_json::from_slice::<serde_json::Value>(&buf[head_len..][..body_len])
+            .unwrap_or_default();
+        let tokens = body["max_tokens"].as_u64().unwrap_or(16).max(1);
+        // A stream slower than the steps: one token every n of them.
+        let stride = body["steps_per_chunk"].as_u64().unwrap_or(1).clamp(1, 1000);
         buf.drain(..head_len + body_len);
         if !found {
             s.write_all(NOT_FOUND).await?;
@@ -307,7 +336,9 @@ async fn serve_connection(mut s: TcpStream, mut tick: watch::Receiver<u64>) -> R
         // The first token comes from the first step after the arrival.
         tick.mark_unchanged();
         for i in 0..tokens {
-            tick.changed().await?;
+            for _ in 0..stride {
+                tick.changed().await?;
+            }
             out.clear();
             let data = format!(
                 "data: {{\"id\":\"cmpl-scale\",\"object\":\"text_completion\",\"model\":\"scale\",\
@@ -324,14 +355,21 @@ async fn serve_connection(mut s: TcpStream, mut tick: watch::Receiver<u64>) -> R
     Ok(())
 }
 
-async fn serve(cudart: &Path, port: u16, period: Duration, step: Duration) -> Result<()> {
+async fn serve(
+    cudart: &Path,
+    port: u16,
+    engines: usize,
+    period: Duration,
+    step: Duration,
+) -> Result<()> {
     let files = raise_nofile()?;
     let gpu = Gpu::load(cudart)?;
-    let (tick_tx, tick_rx) = watch::channel(0u64);
+    let (ticks, tick_rx): (Vec<_>, Vec<_>) =
+        (0..engines.max(1)).map(|_| watch::channel(0u64)).unzip();
     std::thread::Builder::new()
         .name("gpu".into())
         .spawn(move || {
-            if let Err(e) = gpu_loop(&gpu, &tick_tx, period, step) {
+            if let Err(e) = gpu_loop(&gpu, &ticks, period, step) {
                 eprintln!("loadgen serve: GPU thread: {e:#}");
                 std::process::exit(1);
             }
@@ -348,10 +386,14 @@ async fn serve(cudart: &Path, port: u16, period: Duration, step: Duration) -> Re
     );
     std::io::stdout().flush()?;
     let errors = Arc::new(AtomicU64::new(0));
+    let mut accepted = 0usize;
     loop {
         let (stream, _) = listener.accept().await?;
         stream.set_nodelay(true)?;
-        let (tick, errors) = (tick_rx.clone(), errors.clone());
+        // Connections go to the engines in turn.
+        let tick = tick_rx[accepted % tick_rx.len()].clone();
+        accepted = accepted.wrapping_add(1);
+        let errors = errors.clone();
         tokio::spawn(async move {
             // The first failure says what; the client counts them all.
             if let Err(e) = serve_connection(stream, tick).await
@@ -372,12 +414,20 @@ struct Tally {
     errors: AtomicU64,
 }
 
+/// The part of the run whose chunks give the rate achieved: every
+/// connection streaming (after the stagger), until the deadline.
+#[derive(Clone, Copy)]
+struct Window {
+    from: Instant,
+    deadline: Instant,
+}
+
 /// Reads one chunked SSE response from `s` (bytes already read are in
 /// `buf`); counts its token chunks. Bytes past the response stay in `buf`.
 async fn read_response(
     s: &mut TcpStream,
     buf: &mut Vec<u8>,
-    deadline: Instant,
+    window: Window,
     tally: &Tally,
 ) -> Result<()> {
     let head_len = read_head(s, buf)
@@ -412,17 +462,27 @@ async fn read_response(
         }
         if token {
             tally.chunks.fetch_add(1, Relaxed);
-            if Instant::now() < deadline {
+            let now = Instant::now();
+            if now >= window.from && now < window.deadline {
                 tally.chunks_in_window.fetch_add(1, Relaxed);
             }
         }
     }
 }
 
-/// Streamed requests back to back on one connection until `deadline`.
-async fn drive(mut s: TcpStream, deadline: Instant, max_tokens: u64, tally: &Tally) -> Result<()> {
+/// Streamed requests back to back on one connection from `first` until
+/// the window's deadline.
+async fn drive(
+    mut s: TcpStream,
+    first: Instant,
+    window: Window,
+    shape: Shape,
+    tally: &Tally,
+) -> Result<()> {
     let body = format!(
-        "{{\"model\":\"scale\",\"prompt\":\"Say something.\",\"max_tokens\":{max_tokens},\"stream\":true}}"
+        "{{\"model\":\"scale\",\"prompt\":\"Say something.\",\"max_tokens\":{},\
+         \"steps_per_chunk\":{},\"stream\":true}}",
+        shape.max_tokens, shape.steps_per_chunk
     );
     let request = format!(
         "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
@@ -430,15 +490,24 @@ async fn drive(mut s: TcpStream, deadline: Instant, max_tokens: u64, tally: &Tal
         body.len()
     );
     let mut buf = Vec::with_capacity(1024);
-    while Instant::now() < deadline {
+    tokio::time::sleep_until(first.into()).await;
+    while Instant::now() < window.deadline {
         s.write_all(request.as_bytes()).await?;
-        read_response(&mut s, &mut buf, deadline, tally).await?;
+        read_response(&mut s, &mut buf, window, tally).await?;
         tally.requests.fetch_add(1, Relaxed);
     }
     Ok(())
 }
 
-async fn load(addr: SocketAddr, connections: usize, seconds: f64, max_tokens: u64) -> Result<()> {
+/// What each request asks for, and when each connection's first goes.
+#[derive(Clone, Copy)]
+struct Shape {
+    max_tokens: u64,
+    steps_per_chunk: u64,
+    stagger_s: f64,
+}
+
+async fn load(addr: SocketAddr, connections: usize, seconds: f64, shape: Shape) -> Result<()> {
     // The connections and the runtime's own descriptors.
     let files = raise_nofile()?;
     if u64::try_from(connections)? + 64 > files {
@@ -479,12 +548,21 @@ async fn load(addr: SocketAddr, connections: usize, seconds: f64, max_tokens: u6
     let tally = Arc::new(Tally::default());
     let window = Duration::try_from_secs_f64(seconds)?;
     let start = Instant::now();
-    let deadline = start + window;
+    let stagger = Duration::try_from_secs_f64(shape.stagger_s)?;
+    if stagger >= window {
+        bail!("the stagger is not shorter than the run");
+    }
+    let window = Window {
+        from: start + stagger,
+        deadline: start + window,
+    };
     let mut running = JoinSet::new();
-    for s in streams {
+    let n = streams.len().max(1) as f64;
+    for (i, s) in streams.into_iter().enumerate() {
         let tally = tally.clone();
+        let first = start + Duration::try_from_secs_f64(shape.stagger_s * i as f64 / n)?;
         running.spawn(async move {
-            if let Err(e) = drive(s, deadline, max_tokens, &tally).await
+            if let Err(e) = drive(s, first, window, shape, &tally).await
                 && tally.errors.fetch_add(1, Relaxed) == 0
             {
                 eprintln!("loadgen load: a connection failed: {e:#}");
@@ -498,9 +576,11 @@ async fn load(addr: SocketAddr, connections: usize, seconds: f64, max_tokens: u6
         "{}",
         serde_json::json!({
             "connections": connections, "failed_connects": failed, "seconds": seconds,
-            "max_tokens": max_tokens, "elapsed_s": elapsed,
+            "max_tokens": shape.max_tokens, "steps_per_chunk": shape.steps_per_chunk,
+            "elapsed_s": elapsed,
             "requests": tally.requests.load(Relaxed), "chunks": tally.chunks.load(Relaxed),
-            "chunks_in_window": in_window, "chunks_per_s": in_window as f64 / seconds,
+            "chunks_in_window": in_window,
+            "chunks_per_s": in_window as f64 / (seconds - shape.stagger_s),
             "connection_errors": tally.errors.load(Relaxed),
         })
     );
@@ -517,10 +597,12 @@ fn main() -> Result<()> {
             cudart,
             port,
             chunk_ms,
+            engines,
             step_us,
         } => rt.block_on(serve(
             &cudart,
             port,
+            engines,
             Duration::from_millis(chunk_ms),
             Duration::from_micros(step_us),
         )),
@@ -529,6 +611,17 @@ fn main() -> Result<()> {
             connections,
             seconds,
             max_tokens,
-        } => rt.block_on(load(addr, connections, seconds, max_tokens)),
+            steps_per_chunk,
+            stagger_s,
+        } => rt.block_on(load(
+            addr,
+            connections,
+            seconds,
+            Shape {
+                max_tokens,
+                steps_per_chunk,
+                stagger_s,
+            },
+        )),
     }
 }
