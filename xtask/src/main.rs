@@ -66,7 +66,7 @@ enum Task {
         /// Host tax only, one round of short runs (for CI).
         #[arg(long)]
         quick: bool,
-        /// The scale bench only (about 2 minutes): 1 000 then 10 000
+        /// The scale bench only (about 4 minutes): 1 000 then 10 000
         /// streaming connections on loopback; target/bench/scale.json.
         #[arg(long, conflicts_with = "quick")]
         scale: bool,

@@ -1,9 +1,9 @@
 //! The tracer at scale (`cargo xtask bench --scale`, and part of the full
 //! `cargo xtask bench`): `ttft-trace attach` on the load generator's server
-//! (tests/loadgen/main.rs, loopback), which streams SSE chunks to every
-//! connection at one chunk per decode step (20 a second), with the client
-//! holding first 1 000 and then 10 000 keep-alive connections that issue
-//! streamed requests back to back, for a bounded time each.
+//! (tests/loadgen/main.rs, loopback), whose engines stream SSE chunks to
+//! every connection at one chunk per decode step, with the client holding
+//! 1 000 and then 10 000 keep-alive connections that issue streamed requests
+//! back to back, for a bounded time each (see [`FULL`]).
 //!
 //! Sampled every second: the tracer's RSS (`VmRSS`) and CPU time
 //! (`utime + stime`), the generator's CPU time and the machine's. Over each
@@ -11,8 +11,8 @@
 //! its RSS (median and largest), the chunks the client received a second
 //! (achieved, against the rate offered), the requests the client completed
 //! against those the tracer reports with a first token. Memory per
-//! connection is the difference of the median RSS of the two steps over the
-//! difference of their connections.
+//! connection is the difference of the median RSS of the first and the last
+//! checked steps over the difference of their connections.
 //!
 //! Fails when the tracer's peak RSS (`VmHWM`) passes 64 MiB, when an event is
 //! lost in the kernel, when a completed request is not traced (outcome `ok`
