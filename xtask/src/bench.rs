@@ -9,7 +9,10 @@
 //!   [`crate::attachtime`]), checked against 300 ms;
 //! - what a process outside the traced tree that maps the same CUDA
 //!   libraries pays per launch (see [`crate::neighbour`]), checked against
-//!   the host tax's +5 %.
+//!   the host tax's +5 %;
+//! - the tracer's RSS and CPU with 10 000 followed streaming connections
+//!   (see [`crate::scale`]), checked against 64 MiB and no event lost; also
+//!   alone with `--only scale`.
 //!
 //! `--quick` (for CI: well under a minute once built) runs the host tax,
 //! one attach and detach and one neighbour round, one round of short runs: it shows the bench
@@ -26,14 +29,16 @@ use crate::{
     demo::{build_all, signal, start_tracer, wait_stopped},
     hosttax, launchtrap, neighbour,
     process::{output, repo_root},
+    scale,
 };
 
 const RUNS: usize = 5;
 
 /// Runs `episodes` one-launch episodes with no device time and no gap, as
 /// fast as the stub allows, and returns (episodes/s offered, episodes seen,
-/// events lost) from the tracer's closing JSONL totals.
-fn event_rate(root: &std::path::Path, episodes: u32, ringbuf: u32) -> Result<(f64, u64, u64)> {
+/// events lost) from the tracer's closing JSONL totals, and the tracer's
+/// peak RSS in KiB while the workload ran.
+fn event_rate(root: &std::path::Path, episodes: u32, ringbuf: u32) -> Result<(f64, u64, u64, u64)> {
     let bin = root.join("target/fixtures/workload");
     let mut child = Command::new(&bin)
         .args([
@@ -75,7 +80,13 @@ fn event_rate(root: &std::path::Path, episodes: u32, ringbuf: u32) -> Result<(f6
     )?;
     let start = std::time::Instant::now();
     signal(pid, "CONT")?;
-    child.wait()?;
+    // VmHWM only grows: its last reading before the workload ends is the
+    // peak at that rate (the tracer exits soon after its target).
+    let mut hwm_kib = 0;
+    while child.try_wait()?.is_none() {
+        hwm_kib = scale::status_kib(tracer.id(), "VmHWM:")?;
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     let secs = start.elapsed().as_secs_f64();
     tracer.wait()?;
     let text = std::fs::read_to_string(&jsonl)?;
@@ -86,7 +97,7 @@ fn event_rate(root: &std::path::Path, episodes: u32, ringbuf: u32) -> Result<(f6
         .context("no totals line in the tracer's JSONL")?;
     let seen = totals["episodes_ok"].as_u64().unwrap_or(0);
     let lost = totals["events_lost"].as_u64().unwrap_or(0);
-    Ok((f64::from(episodes) / secs, seen, lost))
+    Ok((f64::from(episodes) / secs, seen, lost, hwm_kib))
 }
 
 /// Writes `value` to target/bench/`name`.
@@ -122,6 +133,9 @@ pub enum Part {
     Neighbour,
     /// A traced launch against one empty uprobe (see [`crate::launchtrap`]).
     Launches,
+    /// The tracer at scale, about 4 minutes: 1 000 then 10 000 streaming
+    /// connections on loopback (see [`crate::scale`]).
+    Scale,
 }
 
 pub fn bench(quick: bool, only: Option<Part>) -> Result<()> {
@@ -131,6 +145,7 @@ pub fn bench(quick: bool, only: Option<Part>) -> Result<()> {
         let (name, (value, failures)) = match part {
             Part::Neighbour => ("neighbour.json", neighbour::run(&root, RUNS)?),
             Part::Launches => ("launches.json", launchtrap::run(&root, RUNS)?),
+            Part::Scale => ("scale.json", scale::run(&root, &scale::FULL)?),
         };
         write_result(&root, name, &value)?;
         if !verdict(&failures) {
@@ -166,12 +181,13 @@ pub fn bench(quick: bool, only: Option<Part>) -> Result<()> {
     tax_failures.extend(over);
     let mut rates = Vec::new();
     for (episodes, ringbuf) in [(200_000u32, 1u32 << 22), (200_000, 1 << 16)] {
-        let (rate, seen, lost) = event_rate(&root, episodes, ringbuf)?;
+        let (rate, seen, lost, hwm_kib) = event_rate(&root, episodes, ringbuf)?;
         println!(
-            "episodes offered at {rate:.0}/s with a {} KiB ring buffer: {seen} seen, {lost} lost",
+            "episodes offered at {rate:.0}/s with a {} KiB ring buffer: {seen} seen, {lost} lost; \
+             tracer peak RSS {hwm_kib} KiB",
             ringbuf / 1024
         );
-        rates.push(json!({"episodes": episodes, "ringbuf_bytes": ringbuf, "offered_per_s": rate, "seen": seen, "lost": lost}));
+        rates.push(json!({"episodes": episodes, "ringbuf_bytes": ringbuf, "offered_per_s": rate, "seen": seen, "lost": lost, "tracer_rss_kib_peak": hwm_kib}));
     }
     let pipeline = output(Command::new("cargo").current_dir(&root).args([
         "bench",
@@ -204,8 +220,12 @@ pub fn bench(quick: bool, only: Option<Part>) -> Result<()> {
             .unwrap_or(f64::NAN),
         discovery["cold_pass_ms"].as_f64().unwrap_or(f64::NAN),
     );
+    let (scale, scale_failures) = scale::run(&root, &scale::FULL)?;
+    write_result(&root, "scale.json", &scale)?;
+    tax_failures.extend(scale_failures);
     let results = json!({
         "host_tax": tax,
+        "scale": scale,
         "attach_detach": attach,
         "neighbour_launch": neighbour,
         "userspace_pipeline": pipeline,

@@ -9,6 +9,7 @@ mod launchtrap;
 mod neighbour;
 mod process;
 mod run;
+mod scale;
 mod setup;
 mod soak;
 
@@ -60,8 +61,9 @@ enum Task {
     /// Measure what untraced processes pay while the tracer runs (the host
     /// tax and a neighbour mapping the same libraries, checked against
     /// +5 %), a traced launch against one empty uprobe (1.10 x), attach and
-    /// detach times and the event rate the daemon keeps up with; writes
-    /// target/bench/*.json.
+    /// detach times, the event rate the daemon keeps up with, and its RSS
+    /// and CPU with 10 000 followed streaming connections (64 MiB, no event
+    /// lost); writes target/bench/*.json.
     Bench {
         /// Host tax only, one round of short runs (for CI).
         #[arg(long)]

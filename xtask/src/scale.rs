@@ -1,0 +1,522 @@
+//! The tracer at scale (`cargo xtask bench --only scale`, and part of the full
+//! `cargo xtask bench`): `ttft-trace attach` on the load generator's server
+//! (tests/loadgen/main.rs, loopback), whose engines stream SSE chunks to
+//! every connection at one chunk per decode step, with the client holding
+//! 1 000 and then 10 000 keep-alive connections that issue streamed requests
+//! back to back, for a bounded time each (see [`FULL`]).
+//!
+//! Sampled every second: the tracer's RSS (`VmRSS`) and CPU time
+//! (`utime + stime`), the generator's CPU time and the machine's. Over each
+//! step's window (after a warm-up): the tracer's CPU as a share of one core,
+//! its RSS (median and largest), the chunks the client received a second
+//! (achieved, against the rate offered), the requests the client completed
+//! against those the tracer reports with a first token. Memory per
+//! connection is the difference of the median RSS of the first and the last
+//! checked steps over the difference of their connections.
+//!
+//! Fails when the tracer's peak RSS (`VmHWM`) passes 64 MiB, when an event is
+//! lost in the kernel, when a completed request is not traced (outcome `ok`
+//! and a first token, exactly as many as the client completed), when a
+//! bounded table drops an entry, or when the generator could not hold its
+//! connections. A machine too small to offer the full rate is not a
+//! failure of the tracer: the rate achieved is reported beside the one
+//! offered, and the figures hold for that rate.
+
+use std::{
+    io::{BufRead, BufReader, Read as _},
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    process::{Child, ChildStdout, Command, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+use serde_json::{Value, json};
+
+use crate::{
+    demo::{free_addr, scrape, signal, start_tracer},
+    process::{cmd, output},
+};
+
+/// The most the tracer may hold, in KiB.
+pub const RSS_LIMIT_KIB: u64 = 64 * 1024;
+
+/// One step of load.
+pub struct Step {
+    pub connections: u64,
+    /// One chunk every this many decode steps of the server.
+    pub steps_per_chunk: u64,
+    /// Whether the thresholds apply: false for a step that the machine is
+    /// known not to be able to offer (its figures are reported).
+    pub checked: bool,
+}
+
+pub struct Plan {
+    /// The steps, checked ones first, connections in increasing order.
+    pub steps: &'static [Step],
+    /// Seconds of load per step.
+    pub seconds: f64,
+    /// Seconds over which the connections' first requests are spread.
+    pub stagger_s: f64,
+    /// Seconds at the start of each step's load left out of its figures
+    /// (past the stagger).
+    pub warmup_s: f64,
+    /// The server's engines, whose steps are spread over the chunk period.
+    pub engines: u64,
+    /// Chunks per streamed response.
+    pub max_tokens: u64,
+    /// Period of the server's decode step, hence of each stream's chunks.
+    pub chunk_ms: u64,
+}
+
+/// 1 000 connections at 20 chunks a second, 10 000 at 5 a second (50 000
+/// chunks a second: what this 2-core machine drives with the tracer beside
+/// it), then 10 000 at 20 a second, reported but not checked: the generator
+/// alone takes both cores and reaches half that rate. 30 s each; responses
+/// of 100 chunks, so each connection issues requests back to back through
+/// the window.
+pub const FULL: Plan = Plan {
+    steps: &[
+        Step {
+            connections: 1_000,
+            steps_per_chunk: 1,
+            checked: true,
+        },
+        Step {
+            connections: 10_000,
+            steps_per_chunk: 4,
+            checked: true,
+        },
+        Step {
+            connections: 10_000,
+            steps_per_chunk: 1,
+            checked: false,
+        },
+    ],
+    seconds: 30.0,
+    stagger_s: 5.0,
+    warmup_s: 6.0,
+    engines: 8,
+    max_tokens: 100,
+    chunk_ms: 50,
+};
+
+/// A child killed when dropped: an error part-way leaves no process behind.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// CPU time of a process (user + system), in clock ticks.
+fn cpu_ticks(pid: u32) -> Result<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command name, which may hold spaces: state is the
+    // 3rd field of stat, utime and stime the 14th and 15th.
+    let rest = stat.rsplit_once(')').context("/proc/PID/stat")?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let field = |i: usize| -> Result<u64> {
+        Ok(fields.get(i - 3).context("short /proc/PID/stat")?.parse()?)
+    };
+    Ok(field(14)? + field(15)?)
+}
+
+/// A `Vm*` line of /proc/PID/status, in KiB.
+pub fn status_kib(pid: u32, key: &str) -> Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .with_context(|| format!("no {key} for pid {pid}"))
+}
+
+/// The machine's busy and total CPU time (all CPUs), in clock ticks.
+fn machine_ticks() -> Result<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat")?;
+    let line = stat.lines().next().context("/proc/stat")?;
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    let total: u64 = v.iter().sum();
+    // idle and iowait.
+    let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
+    Ok((total - idle, total))
+}
+
+/// One reading, every second of a step.
+#[derive(Clone, Copy)]
+struct Sample {
+    t: Instant,
+    rss_kib: u64,
+    tracer: u64,
+    server: u64,
+    client: u64,
+    machine_busy: u64,
+    machine_total: u64,
+}
+
+fn sample(tracer: u32, server: u32, client: u32) -> Result<Sample> {
+    let (machine_busy, machine_total) = machine_ticks()?;
+    Ok(Sample {
+        t: Instant::now(),
+        rss_kib: status_kib(tracer, "VmRSS:")?,
+        tracer: cpu_ticks(tracer)?,
+        server: cpu_ticks(server)?,
+        // The client may have just exited: its time is then not counted.
+        client: cpu_ticks(client).unwrap_or(0),
+        machine_busy,
+        machine_total,
+    })
+}
+
+/// Sum of the series of `name` (`name{...} v` or `name v`) whose labels
+/// contain `labels`.
+fn metric(body: &str, name: &str, labels: &str) -> u64 {
+    body.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|r| r.starts_with('{') || r.starts_with(' '))
+                && l.contains(labels)
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+/// The tracer's counters that the bench checks.
+#[derive(Clone, Copy, Default)]
+struct Counters {
+    requests_ok: u64,
+    requests_all: u64,
+    first_tokens: u64,
+    events_lost: u64,
+    evictions: u64,
+}
+
+fn counters(metrics: SocketAddr) -> Result<Counters> {
+    let body = scrape(metrics).context("scraping the tracer's /metrics")?;
+    Ok(Counters {
+        requests_ok: metric(&body, "ttft_trace_requests_total", "outcome=\"ok\""),
+        requests_all: metric(&body, "ttft_trace_requests_total", ""),
+        first_tokens: metric(&body, "ttft_trace_time_to_first_token_seconds_count", ""),
+        events_lost: metric(&body, "ttft_trace_events_lost_total", ""),
+        evictions: metric(&body, "ttft_trace_table_evictions_total", ""),
+    })
+}
+
+fn read_json_line(out: &mut BufReader<ChildStdout>, what: &str) -> Result<Value> {
+    let mut line = String::new();
+    out.read_line(&mut line)?;
+    serde_json::from_str(&line).with_context(|| format!("{what}: {line:?}"))
+}
+
+/// `ticks` of CPU over `secs`, as a percentage of one core.
+fn percent(ticks: u64, secs: f64, hz: f64) -> f64 {
+    ticks as f64 / hz / secs * 100.0
+}
+
+fn median(mut v: Vec<u64>) -> u64 {
+    v.sort_unstable();
+    v.get(v.len() / 2).copied().unwrap_or(0)
+}
+
+struct Setup<'a> {
+    root: &'a Path,
+    loadgen: PathBuf,
+    server: &'a Child,
+    addr: &'a str,
+    tracer: u32,
+    metrics: SocketAddr,
+    hz: f64,
+}
+
+/// One step: `connections` held for the plan's time; returns its figures
+/// and what failed.
+fn step(s: &Setup, plan: &Plan, load: &Step) -> Result<(Value, Vec<String>)> {
+    let connections = load.connections;
+    let before = counters(s.metrics)?;
+    let mut client = Killed(
+        Command::new(&s.loadgen)
+            .args(["load", "--addr", s.addr])
+            .args(["--connections", &connections.to_string()])
+            .args(["--seconds", &plan.seconds.to_string()])
+            .args(["--max-tokens", &plan.max_tokens.to_string()])
+            .args(["--steps-per-chunk", &load.steps_per_chunk.to_string()])
+            .args(["--stagger-s", &plan.stagger_s.to_string()])
+            .current_dir(s.root)
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("starting loadgen load")?,
+    );
+    let mut out = BufReader::new(client.0.stdout.take().context("loadgen stdout")?);
+    let connected = read_json_line(&mut out, "loadgen's connect line")?;
+    let t0 = Instant::now();
+    let (from, to) = (
+        t0 + Duration::from_secs_f64(plan.warmup_s),
+        t0 + Duration::from_secs_f64(plan.seconds),
+    );
+    let (server, client_pid) = (s.server.id(), client.0.id());
+    let mut samples = Vec::new();
+    while client.0.try_wait()?.is_none() {
+        samples.push(sample(s.tracer, server, client_pid)?);
+        thread::sleep(Duration::from_secs(1));
+    }
+    let mut rest = String::new();
+    out.read_to_string(&mut rest)?;
+    let done: Value = serde_json::from_str(rest.lines().last().unwrap_or(""))
+        .with_context(|| format!("loadgen's summary: {rest:?}"))?;
+    let completed = done["requests"].as_u64().context("loadgen: requests")?;
+    // A request's line waits for the client's ACK of its first token (up
+    // to 5 s): poll until the tracer has them all, or stops counting.
+    let mut after = counters(s.metrics)?;
+    let settle = Instant::now() + Duration::from_secs(15);
+    while after.requests_all.saturating_sub(before.requests_all) < completed
+        && Instant::now() < settle
+    {
+        thread::sleep(Duration::from_millis(500));
+        after = counters(s.metrics)?;
+    }
+    let window: Vec<Sample> = samples
+        .iter()
+        .copied()
+        .filter(|x| x.t >= from && x.t <= to)
+        .collect();
+    let (Some(first), Some(last)) = (window.first(), window.last()) else {
+        bail!("no sample in the window of {connections} connections");
+    };
+    let secs = (last.t - first.t).as_secs_f64();
+    if secs < 1.0 {
+        bail!("the window of {connections} connections is shorter than a second");
+    }
+    let rss: Vec<u64> = window.iter().map(|x| x.rss_kib).collect();
+    let rss_max = rss.iter().copied().max().unwrap_or(0);
+    let rss_median = median(rss);
+    let cpu = percent(last.tracer - first.tracer, secs, s.hz);
+    let server_cpu = percent(last.server - first.server, secs, s.hz);
+    let client_cpu = percent(last.client.saturating_sub(first.client), secs, s.hz);
+    let machine = (last.machine_busy - first.machine_busy) as f64
+        / (last.machine_total - first.machine_total).max(1) as f64
+        * 100.0;
+    let held = connected["connected"].as_u64().unwrap_or(0);
+    let offered = held as f64 * 1000.0 / (plan.chunk_ms * load.steps_per_chunk) as f64;
+    let achieved = done["chunks_per_s"].as_f64().unwrap_or(0.0);
+    // The tracer's CPU per chunk streamed (one send of the server each).
+    let us_per_chunk = cpu / 100.0 / achieved * 1e6;
+    let traced_ok = after.requests_ok.saturating_sub(before.requests_ok);
+    let traced_all = after.requests_all.saturating_sub(before.requests_all);
+    let first_tokens = after.first_tokens.saturating_sub(before.first_tokens);
+    let lost = after.events_lost.saturating_sub(before.events_lost);
+    let evicted = after.evictions.saturating_sub(before.evictions);
+    println!(
+        "scale: {held} connections, {achieved:.0} chunks/s received of {offered:.0} offered \
+         ({:.0} %); {completed} requests completed, {traced_ok} traced ok, {first_tokens} with a \
+         first token; tracer RSS {rss_median} KiB (max {rss_max}), CPU {cpu:.1} % of a core \
+         ({us_per_chunk:.2} µs a chunk); \
+         generator {server_cpu:.0} % + {client_cpu:.0} %, machine {machine:.0} % busy; \
+         {lost} events lost",
+        achieved / offered * 100.0
+    );
+    let mut failures = Vec::new();
+    let failed_connects = done["failed_connects"].as_u64().unwrap_or(0);
+    let connection_errors = done["connection_errors"].as_u64().unwrap_or(0);
+    if held != connections || failed_connects + connection_errors > 0 {
+        failures.push(format!(
+            "scale: the generator held {held} of {connections} connections \
+             ({failed_connects} failed connects, {connection_errors} connection errors)"
+        ));
+    }
+    if traced_ok != completed || first_tokens != completed || traced_all != completed {
+        failures.push(format!(
+            "scale at {connections}: {completed} requests completed by the client, the tracer \
+             reports {traced_all} ({traced_ok} ok, {first_tokens} with a first token)"
+        ));
+    }
+    if lost > 0 {
+        failures.push(format!("scale at {connections}: {lost} events lost"));
+    }
+    if evicted > 0 {
+        failures.push(format!(
+            "scale at {connections}: {evicted} entries evicted from bounded tables"
+        ));
+    }
+    let result = json!({
+        "connections": held, "checked": load.checked, "seconds": plan.seconds, "window_s": secs,
+        "chunks_per_s_offered": offered, "chunks_per_s_achieved": achieved,
+        "requests_completed": completed, "requests_traced": traced_all,
+        "requests_traced_ok": traced_ok, "requests_with_first_token": first_tokens,
+        "events_lost": lost, "table_evictions": evicted,
+        "tracer_rss_kib_median": rss_median, "tracer_rss_kib_max": rss_max,
+        "tracer_cpu_percent_of_core": cpu, "tracer_cpu_us_per_chunk": us_per_chunk,
+        "server_cpu_percent_of_core": server_cpu, "client_cpu_percent_of_core": client_cpu,
+        "machine_busy_percent": machine,
+        "loadgen": done, "connect": connected,
+    });
+    Ok((result, failures))
+}
+
+/// Runs the plan; returns the results and the threshold failures.
+pub fn run(root: &Path, plan: &Plan) -> Result<(Value, Vec<String>)> {
+    // Release: a debug client would not offer the rate.
+    cmd(Command::new("cargo").current_dir(root).args([
+        "build",
+        "--release",
+        "-p",
+        "ttft-trace-tests",
+        "--bin",
+        "loadgen",
+    ]))?;
+    let hz: f64 = output(Command::new("getconf").arg("CLK_TCK"))?
+        .trim()
+        .parse()
+        .context("getconf CLK_TCK")?;
+    let loadgen = root.join("target/release/loadgen");
+    let mut server = Killed(
+        Command::new(&loadgen)
+            .arg("serve")
+            .arg("--cudart")
+            .arg(root.join("target/fixtures/libcudart.so.12"))
+            .args(["--chunk-ms", &plan.chunk_ms.to_string()])
+            .args(["--engines", &plan.engines.to_string()])
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("starting loadgen serve")?,
+    );
+    let mut line = String::new();
+    BufReader::new(server.0.stdout.take().context("server stdout")?).read_line(&mut line)?;
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .with_context(|| format!("loadgen serve did not say where it listens: {line:?}"))?
+        .to_string();
+    let metrics = free_addr()?;
+    let jsonl = root.join("target/bench/scale.jsonl");
+    std::fs::create_dir_all(root.join("target/bench"))?;
+    let _ = std::fs::remove_file(&jsonl);
+    let tracer = Killed(start_tracer(
+        root,
+        "attach",
+        &[
+            "--pid".into(),
+            server.0.id().to_string(),
+            "--listen".into(),
+            metrics.to_string(),
+            "--jsonl".into(),
+            jsonl.display().to_string(),
+            "--interval".into(),
+            "3600".into(),
+            "--no-nvml".into(),
+        ],
+        "attached",
+    )?);
+    let tracer_pid = tracer.0.id();
+    thread::sleep(Duration::from_secs(2));
+    let idle_kib = status_kib(tracer_pid, "VmRSS:")?;
+    // Starting (BTF, the libraries' symbol tables) has its own peak.
+    let idle_hwm_kib = status_kib(tracer_pid, "VmHWM:")?;
+    println!(
+        "scale: tracer RSS {idle_kib} KiB attached, no connection (peak so far {idle_hwm_kib} KiB)"
+    );
+    let setup = Setup {
+        root,
+        loadgen,
+        server: &server.0,
+        addr: &addr,
+        tracer: tracer_pid,
+        metrics,
+        hz,
+    };
+    let mut steps = Vec::new();
+    let mut failures = Vec::new();
+    let mut findings = Vec::new();
+    // The peak RSS of the checked steps: read before the first unchecked.
+    let mut hwm_kib = None;
+    for load in plan.steps {
+        if !load.checked && hwm_kib.is_none() {
+            hwm_kib = Some(status_kib(tracer_pid, "VmHWM:")?);
+        }
+        let (result, f) = step(&setup, plan, load)?;
+        if load.checked {
+            failures.extend(f);
+        } else {
+            for f in &f {
+                println!("not checked: {f}");
+            }
+            findings.extend(f);
+        }
+        steps.push(result);
+    }
+    let hwm_end_kib = status_kib(tracer_pid, "VmHWM:")?;
+    let hwm_kib = hwm_kib.unwrap_or(hwm_end_kib);
+    // The tracer ends when its target does, with the totals line.
+    signal(server.0.id(), "TERM")?;
+    let _ = server.0.wait();
+    let mut tracer = tracer;
+    let _ = tracer.0.wait();
+    let text = std::fs::read_to_string(&jsonl)?;
+    let totals: Value = text
+        .lines()
+        .rev()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["type"] == "totals")
+        .context("no totals line in the tracer's JSONL")?;
+    // A request line a connection: the file is large and said all it had
+    // to in the totals.
+    let _ = std::fs::remove_file(&jsonl);
+    // Over the whole run, the unchecked step's included (each step's own
+    // losses are checked above).
+    let events_lost = totals["events_lost"].as_u64().unwrap_or(0);
+    let refused: u64 = totals["request_stats"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|w| w["stats"]["connections_refused"].as_u64())
+        .sum();
+    if hwm_kib > RSS_LIMIT_KIB {
+        failures.push(format!(
+            "scale: the tracer's peak RSS is {hwm_kib} KiB, over {RSS_LIMIT_KIB} KiB"
+        ));
+    }
+    if refused > 0 {
+        failures.push(format!(
+            "scale: {refused} connections refused by the correlator"
+        ));
+    }
+    // Memory per connection: between the first and the last checked step.
+    let figure = |v: Option<&Value>, key: &str| v.and_then(|v| v[key].as_u64()).unwrap_or(0);
+    let checked: Vec<&Value> = steps.iter().filter(|v| v["checked"] == true).collect();
+    let (lo, hi) = (checked.first().copied(), checked.last().copied());
+    let (conns_lo, conns_hi) = (figure(lo, "connections"), figure(hi, "connections"));
+    let (rss_lo, rss_hi) = (
+        figure(lo, "tracer_rss_kib_median"),
+        figure(hi, "tracer_rss_kib_median"),
+    );
+    let per_conn_bytes = if conns_hi > conns_lo {
+        (rss_hi as f64 - rss_lo as f64) * 1024.0 / (conns_hi - conns_lo) as f64
+    } else {
+        f64::NAN
+    };
+    println!(
+        "scale: tracer peak RSS {hwm_kib} KiB over the checked steps (limit {RSS_LIMIT_KIB}), \
+         {hwm_end_kib} KiB at the end; {per_conn_bytes:.0} bytes per connection ({conns_lo} -> \
+         {conns_hi} connections); {events_lost} events lost in all"
+    );
+    let result = json!({
+        "plan": {"seconds": plan.seconds, "stagger_s": plan.stagger_s,
+                 "warmup_s": plan.warmup_s, "engines": plan.engines,
+                 "max_tokens": plan.max_tokens, "chunk_ms": plan.chunk_ms},
+        "tracer_rss_kib_idle": idle_kib, "tracer_rss_kib_peak_idle": idle_hwm_kib,
+        "tracer_rss_kib_peak": hwm_kib,
+        "tracer_rss_kib_peak_end": hwm_end_kib, "not_checked": findings,
+        "rss_limit_kib": RSS_LIMIT_KIB, "bytes_per_connection": per_conn_bytes,
+        "events_lost": events_lost, "connections_refused": refused,
+        "steps": steps, "totals": totals,
+    });
+    Ok((result, failures))
+}
