@@ -1,4 +1,4 @@
-//! The load generator of the scale bench (`cargo xtask bench --scale`, see
+//! The load generator of the scale bench (`cargo xtask bench --only scale`, see
 //! xtask/src/scale.rs): a streaming completion server and a client that
 //! holds many keep-alive connections, both on loopback, bounded in count and
 //! in time.
