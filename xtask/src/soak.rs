@@ -4,7 +4,9 @@
 //! two requests, and a 4 KiB ring buffer so that the kernel drops events;
 //! a short CUDA process of another tenant (untraced) runs every 5 s.
 //! Sampled every 5 s: the daemon's RSS, open files, probe attachments (a
-//! perf event or BPF link each), and the entries of its kernel maps. After a warm-up of
+//! perf event or BPF link each), and the entries of its kernel maps (in the
+//! maps keyed by a process or thread id, those of ids that are gone: a
+//! live server's threads are state in use). After a warm-up of
 //! two restarts, each may grow by at most 10 % (the figure is the floor of
 //! the last fifth of the samples against that of the first fifth after the
 //! warm-up); losses are counted, not failures. Writes target/soak/results.json.
@@ -100,8 +102,36 @@ fn stop(mut child: Child) {
     let _ = child.wait();
 }
 
+/// The kernel maps keyed by a process or thread id: their entries for live
+/// ids are state in use (a server's threads), so only the entries of ids
+/// that no longer exist count; what leaks is what outlives its process or
+/// thread.
+const PER_ID_MAPS: &[&str] = &[
+    "ANNOUNCED",
+    "COUNTERS",
+    "EXITED",
+    "SCHED_STATE",
+    "SCHED_TOTALS",
+    "SEND_ARGS",
+    "THREADS",
+    "TRACKED",
+];
+
+/// The id of a `bpftool -j map dump` entry's key (a u32, as hex bytes in
+/// the host's order).
+fn key_id(entry: &Value) -> Option<u32> {
+    let bytes: Vec<u8> = entry["key"]
+        .as_array()?
+        .iter()
+        .map(|b| u8::from_str_radix(b.as_str()?.trim_start_matches("0x"), 16).ok())
+        .collect::<Option<_>>()?;
+    Some(u32::from_ne_bytes(bytes.get(..4)?.try_into().ok()?))
+}
+
 /// Entries of the kernel maps `pid` holds (their ids from the fds'
-/// fdinfo), by map name, except the ring buffer, whose size is in bytes.
+/// fdinfo), by map name, except the ring buffer, whose size is in bytes;
+/// in the maps keyed by a process or thread id, only the entries of ids
+/// that are gone (see [`PER_ID_MAPS`]).
 fn map_entries(pid: u32, map_ids: &[u64]) -> Result<BTreeMap<String, u64>> {
     let mut by_name = BTreeMap::new();
     for id in map_ids {
@@ -116,7 +146,16 @@ fn map_entries(pid: u32, map_ids: &[u64]) -> Result<BTreeMap<String, u64>> {
                 .with_context(|| format!("dumping map {id} of pid {pid}"))?;
         let dump: Value = serde_json::from_str(&dump).unwrap_or(Value::Null);
         let name = show["name"].as_str().unwrap_or("?").to_string();
-        *by_name.entry(name).or_default() += dump.as_array().map_or(0, |a| a.len() as u64);
+        let entries = dump.as_array().map(Vec::as_slice).unwrap_or_default();
+        let count = if PER_ID_MAPS.contains(&name.as_str()) {
+            entries
+                .iter()
+                .filter(|e| key_id(e).is_none_or(|id| !Path::new(&format!("/proc/{id}")).exists()))
+                .count()
+        } else {
+            entries.len()
+        };
+        *by_name.entry(name).or_default() += count as u64;
     }
     Ok(by_name)
 }
