@@ -328,27 +328,49 @@ pub fn wait_for_detach(stderr_lines: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// BPF links of uprobes on this host: perf-event links whose program is of
-/// the kprobe type (as uprobe programs are), from `bpftool` (installed by
-/// `cargo xtask setup`). This bpftool does not name the probed file.
-pub fn uprobe_links() -> Result<usize> {
-    let bpftool = |what: &str| -> Result<serde_json::Value> {
-        let out = Command::new("bpftool")
-            .args([what, "show", "--json"])
-            .output()
-            .context("bpftool")?;
-        anyhow::ensure!(out.status.success(), "bpftool {what} show failed");
-        Ok(serde_json::from_slice(&out.stdout)?)
-    };
-    let progs = bpftool("prog")?;
-    let uprobe_progs: Vec<u64> = progs
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|p| p["type"] == "kprobe")
-        .filter_map(|p| p["id"].as_u64())
-        .collect();
-    let links = bpftool("link")?;
+/// The uprobe programs (kprobe type) process `pid` holds, by id, from the
+/// kernel's fdinfo of its descriptors.
+pub fn uprobe_programs(pid: u32) -> Result<std::collections::BTreeSet<u64>> {
+    let mut ids = std::collections::BTreeSet::new();
+    for fd in std::fs::read_dir(format!("/proc/{pid}/fd"))? {
+        let fd = fd?;
+        let is_prog = std::fs::read_link(fd.path())
+            .is_ok_and(|l| l.to_string_lossy() == "anon_inode:bpf-prog");
+        if !is_prog {
+            continue;
+        }
+        let info = std::fs::read_to_string(format!(
+            "/proc/{pid}/fdinfo/{}",
+            fd.file_name().to_string_lossy()
+        ))?;
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+                .map(str::trim)
+        };
+        // BPF_PROG_TYPE_KPROBE, which uprobe programs are.
+        if field("prog_type") == Some("2")
+            && let Some(id) = field("prog_id").and_then(|v| v.parse().ok())
+        {
+            ids.insert(id);
+        }
+    }
+    anyhow::ensure!(!ids.is_empty(), "process {pid} holds no uprobe program");
+    Ok(ids)
+}
+
+/// BPF links of the uprobes of `programs` (see [`uprobe_programs`]) on this
+/// host, however their holder ended (a `ttft-detach` child holds them past
+/// the tracer's exit): perf-event links with one of those programs, from
+/// `bpftool` (installed by `cargo xtask setup`). Another tracer on the host
+/// does not count.
+pub fn uprobe_links(programs: &std::collections::BTreeSet<u64>) -> Result<usize> {
+    let out = Command::new("bpftool")
+        .args(["link", "show", "--json"])
+        .output()
+        .context("bpftool")?;
+    anyhow::ensure!(out.status.success(), "bpftool link show failed");
+    let links: serde_json::Value = serde_json::from_slice(&out.stdout)?;
     Ok(links
         .as_array()
         .into_iter()
@@ -357,7 +379,7 @@ pub fn uprobe_links() -> Result<usize> {
         .filter(|l| {
             l["prog_id"]
                 .as_u64()
-                .is_some_and(|id| uprobe_progs.contains(&id))
+                .is_some_and(|id| programs.contains(&id))
         })
         .count())
 }

@@ -3,16 +3,19 @@
 //! processes come and go does not keep probes on files no one uses, and
 //! attaches again when a process maps the file anew.
 
-use std::time::{Duration, Instant};
+use std::{
+    collections::BTreeSet,
+    time::{Duration, Instant},
+};
 
-use anyhow::{Result, ensure};
+use anyhow::{Context as _, Result, ensure};
 use ttft_trace_tests::{
     fixtures::{Style, Variant, Workload},
-    tracer::{Tracer, root_test, uprobe_links},
+    tracer::{Tracer, root_test, uprobe_links, uprobe_programs},
 };
 
 /// One workload run to its end under the daemon; returns its pid.
-fn run_workload(tracer: &mut Tracer, round: usize) -> Result<u32> {
+fn run_workload(tracer: &mut Tracer, programs: &BTreeSet<u64>, round: usize) -> Result<u32> {
     let mut child = Workload::new(Style::Sync)
         .variant(Variant::Hashed)
         .episodes(10)
@@ -25,7 +28,7 @@ fn run_workload(tracer: &mut Tracer, round: usize) -> Result<u32> {
         1,
         Duration::from_secs(20),
     )?;
-    let attached = uprobe_links()?;
+    let attached = uprobe_links(programs)?;
     ensure!(
         attached > 0,
         "round {round}: the library's uprobes are attached"
@@ -53,9 +56,10 @@ fn probes_of_a_library_no_one_maps_are_detached() -> Result<()> {
     ]
     .map(String::from);
     let mut tracer = Tracer::start_daemon(&args)?;
+    let programs = uprobe_programs(tracer.pid().context("daemon pid")?)?;
     let mut pids = Vec::new();
     for round in 1..=2 {
-        pids.push(run_workload(&mut tracer, round)?);
+        pids.push(run_workload(&mut tracer, &programs, round)?);
         // Its libraries (the runtime and the driver) are detached once no
         // traced process has mapped them for 2 s.
         tracer.wait_for_stderr(
@@ -66,11 +70,11 @@ fn probes_of_a_library_no_one_maps_are_detached() -> Result<()> {
         // The kernel removes the uprobes on a thread of the daemon's
         // (about 0.1 s each).
         let started = Instant::now();
-        while uprobe_links()? > 0 {
+        while uprobe_links(&programs)? > 0 {
             ensure!(
                 started.elapsed() < Duration::from_secs(15),
                 "round {round}: {} uprobe links left",
-                uprobe_links()?
+                uprobe_links(&programs)?
             );
             std::thread::sleep(Duration::from_millis(100));
         }

@@ -7,10 +7,10 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 use ttft_trace_tests::{
     fixtures::{self, Style, Workload},
-    tracer::{Tracer, root_test, uprobe_links},
+    tracer::{Tracer, root_test, uprobe_links, uprobe_programs},
 };
 
 #[test]
@@ -44,7 +44,8 @@ fn sigterm_is_honoured_under_an_event_flood() -> Result<()> {
     let mut tracer = Tracer::start(&args, 1)?;
     fixtures::cont(child.id())?;
     std::thread::sleep(Duration::from_secs(2));
-    let while_tracing = uprobe_links()?;
+    let programs = uprobe_programs(tracer.pid().context("tracer pid")?)?;
+    let while_tracing = uprobe_links(&programs)?;
     assert!(while_tracing > 0, "bpftool shows the tracer's uprobe links");
     let sent = Instant::now();
     if let Some(tracer_pid) = tracer.pid() {
@@ -90,14 +91,18 @@ fn sigterm_is_honoured_under_an_event_flood() -> Result<()> {
         "exited {exited:?} after SIGTERM:\n{}",
         out.stderr
     );
-    background_detach_ends(&out.stderr, detached)
+    background_detach_ends(&out.stderr, detached, &programs)
 }
 
 /// The child named in the log (`detaching N probe perf events in the
 /// background (process P, ...`), which `finish` waited for, was gone
 /// within the kernel's ~0.1 s per uprobe of the signal (0.3 s allowed, and
 /// 2 s more), and no uprobe link is left.
-fn background_detach_ends(stderr: &str, detached: Duration) -> Result<()> {
+fn background_detach_ends(
+    stderr: &str,
+    detached: Duration,
+    programs: &std::collections::BTreeSet<u64>,
+) -> Result<()> {
     let line = stderr
         .lines()
         .find(|l| l.contains("in the background (process "))
@@ -113,7 +118,7 @@ fn background_detach_ends(stderr: &str, detached: Duration) -> Result<()> {
     let allowed = Duration::from_secs(2) + Duration::from_millis(300 * events);
     eprintln!("ttft-detach ({events} uprobes) gone {detached:?} after the signal");
     assert!(detached < allowed, "ttft-detach took {detached:?}");
-    let left = uprobe_links()?;
+    let left = uprobe_links(programs)?;
     assert_eq!(left, 0, "uprobe links left after ttft-detach ended");
     Ok(())
 }
