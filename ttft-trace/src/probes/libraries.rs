@@ -22,6 +22,7 @@ use std::{
     },
     path::{Path, PathBuf},
     sync::Arc,
+    time::{Duration, Instant},
 };
 
 use object::{Object, ObjectSegment, ObjectSymbol, ReadCache, ReadCacheOps, SymbolKind};
@@ -466,6 +467,9 @@ enum Seen {
 #[derive(Default)]
 pub struct Scanner {
     cache: HashMap<(u64, u64), Seen>,
+    /// When a scan last found each library mapped (libraries hold their
+    /// file open: see [`Scanner::forget_unused`]).
+    last_found: HashMap<(u64, u64), Instant>,
 }
 
 impl Scanner {
@@ -504,12 +508,34 @@ impl Scanner {
                 }
             };
             match seen {
-                Seen::Library(lib) => scan.libraries.push(lib),
+                Seen::Library(lib) => {
+                    self.last_found.insert(key, Instant::now());
+                    scan.libraries.push(lib);
+                }
                 Seen::Denied => scan.denied.push(mapped.path),
                 Seen::Other => {}
             }
         }
         Ok(scan)
+    }
+
+    /// Forgets the libraries no scan has found mapped for `max_age`, unless
+    /// `keep` says their file is probed: each holds its file open, and the
+    /// files of a host's CUDA processes come and go (image updates, copies
+    /// in temporary directories): a deleted file would stay on the disk,
+    /// and the descriptors would add up. Returns how many were forgotten.
+    pub fn forget_unused(&mut self, max_age: Duration, keep: impl Fn(&FileId) -> bool) -> usize {
+        let before = self.cache.len();
+        let last_found = &mut self.last_found;
+        self.cache.retain(|key, seen| match seen {
+            Seen::Library(lib) => {
+                keep(&lib.id) || last_found.get(key).is_some_and(|t| t.elapsed() < max_age)
+            }
+            Seen::Other | Seen::Denied => true,
+        });
+        let cache = &self.cache;
+        last_found.retain(|key, _| cache.contains_key(key));
+        before - self.cache.len()
     }
 
     /// Remembers a file; past [`SCANNER_CACHE_MAX`], forgets every file
@@ -597,6 +623,39 @@ mod tests {
         let scan = scanner.scan(me).expect("scan");
         assert!(scan.libraries.is_empty());
         assert_eq!(scanner.cache.len(), files.len(), "every file remembered");
+    }
+
+    #[test]
+    fn libraries_not_found_lately_and_not_probed_are_forgotten() {
+        let exe = std::env::current_exe().expect("test binary path");
+        let file = Arc::new(rootfs::open_regular_file(&exe).expect("open"));
+        let lib = |ino| {
+            Seen::Library(Arc::new(CudaLibrary {
+                path: exe.clone(),
+                file: file.clone(),
+                open_path: exe.clone(),
+                id: FileId::Inode { dev: 1, ino },
+                apis: BTreeSet::new(),
+                symbols: Vec::new(),
+            }))
+        };
+        let mut scanner = Scanner::default();
+        // Found just now; found long ago (or never); probed; no library.
+        scanner.cache.insert((1, 1), lib(1));
+        scanner.last_found.insert((1, 1), Instant::now());
+        scanner.cache.insert((1, 2), lib(2));
+        scanner.cache.insert((1, 3), lib(3));
+        scanner.cache.insert((1, 4), Seen::Other);
+        let probed = FileId::Inode { dev: 1, ino: 3 };
+        let forgotten = scanner.forget_unused(Duration::from_secs(60), |id| *id == probed);
+        assert_eq!(forgotten, 1);
+        let mut left: Vec<_> = scanner.cache.keys().copied().collect();
+        left.sort_unstable();
+        assert_eq!(left, vec![(1, 1), (1, 3), (1, 4)]);
+        // Once it is old too, only the probed one stays of the libraries.
+        assert_eq!(scanner.forget_unused(Duration::ZERO, |id| *id == probed), 1);
+        assert!(scanner.last_found.is_empty());
+        assert_eq!(scanner.cache.len(), 2);
     }
 
     #[test]

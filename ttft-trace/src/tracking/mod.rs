@@ -36,6 +36,10 @@ use crate::{
 };
 use counters::CounterTracker;
 
+/// A library no scan has found mapped for this long, and not probed, is
+/// forgotten (its file closed; see [`Scanner::forget_unused`]).
+const UNUSED_LIBRARY: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// What is traced: one process tree, or whatever discovery finds.
 pub enum Mode {
     /// The probes are bound to each traced process unless
@@ -309,6 +313,14 @@ impl Tracking {
         }
         self.detach_exited(&live);
         self.detach_unmapped();
+        let probed: HashSet<FileId> = self.probes.attached_files().cloned().collect();
+        let named = &self.named;
+        let forgotten = self.scanner.forget_unused(UNUSED_LIBRARY, |id| {
+            probed.contains(id) || named.contains(id)
+        });
+        if forgotten > 0 {
+            log::debug!("forgot {forgotten} libraries no process maps (their files closed)");
+        }
         let (mut runtime_libs, mut driver_libs) = (0, 0);
         for a in self.probes.attached() {
             runtime_libs += usize::from(a.apis.contains(&Api::Runtime));
