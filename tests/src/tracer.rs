@@ -328,10 +328,17 @@ pub fn wait_for_detach(stderr_lines: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// The uprobe programs (kprobe type) process `pid` holds, by id, from the
-/// kernel's fdinfo of its descriptors.
-pub fn uprobe_programs(pid: u32) -> Result<std::collections::BTreeSet<u64>> {
-    let mut ids = std::collections::BTreeSet::new();
+/// A uprobe program (kprobe type) a process holds, as the kernel's fdinfo
+/// of its descriptor tells it.
+pub struct UprobeProgram {
+    pub id: u64,
+    /// Runs counted while run statistics are on (`BPF_ENABLE_STATS`).
+    pub run_cnt: u64,
+}
+
+/// The uprobe programs process `pid` holds.
+pub fn uprobe_program_infos(pid: u32) -> Result<Vec<UprobeProgram>> {
+    let mut progs = Vec::new();
     for fd in std::fs::read_dir(format!("/proc/{pid}/fd"))? {
         let fd = fd?;
         let is_prog = std::fs::read_link(fd.path())
@@ -343,20 +350,30 @@ pub fn uprobe_programs(pid: u32) -> Result<std::collections::BTreeSet<u64>> {
             "/proc/{pid}/fdinfo/{}",
             fd.file_name().to_string_lossy()
         ))?;
-        let field = |name: &str| {
+        let field = |name: &str| -> Option<u64> {
             info.lines()
-                .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
-                .map(str::trim)
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))?
+                .trim()
+                .parse()
+                .ok()
         };
         // BPF_PROG_TYPE_KPROBE, which uprobe programs are.
-        if field("prog_type") == Some("2")
-            && let Some(id) = field("prog_id").and_then(|v| v.parse().ok())
+        if field("prog_type") == Some(2)
+            && let Some(id) = field("prog_id")
         {
-            ids.insert(id);
+            progs.push(UprobeProgram {
+                id,
+                run_cnt: field("run_cnt").unwrap_or(0),
+            });
         }
     }
-    anyhow::ensure!(!ids.is_empty(), "process {pid} holds no uprobe program");
-    Ok(ids)
+    anyhow::ensure!(!progs.is_empty(), "process {pid} holds no uprobe program");
+    Ok(progs)
+}
+
+/// The ids of the uprobe programs process `pid` holds.
+pub fn uprobe_programs(pid: u32) -> Result<std::collections::BTreeSet<u64>> {
+    Ok(uprobe_program_infos(pid)?.iter().map(|p| p.id).collect())
 }
 
 /// BPF links of the uprobes of `programs` (see [`uprobe_programs`]) on this

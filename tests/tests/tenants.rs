@@ -18,15 +18,13 @@ use std::{
 use anyhow::{Context as _, Result, bail, ensure};
 use ttft_trace_tests::{
     fixtures::{self, Style, Workload},
-    tracer::{Tracer, root_test},
+    tracer::{Tracer, root_test, uprobe_program_infos},
 };
 
 /// `bpf(2)` command `BPF_ENABLE_STATS`, statistics type `BPF_STATS_RUN_TIME`
 /// (uapi `linux/bpf.h`).
 const BPF_ENABLE_STATS: libc::c_long = 32;
 const BPF_STATS_RUN_TIME: u32 = 0;
-/// `prog_type` of uprobe programs in fdinfo (`BPF_PROG_TYPE_KPROBE`).
-const PROG_TYPE_KPROBE: &str = "2";
 
 /// Run statistics on while the returned descriptor is open.
 fn enable_run_stats() -> Result<OwnedFd> {
@@ -50,34 +48,7 @@ fn enable_run_stats() -> Result<OwnedFd> {
 
 /// The summed run count of the uprobe programs process `pid` holds.
 fn uprobe_runs(pid: u32) -> Result<u64> {
-    let mut runs = 0;
-    let mut progs = 0;
-    for fd in fs::read_dir(format!("/proc/{pid}/fd"))? {
-        let fd = fd?;
-        let is_prog =
-            fs::read_link(fd.path()).is_ok_and(|l| l.to_string_lossy() == "anon_inode:bpf-prog");
-        if !is_prog {
-            continue;
-        }
-        let info = fs::read_to_string(format!(
-            "/proc/{pid}/fdinfo/{}",
-            fd.file_name().to_string_lossy()
-        ))?;
-        let field = |name: &str| {
-            info.lines()
-                .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
-                .map(str::trim)
-        };
-        if field("prog_type") != Some(PROG_TYPE_KPROBE) {
-            continue;
-        }
-        progs += 1;
-        runs += field("run_cnt")
-            .context("no run_cnt in a program's fdinfo")?
-            .parse::<u64>()?;
-    }
-    ensure!(progs > 0, "the tracer holds no uprobe program");
-    Ok(runs)
+    Ok(uprobe_program_infos(pid)?.iter().map(|p| p.run_cnt).sum())
 }
 
 /// Attaches to a stopped workload (`extra` flags), runs another workload
