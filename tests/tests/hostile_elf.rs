@@ -1,7 +1,8 @@
-//! Regression tests for what the fuzzers found in the ELF inspection: a
-//! mapped file's headers are its owner's, and a CUDA library whose program
-//! headers wrap the address space must be refused or read, never panic.
-//! No root needed: the stub runtime built for the tests is patched on disk.
+//! The ELF inspection of the stub CUDA libraries built for the tests, no
+//! root needed: the order their probes are attached in, and regression
+//! tests for what the fuzzers found (a mapped file's headers are its
+//! owner's, and a CUDA library whose program headers wrap the address
+//! space must be refused or read, never panic; the stub is patched on disk).
 
 use anyhow::{Context as _, Result};
 use ttft_trace::probes::libraries;
@@ -54,6 +55,26 @@ fn program_headers_that_wrap_the_address_space_do_not_panic() -> Result<()> {
                 "{symbol:?} at {offset}, past the file ({len} bytes)"
             );
         }
+    }
+    Ok(())
+}
+
+/// Copies and syncs are probed before launches: an attach while the
+/// process runs then never sees an episode's launches without the call
+/// that completes it (which would join them to the next episode's).
+#[test]
+fn launch_probes_are_attached_last() -> Result<()> {
+    for name in ["libcudart.so.12", "libcuda.so.1"] {
+        let path = existing_fixture(name)?;
+        let lib = libraries::inspect(&path, &path)?.context("a CUDA library")?;
+        let order: Vec<bool> = lib.symbols.iter().map(|(s, _)| s.is_launch()).collect();
+        let first_launch = order.iter().position(|l| *l).context("a launch symbol")?;
+        assert!(first_launch > 0, "{name}: no copy or sync symbol");
+        assert!(
+            order[first_launch..].iter().all(|l| *l),
+            "{name}: {:?}",
+            lib.symbols
+        );
     }
     Ok(())
 }

@@ -411,7 +411,8 @@ fn inspect_budgeted(
         return Ok(None);
     }
     let apis = found.iter().map(|(s, _)| s.api).collect();
-    found.sort_by_key(|(s, o)| (s.name, *o));
+    // The order they are attached in: launches last ([`ProbedSymbol::is_launch`]).
+    found.sort_by_key(|(s, o)| (s.is_launch(), s.name, *o));
     let id = FileId::of(&file).map_err(|e| LibraryError::Io(path.into(), e))?;
     let open_path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
     Ok(Some(CudaLibrary {

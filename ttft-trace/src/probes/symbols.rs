@@ -42,6 +42,27 @@ pub struct ProbedSymbol {
     pub needs_return: bool,
 }
 
+impl ProbedSymbol {
+    /// Whether a call opens an episode (a kernel or graph launch) rather
+    /// than copies or waits. A library's launch probes are attached last:
+    /// once a launch is seen, the copy and sync that complete its episode
+    /// are probed too, so an attach in the middle of a running process
+    /// never joins one episode's launches to the next one's copy.
+    pub fn is_launch(&self) -> bool {
+        LAUNCH_PROGRAMS.contains(&self.program)
+    }
+}
+
+/// The entry programs of launch calls ([`ProbedSymbol::is_launch`]).
+const LAUNCH_PROGRAMS: &[&str] = &[
+    "cuda_launch_kernel",
+    "cuda_launch_kernel_ex",
+    "cuda_graph_launch",
+    "cu_launch_kernel",
+    "cu_launch_kernel_ex",
+    "cu_graph_launch",
+];
+
 const fn rt(name: &'static str, program: &'static str) -> ProbedSymbol {
     ProbedSymbol {
         name,
@@ -150,5 +171,16 @@ mod tests {
             assert!(lookup(m).is_some(), "{m} is a marker but not probed");
         }
         assert!(program_names().contains(&"cuda_runtime_return"));
+        for p in LAUNCH_PROGRAMS {
+            assert!(program_names().contains(p), "{p} is no program");
+        }
+        let launches: Vec<_> = SYMBOLS.iter().filter(|s| s.is_launch()).collect();
+        assert_eq!(launches.len(), 12, "{launches:?}");
+        assert!(launches.iter().all(|s| s.name.contains("Launch")));
+        assert!(
+            MARKERS
+                .iter()
+                .all(|m| lookup(m).is_some_and(|s| s.is_launch()))
+        );
     }
 }
