@@ -3,4 +3,5 @@ pub mod demo;
 pub mod faults;
 pub mod fixtures;
 pub mod prometheus;
+pub mod stub_gpu;
 pub mod tracer;
