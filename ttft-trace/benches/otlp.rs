@@ -42,6 +42,7 @@ fn request(i: u64) -> JudgedRequest {
         t_done_ns: Some(t0 + ttft + 100 * MS),
         ttft_ns: Some(ttft),
         t_first_token_acked_ns: None,
+        t_first_token_unacked_ns: None,
         client_ttft_estimate_ns: None,
         srtt_ns: None,
         queue_ns: Some(ttft / 2),

@@ -4,7 +4,7 @@
 //! Windows, with `t_gpu_start = t_arrive + queue` and `t_first_token = t_arrive + TTFT`:
 //! *TTFT window* `[t_arrive, t_first_token]`, *queue window* `[t_arrive, t_gpu_start]`,
 //! *request window* `[t_arrive, t_done]`, *delivery window* `[t_arrive, max(t_first_token,
-//! t_first_token_acked)]`. A signal is the part of it that overlaps its window.
+//! t_first_token_acked)]` (to `t_first_token_unacked` when the ACK never came). A signal is the part of it that overlaps its window.
 
 use serde::Serialize;
 
@@ -32,6 +32,8 @@ pub struct RequestTimes {
     /// When the client acknowledged the first token, and the socket's smoothed RTT then;
     /// `None` when not seen.
     pub t_first_token_acked_ns: Option<u64>,
+    /// When the wait for that ACK ended with the first token unacknowledged.
+    pub t_first_token_unacked_ns: Option<u64>,
     pub srtt_ns: Option<u64>,
     /// The client's TTFT as the socket sees it (request segment in to first token acked).
     pub client_ttft_estimate_ns: Option<u64>,
@@ -52,6 +54,7 @@ impl From<&RequestRecord> for RequestTimes {
             gpu_steps_waited: r.gpu_steps_waited,
             gpu_idle_before_start_ns: r.gpu_idle_before_start_ns,
             t_first_token_acked_ns: r.t_first_token_acked_ns,
+            t_first_token_unacked_ns: r.t_first_token_unacked_ns,
             srtt_ns: r.srtt_ns,
             client_ttft_estimate_ns: r.client_ttft_estimate_ns,
         }
@@ -64,11 +67,15 @@ impl RequestTimes {
         self.queue_ns.map(|q| self.t_arrive_ns + q)
     }
 
-    /// End of the delivery window: the first token's ACK, or the first token when the ACK
-    /// was not seen (or, ACKed within its own send, stamped a little before its return).
+    /// End of the delivery window: the first token's ACK, or the end of the wait for it
+    /// when it never came, or the first token when the ACK was not seen (or, ACKed within its
+    /// own send, stamped a little before its return).
     pub fn t_delivered_ns(&self) -> Option<u64> {
         let ft = self.t_arrive_ns.saturating_add(self.ttft_ns?);
-        Some(self.t_first_token_acked_ns.map_or(ft, |a| a.max(ft)))
+        let end = self
+            .t_first_token_acked_ns
+            .or(self.t_first_token_unacked_ns);
+        Some(end.map_or(ft, |a| a.max(ft)))
     }
 }
 

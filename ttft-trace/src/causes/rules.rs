@@ -22,7 +22,11 @@ pub fn attribute(ev: &Evidence, cfg: &CauseConfig) -> Attribution {
     };
     let client_ttft = ev.request.client_ttft_estimate_ns;
     let slo_violation = ttft > cfg.slow_ttft_ns;
-    let slow = slo_violation || client_ttft.is_some_and(|c| c > cfg.slow_ttft_ns);
+    // A first token still unacknowledged when the wait for its ACK ended (seconds), while
+    // the connection retransmitted: the client has waited at least that long, unless every
+    // one of its ACKs alone was lost for the whole wait.
+    let undelivered = ev.request.t_first_token_unacked_ns.is_some() && ev.retransmits > 0;
+    let slow = slo_violation || undelivered || client_ttft.is_some_and(|c| c > cfg.slow_ttft_ns);
     let mut verdict = Attribution {
         slow,
         slo_violation,
@@ -173,11 +177,12 @@ fn cpu(ev: &Evidence, cfg: &CauseConfig, ttft: u64) -> Option<Cause> {
 }
 
 /// Loss on the request's own connection that held back the first token's delivery: the
-/// client acknowledged it late (beyond one smoothed round trip), and the connection
+/// client acknowledged it late (beyond one smoothed round trip), or not at all by the end of
+/// the wait for it (the delivery is then at least that long), and the connection
 /// retransmitted meanwhile.
 fn network(ev: &Evidence, cfg: &CauseConfig) -> Option<Cause> {
     let r = &ev.request;
-    let acked = r.t_first_token_acked_ns?;
+    let acked = r.t_first_token_acked_ns.or(r.t_first_token_unacked_ns)?;
     let sent = r.t_arrive_ns.saturating_add(r.ttft_ns?);
     let delivery = acked.saturating_sub(sent);
     let srtt = r.srtt_ns.unwrap_or(0);
@@ -191,6 +196,10 @@ fn network(ev: &Evidence, cfg: &CauseConfig) -> Option<Cause> {
         ("retransmits", ev.retransmits.into()),
         ("resets", ev.resets.into()),
         ("client_ttft_estimate_ns", r.client_ttft_estimate_ns.into()),
+        (
+            "first_token_unacked",
+            r.t_first_token_acked_ns.is_none().into(),
+        ),
     ]);
     let client = r.client_ttft_estimate_ns.unwrap_or(late);
     Some(cause(CauseClass::Network, late.min(client), e))

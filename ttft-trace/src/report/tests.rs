@@ -117,6 +117,7 @@ pub(crate) fn record(outcome: Outcome) -> RequestRecord {
         t_done_ns: Some(T0 + 30 * MS),
         ttft_ns: Some(10 * MS),
         t_first_token_acked_ns: None,
+        t_first_token_unacked_ns: None,
         client_ttft_estimate_ns: None,
         srtt_ns: None,
         queue_ns: Some(5 * MS),

@@ -16,7 +16,7 @@ use ttft_trace_common::{
 
 use super::{
     connection::{ConnInfo, Connection, Outbox, TCP_CLOSE, TCP_ESTABLISHED},
-    delivery::Delivery,
+    delivery::{Delivery, Seen},
     join::EpisodeHistory,
     record::RequestRecord,
 };
@@ -225,10 +225,11 @@ impl Correlator {
             self.next_sweep_ns = now_ns.saturating_add(SWEEP_EVERY_NS);
         }
         let (grace, ack_wait) = (self.cfg.join_grace_ns, self.cfg.ack_wait_ns);
-        let ready = self.emit(|t_first_token, waiting_for_ack| {
+        let due = |t_first_token: u64, waiting_for_ack: bool| {
             t_first_token.saturating_add(grace) <= now_ns
                 && (!waiting_for_ack || t_first_token.saturating_add(ack_wait) <= now_ns)
-        });
+        };
+        let ready = self.emit(due, Some(ack_wait));
         self.episodes.prune(now_ns);
         ready
     }
@@ -244,7 +245,8 @@ impl Correlator {
             conn.exit(&mut self.out);
         }
         self.out.first_tokens.clear();
-        self.emit(|_, _| true)
+        // At exit a delivery still awaited was not awaited its full time.
+        self.emit(|_, _| true, None)
     }
 
     /// Whether connection `sk` is followed (opened, not closed or evicted).
@@ -410,7 +412,16 @@ impl Correlator {
     /// Records for the finished requests that `due` (given the first-token
     /// time, and whether the client's ACK of it is still awaited) says are
     /// ready; requests without a first token are always ready.
-    fn emit(&mut self, due: impl Fn(u64, bool) -> bool) -> Vec<RequestRecord> {
+    /// Returns the finished requests `due` (first token, awaiting its ACK)
+    /// says are ready. One still awaiting its ACK after the whole
+    /// `ack_waited` is reported as unacknowledged that long after its first
+    /// token (the evidence of a delivery held up past every retransmission
+    /// the wait covers).
+    fn emit(
+        &mut self,
+        due: impl Fn(u64, bool) -> bool,
+        ack_waited: Option<u64>,
+    ) -> Vec<RequestRecord> {
         let mut ready = Vec::new();
         let mut waiting = VecDeque::new();
         for mut f in std::mem::take(&mut self.out.finished) {
@@ -424,16 +435,20 @@ impl Correlator {
                 waiting.push_back(f);
                 continue;
             }
-            let acked = match self.out.deliveries.remove(&key) {
-                Some(Delivery::Acked(ack)) => Some(ack),
-                _ => None,
+            let delivery = match self.out.deliveries.remove(&key) {
+                Some(Delivery::Acked(ack)) => Seen::Acked(ack),
+                Some(Delivery::Waiting { .. }) => match (t_first_token, ack_waited) {
+                    (Some(t), Some(w)) => Seen::UnackedAt(t.saturating_add(w)),
+                    _ => Seen::Unknown,
+                },
+                Some(Delivery::Unknown) | None => Seen::Unknown,
             };
             let join = f
                 .request
                 .join
                 .take()
                 .or_else(|| t_first_token.map(|t| self.episodes.join(f.request.t_arrive, t)));
-            ready.push(RequestRecord::new(&f, join.as_ref(), acked.as_ref()));
+            ready.push(RequestRecord::new(&f, join.as_ref(), &delivery));
         }
         self.out.finished = waiting;
         ready

@@ -86,6 +86,17 @@ pub(crate) enum Delivery {
     Unknown,
 }
 
+/// What a request's record says of its first token's delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Seen {
+    Acked(Ack),
+    /// Still not acknowledged at this time, when the wait for it ended.
+    UnackedAt(u64),
+    /// Not known: not awaited, the connection ended first, or the tracer
+    /// stopped before the wait was over.
+    Unknown,
+}
+
 /// Per connection: the next request's first segment, recent ACKs and the
 /// first tokens waiting for theirs.
 #[derive(Debug, Default)]

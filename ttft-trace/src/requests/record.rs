@@ -3,7 +3,9 @@
 
 use serde::{Serialize, Serializer};
 
-use super::{connection::Finished, delivery::Ack, join::Join, outcome::Outcome, response::Framing};
+use super::{
+    connection::Finished, delivery::Seen, join::Join, outcome::Outcome, response::Framing,
+};
 
 /// The figures kept per request, for histograms and percentiles.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,6 +74,10 @@ pub struct RequestRecord {
     /// When the client acknowledged the first token's last byte (the ACK's
     /// arrival at the server; see `requests::delivery`).
     pub t_first_token_acked_ns: Option<u64>,
+    /// When the tracer stopped waiting for that ACK, the first token still
+    /// unacknowledged (`ack_wait` after it: every retransmission it covers
+    /// failed); None when acknowledged or not awaited to the end.
+    pub t_first_token_unacked_ns: Option<u64>,
     /// The client's TTFT as the server's socket sees it:
     /// `t_first_token_acked − t_request_segment`.
     pub client_ttft_estimate_ns: Option<u64>,
@@ -107,7 +113,7 @@ pub struct RequestRecord {
 }
 
 impl RequestRecord {
-    pub(crate) fn new(f: &Finished, join: Option<&Join>, acked: Option<&Ack>) -> Self {
+    pub(crate) fn new(f: &Finished, join: Option<&Join>, delivery: &Seen) -> Self {
         let req = &f.request;
         let resp = req.response.as_ref();
         let t_arrive = req.t_arrive;
@@ -131,7 +137,13 @@ impl RequestRecord {
             }
         }
         // Acknowledged without a first token cannot happen; keep both or neither.
+        let (acked, unacked) = match delivery {
+            Seen::Acked(a) => (Some(a), None),
+            Seen::UnackedAt(t) => (None, Some(*t)),
+            Seen::Unknown => (None, None),
+        };
         let acked = acked.filter(|_| t_first_token.is_some());
+        let unacked = unacked.filter(|_| t_first_token.is_some());
         if acked.is_some_and(|a| a.at_close) {
             notes.push("first_token_acked_by_close");
         }
@@ -172,6 +184,7 @@ impl RequestRecord {
             t_done_ns: t_done,
             ttft_ns: ttft,
             t_first_token_acked_ns: acked.map(|a| a.t_ns),
+            t_first_token_unacked_ns: unacked,
             client_ttft_estimate_ns: client_ttft,
             srtt_ns: acked.map(|a| a.srtt_ns),
             queue_ns: breakdown.map(|b| b.0),

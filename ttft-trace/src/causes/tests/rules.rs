@@ -201,6 +201,33 @@ fn without_an_ack_only_the_servers_ttft_is_judged() {
 }
 
 #[test]
+fn a_first_token_never_acknowledged_through_loss_is_network() {
+    // Sent at +20 ms; still unacknowledged when the 5 s wait for it ended, the connection
+    // retransmitting meanwhile (the RTO doubling from 200 ms).
+    let mut ev = slow_request();
+    ev.request.ttft_ns = Some(ms(20));
+    let sent = T0 + ms(20);
+    ev.request.t_first_token_unacked_ns = Some(sent + ms(5000));
+    assert!(
+        !judge(&ev).slow,
+        "no retransmit: a client that stopped reading, not loss"
+    );
+    for backoff in [200, 600, 1400, 3000] {
+        ev.add_retransmit(sent + ms(backoff));
+    }
+    let a = judge(&ev);
+    assert!(a.slow && !a.slo_violation);
+    assert_eq!(a.client_ttft_estimate_ns, None, "not known, only its bound");
+    assert_eq!(classes(&a), [Network]);
+    assert_eq!(explained(&a, Network), Some(ms(5000)));
+    let e = &a.causes[0].evidence;
+    assert_eq!(e["first_token_unacked"], true);
+    assert_eq!(e["retransmits"], 4);
+    assert_eq!(e["first_token_delivery_ns"], ms(5000));
+    assert_eq!(ev.request.t_delivered_ns(), Some(sent + ms(5000)));
+}
+
+#[test]
 fn a_late_ack_without_loss_is_not_network() {
     // A client that reads late or delays its ACK: slow by its estimate, but no loss.
     let mut ev = slow_request();

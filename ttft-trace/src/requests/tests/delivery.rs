@@ -156,6 +156,7 @@ fn the_record_waits_for_the_ack_then_gives_up() {
     w.segment(SK, ms(2200), 0);
     let r = w.one(ms(2300));
     assert_eq!(r.t_first_token_acked_ns, Some(ms(2100)));
+    assert_eq!(r.t_first_token_unacked_ns, None);
 
     // Never acknowledged: reported after the wait, without a delivery.
     answered(&mut w, ms(3000) + 100 * US, ms(3080));
@@ -164,6 +165,8 @@ fn the_record_waits_for_the_ack_then_gives_up() {
     let r = w.one(ms(3080) + wait);
     assert_eq!(r.request_index, 1);
     assert_eq!(r.t_first_token_acked_ns, None);
+    // Said so: unacknowledged the whole wait after the first token.
+    assert_eq!(r.t_first_token_unacked_ns, Some(ms(3080) + wait));
     // Its ACK after all, too late: nothing more, nothing kept.
     w.segment(SK, ms(3080) + wait + ms(1), 0);
     w.segment(SK, ms(3080) + wait + ms(2), 0);
@@ -177,6 +180,7 @@ fn a_close_ends_the_wait() {
     w.close(SK, ms(1090));
     let r = w.one(ms(2000));
     assert_eq!(r.t_first_token_acked_ns, None);
+    assert_eq!(r.t_first_token_unacked_ns, None, "not awaited to the end");
     assert_eq!(r.client_ttft_estimate_ns, None);
 }
 
