@@ -39,6 +39,18 @@ fn trace(
 
 /// Errors of each episode's latency against ground truth, in ns (truth - traced).
 fn compare(traced: &[TracedEpisode], truth: &[TruthEpisode]) -> Vec<i64> {
+    compare_except(traced, truth, 0)
+}
+
+/// As [`compare`], with up to `late_starts` episodes whose traced latency
+/// may be short of the truth's by more than the tolerance (counts and
+/// windows still exact); each is printed.
+fn compare_except(
+    traced: &[TracedEpisode],
+    truth: &[TruthEpisode],
+    late_starts: usize,
+) -> Vec<i64> {
+    let mut late = 0;
     assert_eq!(traced.len(), truth.len(), "episode count");
     let mut errors = Vec::new();
     for (i, (t, g)) in traced.iter().zip(truth).enumerate() {
@@ -63,6 +75,18 @@ fn compare(traced: &[TracedEpisode], truth: &[TruthEpisode]) -> Vec<i64> {
             g.t_complete_ns
         );
         let err = g.gpu_ns() as i64 - t.launch_to_first_d2h_ns as i64;
+        if err > TOLERANCE_NS as i64 && late < late_starts {
+            late += 1;
+            eprintln!(
+                "episode {i} ({}): traced {} ns vs truth {} ns, its first launch stamped {} ns late",
+                t.api,
+                t.launch_to_first_d2h_ns,
+                g.gpu_ns(),
+                t.t_first_launch_ns - g.t_launch_ns
+            );
+            errors.push(err);
+            continue;
+        }
         assert!(
             err.unsigned_abs() <= TOLERANCE_NS,
             "episode {i}: traced {} ns vs truth {} ns",
@@ -178,6 +202,55 @@ fn every_completion_style_matches_ground_truth() -> Result<()> {
     Ok(())
 }
 
+/// A runtime whose launches all reach the driver's probed entry points
+/// shows it within 256 launches; the process's launches are then traced at
+/// the driver alone (one trap per launch), and every episode stays exact
+/// across the change.
+#[test]
+fn launches_move_to_the_driver_once_the_runtime_shows_it_reaches_it() -> Result<()> {
+    let Some(_g) = root_test("launches_move_to_the_driver_once_the_runtime_shows_it_reaches_it")
+    else {
+        return Ok(());
+    };
+    for style in [Style::Stream, Style::LaunchEx, Style::Graph] {
+        let w = Workload::new(style)
+            .episodes(150)
+            .launches(4)
+            .gap_us(10_000);
+        let (out, truth) = trace(w, &[], 2)?;
+        let traced = out.episodes();
+        // Detaching the runtime's launch probes rewrites the runtime's code
+        // pages in the process: a thread inside a launch then may wait on
+        // the kernel, before the driver's probe stamps its first launch.
+        let errors = compare_except(&traced, &truth, 3);
+        check_totals(&out, &truth);
+        let pid = truth[0].pid;
+        assert!(
+            out.stderr
+                .contains(&format!("launches of pid {pid} are traced at the driver")),
+            "{style}: {}",
+            out.stderr
+        );
+        let apis: Vec<&str> = traced.iter().map(|t| t.api.as_str()).collect();
+        let at_driver = apis.iter().filter(|a| **a == "driver").count();
+        assert_eq!(apis[0], "runtime", "{style}: {apis:?}");
+        assert_eq!(apis[apis.len() - 1], "driver", "{style}: {apis:?}");
+        // The runtime's probes are gone once, for good: no episode after
+        // the first at the driver goes back to the runtime.
+        let first = apis.iter().position(|a| *a == "driver").unwrap_or(0);
+        assert!(
+            apis[first..].iter().all(|a| *a == "driver"),
+            "{style}: {apis:?}"
+        );
+        eprintln!(
+            "{style}: the last {at_driver} of {} episodes traced at the driver alone",
+            apis.len()
+        );
+        report(style.as_str(), errors);
+    }
+    Ok(())
+}
+
 #[test]
 fn launch_arguments_are_decoded() -> Result<()> {
     let Some(_g) = root_test("launch_arguments_are_decoded") else {
@@ -277,6 +350,22 @@ fn real_libcudart_probes_fire() -> Result<()> {
         }
         check_totals(&out, &truth);
     }
+    // Without a GPU the real runtime fails every launch before the driver:
+    // it never shows its launches reaching the driver's probes, and keeps
+    // its own however many it makes.
+    let w = Workload::new(Style::Stream)
+        .variant(Variant::Real)
+        .episodes(100)
+        .launches(3);
+    let (out, truth) = trace(w, &[], 1)?;
+    assert_eq!(out.episodes().len(), truth.len());
+    assert!(out.episodes().iter().all(|t| t.api == "runtime"));
+    assert!(
+        !out.stderr.contains("traced at the driver"),
+        "{}",
+        out.stderr
+    );
+    check_totals(&out, &truth);
     Ok(())
 }
 

@@ -61,6 +61,12 @@ pub struct GpuCounters {
     pub memcpy_calls: [u64; DIRECTIONS],
     pub memcpy_bytes: [u64; DIRECTIONS],
     pub episodes: u64,
+    /// Launches seen at the runtime's probes (counted in the two above).
+    pub runtime_launches: u64,
+    /// Of those, the ones whose own driver launch was seen at the driver's
+    /// probes: when it is all of them, userspace may leave the launches to
+    /// the driver's probes alone (one trap per launch).
+    pub runtime_launches_at_driver: u64,
 }
 
 impl GpuCounters {
@@ -73,11 +79,15 @@ impl GpuCounters {
             self.memcpy_bytes[i] = self.memcpy_bytes[i].wrapping_add(other.memcpy_bytes[i]);
         }
         self.episodes = self.episodes.wrapping_add(other.episodes);
+        self.runtime_launches = self.runtime_launches.wrapping_add(other.runtime_launches);
+        self.runtime_launches_at_driver = self
+            .runtime_launches_at_driver
+            .wrapping_add(other.runtime_launches_at_driver);
     }
 }
 
 const _: () = {
-    assert!(core::mem::size_of::<GpuCounters>() == 8 * (3 + 2 * DIRECTIONS));
+    assert!(core::mem::size_of::<GpuCounters>() == 8 * (5 + 2 * DIRECTIONS));
 };
 
 /// Indexes of the global per-CPU statistics array.

@@ -79,6 +79,22 @@ pub struct ThreadState {
     pub _pad: u32,
     /// Stream argument of that call (for [`Completion::StreamSync`]).
     pub pending_stream: u64,
+    /// Stack pointer at the entry of the runtime launch whose driver launch
+    /// is not seen yet (0: none); see [`Self::note_runtime_launch`].
+    pub launch_sp: u64,
+    /// That launch's [`launch_key`].
+    pub launch_key: u64,
+}
+
+/// What a runtime launch and the driver launch it makes share: the grid
+/// and block dimensions of a kernel launch (both APIs take the same six
+/// values), or the executable graph's handle (the same pointer in both).
+#[inline(always)]
+pub fn launch_key(grid: [u32; 3], block: [u32; 3]) -> u64 {
+    let lo = u64::from(grid[0]) | u64::from(grid[1]) << 32;
+    let mid = u64::from(grid[2]) | u64::from(block[0]) << 32;
+    let hi = u64::from(block[1]) | u64::from(block[2]) << 32;
+    lo ^ mid.rotate_left(21) ^ hi.rotate_left(42)
 }
 
 impl ThreadState {
@@ -105,6 +121,40 @@ impl ThreadState {
     #[inline(always)]
     pub fn in_runtime(&self) -> bool {
         self.runtime_depth > 0
+    }
+
+    /// Entry of a runtime launch, which has no return probe (one trap fewer
+    /// per launch) and so no depth: the driver launch the runtime makes for
+    /// it is told from a direct one (Triton's, cuBLAS's) by three things
+    /// together: it is the next launch probed on the thread, it is not
+    /// shallower on the stack than this entry (deeper, or at the same place
+    /// where the runtime tail-calls the driver), and it has the same
+    /// [`launch_key`]. A direct launch that meets all three follows a
+    /// runtime launch that failed before reaching the driver, from the same
+    /// frame or a deeper one, with the same shape: it would go uncounted.
+    #[inline(always)]
+    pub fn note_runtime_launch(&mut self, sp: u64, key: u64) {
+        self.launch_sp = sp;
+        self.launch_key = key;
+    }
+
+    /// Entry of a driver launch at stack pointer `sp`: true when it is the
+    /// one the noted runtime launch makes (not to be counted again). The
+    /// note is used once either way.
+    #[inline(always)]
+    pub fn take_nested_launch(&mut self, sp: u64, key: u64) -> bool {
+        let nested = self.launch_sp != 0 && sp <= self.launch_sp && key == self.launch_key;
+        self.launch_sp = 0;
+        nested
+    }
+
+    /// Entry of any other probed call at `sp`: one made after the noted
+    /// runtime launch returned (not deeper than its entry) ends the note.
+    #[inline(always)]
+    pub fn settle_launch(&mut self, sp: u64) {
+        if sp >= self.launch_sp {
+            self.launch_sp = 0;
+        }
     }
 
     /// Entry of a call whose return may complete a copy: a synchronous copy
@@ -342,6 +392,55 @@ mod tests {
         assert!(!s.in_runtime());
         assert!(!s.leave_runtime(), "unmatched return is ignored");
         assert_eq!(s.runtime_depth, 0);
+    }
+
+    #[test]
+    fn the_runtimes_own_driver_launch_is_told_from_a_direct_one() {
+        let key = launch_key([4, 1, 1], [256, 1, 1]);
+        let mut s = ThreadState::default();
+        // The runtime's own: deeper, same shape, next launch; or a tail
+        // call, at the same stack pointer.
+        s.note_runtime_launch(0x7000, key);
+        assert!(s.take_nested_launch(0x7000, key));
+        s.note_runtime_launch(0x7000, key);
+        assert!(s.take_nested_launch(0x6f00, key));
+        assert!(
+            !s.take_nested_launch(0x6f00, key),
+            "a note serves one driver launch"
+        );
+        // A direct launch after the runtime call failed before the driver:
+        // another shape, or not deeper, or another call in between.
+        s.note_runtime_launch(0x7000, key);
+        assert!(!s.take_nested_launch(0x6f00, launch_key([8, 1, 1], [256, 1, 1])));
+        s.note_runtime_launch(0x7000, key);
+        assert!(!s.take_nested_launch(0x7100, key));
+        s.note_runtime_launch(0x7000, key);
+        s.settle_launch(0x7000);
+        assert!(!s.take_nested_launch(0x6f00, key));
+        // A probed call inside the runtime launch (deeper) keeps the note.
+        s.note_runtime_launch(0x7000, key);
+        s.settle_launch(0x6e00);
+        assert!(s.take_nested_launch(0x6f00, key));
+    }
+
+    #[test]
+    fn launch_keys_tell_shapes_apart() {
+        let shapes = [
+            ([1, 1, 1], [1, 1, 1]),
+            ([1, 1, 1], [2, 1, 1]),
+            ([2, 1, 1], [1, 1, 1]),
+            ([1, 2, 1], [1, 1, 1]),
+            ([1, 1, 2], [1, 1, 1]),
+            ([1, 1, 1], [1, 2, 1]),
+            ([1, 1, 1], [1, 1, 2]),
+            ([128, 32, 1], [256, 1, 1]),
+            ([256, 1, 1], [128, 32, 1]),
+        ];
+        for (i, (g, b)) in shapes.iter().enumerate() {
+            for (h, c) in &shapes[i + 1..] {
+                assert_ne!(launch_key(*g, *b), launch_key(*h, *c), "{g:?} {b:?}");
+            }
+        }
     }
 
     #[test]

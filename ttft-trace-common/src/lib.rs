@@ -16,7 +16,7 @@ pub mod signals;
 
 pub use conn::{ConnState, LISTEN_ANY_NETNS, LISTEN_SOME_NETNS, ListenKey, SendArgs};
 pub use counters::{Direction, GpuCounters, MAP_FULL_STATS, Stat};
-pub use episode::{Completion, ThreadState};
+pub use episode::{Completion, ThreadState, launch_key};
 pub use event::{
     API_DRIVER, API_RUNTIME, CONN_CLOSE, CONN_OPEN, CONN_STATE, ConnEvent, EVENT_CONN,
     EVENT_EPISODE, EVENT_SEGMENT, EVENT_SOCK, EpisodeEvent, SEGMENT_ACK_EXACT, SEGMENT_ACKED,

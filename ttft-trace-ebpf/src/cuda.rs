@@ -1,10 +1,12 @@
 //! Uprobes on the CUDA runtime (libcudart) and driver (libcuda) APIs.
 //!
 //! Runtime calls nest driver calls (every `cudaLaunchKernel` ends in the
-//! driver), so each runtime entry point has a return probe too and keeps a
-//! per-thread depth: driver calls made while a runtime call is in progress
-//! are the runtime's own and are skipped, so nothing is counted twice, while
-//! direct driver users (Triton, cuBLAS) are still seen.
+//! driver): driver calls the runtime makes are its own and are skipped, so
+//! nothing is counted twice, while direct driver users (Triton, cuBLAS) are
+//! still seen. The runtime's copies and synchronises have a return probe
+//! and keep a per-thread depth for that. Its launches, the hot path (one
+//! per kernel), have none: a trap fewer per launch. Their driver launch is
+//! recognised from entries alone ([`ThreadState::note_runtime_launch`]).
 
 use aya_ebpf::{
     Argument,
@@ -15,6 +17,7 @@ use aya_ebpf::{
 };
 use ttft_trace_common::{
     API_DRIVER, API_RUNTIME, Completion, Direction, EpisodeEvent, GpuCounters, Stat, ThreadState,
+    launch_key,
     process::{DiscoverEvent, EVENT_DISCOVER},
     signals::{CopyEvent, EVENT_COPY},
 };
@@ -24,9 +27,19 @@ use crate::maps::{
     wakeup_flag,
 };
 
-/// Offset of the stream handle in both `cudaLaunchConfig_t` and
-/// `CUlaunchConfig` (after two dim3s / six u32s and the shared-memory size).
-const LAUNCH_CONFIG_STREAM_OFFSET: usize = 32;
+/// The start of both `cudaLaunchConfig_t` and `CUlaunchConfig`: two dim3s
+/// (six u32s), the shared-memory size (a `size_t`, or a u32 and padding),
+/// the stream handle.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct LaunchConfigHead {
+    grid: [u32; 3],
+    block: [u32; 3],
+    _shared_mem: u64,
+    stream: u64,
+}
+
+const _: () = assert!(core::mem::offset_of!(LaunchConfigHead, stream) == 32);
 
 /// Arguments past the registers live on the user stack.
 #[cfg(bpf_target_arch = "x86_64")]
@@ -56,6 +69,22 @@ fn arg<T: Argument + Copy>(ctx: &ProbeContext, n: usize) -> Option<T> {
     let addr = sp + 8 * (n - REG_ARGS);
     // SAFETY: bpf_probe_read_user checks the address.
     unsafe { bpf_probe_read_user(addr as *const T) }.ok()
+}
+
+/// The stack pointer at the probed entry: a call made inside another one
+/// is deeper (lower) on the stack.
+#[cfg(bpf_target_arch = "x86_64")]
+#[inline(always)]
+fn stack_pointer(ctx: &ProbeContext) -> u64 {
+    // SAFETY: regs points at the probe's saved registers.
+    unsafe { (*ctx.regs).rsp }
+}
+
+#[cfg(bpf_target_arch = "aarch64")]
+#[inline(always)]
+fn stack_pointer(ctx: &ProbeContext) -> u64 {
+    // SAFETY: regs points at the probe's saved registers.
+    unsafe { (*ctx.regs).sp }
 }
 
 #[inline(always)]
@@ -147,7 +176,7 @@ fn add(field: *mut u64, v: u64) {
 }
 
 #[inline(always)]
-fn count_launch(tgid: u32, graph: bool) {
+fn count_launch(tgid: u32, graph: bool, api: u32) {
     if let Some(c) = counters(tgid) {
         // SAFETY: c points into a live map value.
         unsafe {
@@ -155,6 +184,9 @@ fn count_launch(tgid: u32, graph: bool) {
                 add(&raw mut (*c).graph_launches, 1);
             } else {
                 add(&raw mut (*c).kernel_launches, 1);
+            }
+            if api == API_RUNTIME {
+                add(&raw mut (*c).runtime_launches, 1);
             }
         }
     }
@@ -214,6 +246,8 @@ enum Call {
     Launch {
         stream: u64,
         graph: bool,
+        /// [`launch_key`] of the launch (the graph's handle for a graph).
+        key: u64,
     },
     Copy {
         dir: Direction,
@@ -230,10 +264,10 @@ enum Call {
 #[inline(always)]
 fn apply(st: &mut ThreadState, call: Call, now: u64, tgid: u32, tid: u32, api: u32) {
     match call {
-        Call::Launch { stream, graph } => {
+        Call::Launch { stream, graph, .. } => {
             st.begin_call(None, 0);
             st.on_launch(now, tgid, tid, stream, api, graph);
-            count_launch(tgid, graph);
+            count_launch(tgid, graph, api);
         }
         Call::Copy {
             dir,
@@ -254,9 +288,10 @@ fn apply(st: &mut ThreadState, call: Call, now: u64, tgid: u32, tid: u32, api: u
     }
 }
 
-/// Entry of a runtime API function: handled only when outermost.
+/// Entry of a runtime API function with a return probe: handled only when
+/// outermost.
 #[inline(always)]
-fn runtime_entry(call: Option<Call>) -> u32 {
+fn runtime_entry(ctx: &ProbeContext, call: Option<Call>) -> u32 {
     let Some((tgid, tid)) = traced_thread() else {
         return 0;
     };
@@ -264,6 +299,7 @@ fn runtime_entry(call: Option<Call>) -> u32 {
     let Some(st) = thread_state(tid) else {
         return 0;
     };
+    st.settle_launch(stack_pointer(ctx));
     if !st.enter_runtime() {
         return 0;
     }
@@ -275,9 +311,33 @@ fn runtime_entry(call: Option<Call>) -> u32 {
     0
 }
 
-/// Entry of a driver API function: skipped inside a runtime call.
+/// Entry of a runtime launch, which has no return probe (so no depth):
+/// handled unless inside another runtime call. Arguments that cannot be
+/// read leave the launch to the driver's probe.
 #[inline(always)]
-fn driver_entry(call: Option<Call>) -> u32 {
+fn runtime_launch(ctx: &ProbeContext, call: Option<Call>) -> u32 {
+    let Some((tgid, tid)) = traced_thread() else {
+        return 0;
+    };
+    let now = now_ns();
+    let Some(st) = thread_state(tid) else {
+        return 0;
+    };
+    let sp = stack_pointer(ctx);
+    match call {
+        Some(call @ Call::Launch { key, .. }) if !st.in_runtime() => {
+            st.note_runtime_launch(sp, key);
+            apply(st, call, now, tgid, tid, API_RUNTIME);
+        }
+        _ => st.settle_launch(sp),
+    }
+    0
+}
+
+/// Entry of a driver API function: skipped inside a runtime call, and for a
+/// launch, when it is the one a runtime launch makes.
+#[inline(always)]
+fn driver_entry(ctx: &ProbeContext, call: Option<Call>) -> u32 {
     let Some((tgid, tid)) = traced_thread() else {
         return 0;
     };
@@ -287,6 +347,19 @@ fn driver_entry(call: Option<Call>) -> u32 {
     };
     if st.in_runtime() {
         return 0;
+    }
+    let sp = stack_pointer(ctx);
+    match call {
+        Some(Call::Launch { key, .. }) => {
+            if st.take_nested_launch(sp, key) {
+                if let Some(c) = counters(tgid) {
+                    // SAFETY: c points into a live map value.
+                    unsafe { add(&raw mut (*c).runtime_launches_at_driver, 1) };
+                }
+                return 0;
+            }
+        }
+        _ => st.settle_launch(sp),
     }
     match call {
         Some(call) => apply(st, call, now, tgid, tid, API_DRIVER),
@@ -340,56 +413,75 @@ fn copy_call(
     })
 }
 
+/// A kernel launch from the launch configuration at `config` (both APIs'
+/// `...Ex` calls).
 #[inline(always)]
-fn launch_config_stream(config: u64) -> Option<u64> {
+fn config_launch(config: u64) -> Option<Call> {
     // SAFETY: bpf_probe_read_user checks the address.
-    unsafe { bpf_probe_read_user((config as usize + LAUNCH_CONFIG_STREAM_OFFSET) as *const u64) }
-        .ok()
+    let head: LaunchConfigHead =
+        unsafe { bpf_probe_read_user(config as *const LaunchConfigHead) }.ok()?;
+    Some(Call::Launch {
+        stream: head.stream,
+        graph: false,
+        key: launch_key(head.grid, head.block),
+    })
 }
 
-// ---- Runtime API (libcudart). Attached with a return probe each. ----
+/// A graph launch: `(graphExec, stream)` in both APIs, the same handle.
+#[inline(always)]
+fn graph_launch(ctx: &ProbeContext) -> Option<Call> {
+    Some(Call::Launch {
+        stream: ctx.arg(1)?,
+        graph: true,
+        key: ctx.arg(0)?,
+    })
+}
+
+// ---- Runtime API (libcudart). A return probe each, launches excepted. ----
 
 /// `cudaLaunchKernel(func, dim3 grid, dim3 block, args, sharedMem, stream)`:
-/// each dim3 takes two registers, so the stream is argument 7.
+/// each dim3 takes two registers (x and y in the first), so the stream is
+/// argument 7.
 #[uprobe]
 pub fn cuda_launch_kernel(ctx: ProbeContext) -> u32 {
-    runtime_entry(arg(&ctx, 7).map(|stream| Call::Launch {
-        stream,
-        graph: false,
-    }))
+    let call = || {
+        let (gxy, gz, bxy, bz): (u64, u64, u64, u64) =
+            (ctx.arg(1)?, ctx.arg(2)?, ctx.arg(3)?, ctx.arg(4)?);
+        let grid = [gxy as u32, (gxy >> 32) as u32, gz as u32];
+        let block = [bxy as u32, (bxy >> 32) as u32, bz as u32];
+        Some(Call::Launch {
+            stream: arg(&ctx, 7)?,
+            graph: false,
+            key: launch_key(grid, block),
+        })
+    };
+    runtime_launch(&ctx, call())
 }
 
 /// `cudaLaunchKernelExC(const cudaLaunchConfig_t*, func, args)`.
 #[uprobe]
 pub fn cuda_launch_kernel_ex(ctx: ProbeContext) -> u32 {
-    let stream = ctx.arg(0).and_then(launch_config_stream);
-    runtime_entry(stream.map(|stream| Call::Launch {
-        stream,
-        graph: false,
-    }))
+    runtime_launch(&ctx, ctx.arg(0).and_then(config_launch))
 }
 
 /// `cudaGraphLaunch(graphExec, stream)`.
 #[uprobe]
 pub fn cuda_graph_launch(ctx: ProbeContext) -> u32 {
-    runtime_entry(ctx.arg(1).map(|stream| Call::Launch {
-        stream,
-        graph: true,
-    }))
+    runtime_launch(&ctx, graph_launch(&ctx))
 }
 
 /// `cudaMemcpyAsync(dst, src, count, kind, stream)`.
 #[uprobe]
 pub fn cuda_memcpy_async(ctx: ProbeContext) -> u32 {
     let dir = ctx.arg(3).map(Direction::from_cuda_kind);
-    runtime_entry(dir.and_then(|dir| copy_call(&ctx, dir, 2, Some(4))))
+    runtime_entry(&ctx, dir.and_then(|dir| copy_call(&ctx, dir, 2, Some(4))))
 }
 
 /// `cudaMemcpy(dst, src, count, kind)`: synchronous.
 #[uprobe]
 pub fn cuda_memcpy(ctx: ProbeContext) -> u32 {
     let dir = ctx.arg(3).map(Direction::from_cuda_kind);
-    runtime_entry(dir.and_then(|dir| copy_call(&ctx, dir, 2, None)))
+    runtime_entry(&ctx, dir.and_then(|dir| copy_call(&ctx, dir, 2, None)))
 }
 
 /// `cudaStreamSynchronize(stream)`.
@@ -399,25 +491,31 @@ pub fn cuda_stream_sync(ctx: ProbeContext) -> u32 {
         completion: Completion::StreamSync,
         stream,
     });
-    runtime_entry(call)
+    runtime_entry(&ctx, call)
 }
 
 /// `cudaEventSynchronize(event)`.
 #[uprobe]
-pub fn cuda_event_sync(_ctx: ProbeContext) -> u32 {
-    runtime_entry(Some(Call::Sync {
-        completion: Completion::EventSync,
-        stream: 0,
-    }))
+pub fn cuda_event_sync(ctx: ProbeContext) -> u32 {
+    runtime_entry(
+        &ctx,
+        Some(Call::Sync {
+            completion: Completion::EventSync,
+            stream: 0,
+        }),
+    )
 }
 
 /// `cudaDeviceSynchronize()`.
 #[uprobe]
-pub fn cuda_device_sync(_ctx: ProbeContext) -> u32 {
-    runtime_entry(Some(Call::Sync {
-        completion: Completion::DeviceSync,
-        stream: 0,
-    }))
+pub fn cuda_device_sync(ctx: ProbeContext) -> u32 {
+    runtime_entry(
+        &ctx,
+        Some(Call::Sync {
+            completion: Completion::DeviceSync,
+            stream: 0,
+        }),
+    )
 }
 
 /// Return of every runtime entry point above.
@@ -431,59 +529,58 @@ pub fn cuda_runtime_return(ctx: RetProbeContext) -> u32 {
 /// `cuLaunchKernel(f, gx, gy, gz, bx, by, bz, sharedMem, hStream, params, extra)`.
 #[uprobe]
 pub fn cu_launch_kernel(ctx: ProbeContext) -> u32 {
-    driver_entry(arg(&ctx, 8).map(|stream| Call::Launch {
-        stream,
-        graph: false,
-    }))
+    let call = || {
+        let grid: [u32; 3] = [ctx.arg(1)?, ctx.arg(2)?, ctx.arg(3)?];
+        let block: [u32; 3] = [ctx.arg(4)?, ctx.arg(5)?, arg(&ctx, 6)?];
+        Some(Call::Launch {
+            stream: arg(&ctx, 8)?,
+            graph: false,
+            key: launch_key(grid, block),
+        })
+    };
+    driver_entry(&ctx, call())
 }
 
 /// `cuLaunchKernelEx(const CUlaunchConfig*, f, params, extra)`.
 #[uprobe]
 pub fn cu_launch_kernel_ex(ctx: ProbeContext) -> u32 {
-    let stream = ctx.arg(0).and_then(launch_config_stream);
-    driver_entry(stream.map(|stream| Call::Launch {
-        stream,
-        graph: false,
-    }))
+    driver_entry(&ctx, ctx.arg(0).and_then(config_launch))
 }
 
 /// `cuGraphLaunch(hGraphExec, hStream)`.
 #[uprobe]
 pub fn cu_graph_launch(ctx: ProbeContext) -> u32 {
-    driver_entry(ctx.arg(1).map(|stream| Call::Launch {
-        stream,
-        graph: true,
-    }))
+    driver_entry(&ctx, graph_launch(&ctx))
 }
 
 /// `cuMemcpyDtoHAsync_v2(dstHost, srcDevice, bytes, hStream)`.
 #[uprobe]
 pub fn cu_memcpy_dtoh_async(ctx: ProbeContext) -> u32 {
-    driver_entry(copy_call(&ctx, Direction::DeviceToHost, 2, Some(3)))
+    driver_entry(&ctx, copy_call(&ctx, Direction::DeviceToHost, 2, Some(3)))
 }
 
 /// `cuMemcpyHtoDAsync_v2(dstDevice, srcHost, bytes, hStream)`.
 #[uprobe]
 pub fn cu_memcpy_htod_async(ctx: ProbeContext) -> u32 {
-    driver_entry(copy_call(&ctx, Direction::HostToDevice, 2, Some(3)))
+    driver_entry(&ctx, copy_call(&ctx, Direction::HostToDevice, 2, Some(3)))
 }
 
 /// `cuMemcpyAsync(dst, src, bytes, hStream)`: unified addressing, direction unknown.
 #[uprobe]
 pub fn cu_memcpy_async(ctx: ProbeContext) -> u32 {
-    driver_entry(copy_call(&ctx, Direction::Unknown, 2, Some(3)))
+    driver_entry(&ctx, copy_call(&ctx, Direction::Unknown, 2, Some(3)))
 }
 
 /// `cuMemcpyDtoH_v2(dstHost, srcDevice, bytes)`: synchronous.
 #[uprobe]
 pub fn cu_memcpy_dtoh(ctx: ProbeContext) -> u32 {
-    driver_entry(copy_call(&ctx, Direction::DeviceToHost, 2, None))
+    driver_entry(&ctx, copy_call(&ctx, Direction::DeviceToHost, 2, None))
 }
 
 /// `cuMemcpyHtoD_v2(dstDevice, srcHost, bytes)`: synchronous.
 #[uprobe]
 pub fn cu_memcpy_htod(ctx: ProbeContext) -> u32 {
-    driver_entry(copy_call(&ctx, Direction::HostToDevice, 2, None))
+    driver_entry(&ctx, copy_call(&ctx, Direction::HostToDevice, 2, None))
 }
 
 /// `cuStreamSynchronize(hStream)`.
@@ -493,25 +590,31 @@ pub fn cu_stream_sync(ctx: ProbeContext) -> u32 {
         completion: Completion::StreamSync,
         stream,
     });
-    driver_entry(call)
+    driver_entry(&ctx, call)
 }
 
 /// `cuEventSynchronize(hEvent)`.
 #[uprobe]
-pub fn cu_event_sync(_ctx: ProbeContext) -> u32 {
-    driver_entry(Some(Call::Sync {
-        completion: Completion::EventSync,
-        stream: 0,
-    }))
+pub fn cu_event_sync(ctx: ProbeContext) -> u32 {
+    driver_entry(
+        &ctx,
+        Some(Call::Sync {
+            completion: Completion::EventSync,
+            stream: 0,
+        }),
+    )
 }
 
 /// `cuCtxSynchronize()`.
 #[uprobe]
-pub fn cu_ctx_sync(_ctx: ProbeContext) -> u32 {
-    driver_entry(Some(Call::Sync {
-        completion: Completion::ContextSync,
-        stream: 0,
-    }))
+pub fn cu_ctx_sync(ctx: ProbeContext) -> u32 {
+    driver_entry(
+        &ctx,
+        Some(Call::Sync {
+            completion: Completion::ContextSync,
+            stream: 0,
+        }),
+    )
 }
 
 /// Return of the driver's synchronous copies and synchronise calls.

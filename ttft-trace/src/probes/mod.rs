@@ -525,6 +525,27 @@ impl Probes {
         }
     }
 
+    /// Detaches the runtime's launch probes bound to `reach`, leaving that
+    /// process's launches to the driver's probes: one trap per launch
+    /// instead of two. Returns how many were detached. Entry probes only
+    /// (runtime launches have no return probe), so a launch in flight
+    /// meanwhile is counted once, at one layer or the other.
+    pub fn drop_runtime_launches(&mut self, reach: Reach) -> usize {
+        let mut dropped = Vec::new();
+        for probed in self.attached.values_mut() {
+            if let Some(links) = probed.links.get_mut(&reach) {
+                let (launches, rest): (Links, Links) = std::mem::take(links)
+                    .into_iter()
+                    .partition(|(program, _)| symbols::is_runtime_launch(program));
+                *links = rest;
+                dropped.extend(launches);
+            }
+        }
+        let n = dropped.len();
+        self.detach_links(dropped);
+        n
+    }
+
     /// The files probed now.
     pub fn attached_files(&self) -> impl Iterator<Item = &FileId> {
         self.attached.keys()

@@ -36,9 +36,10 @@ pub struct ProbedSymbol {
     pub api: Api,
     /// eBPF program for the entry.
     pub program: &'static str,
-    /// Whether the return is probed too. Every runtime entry point is (the
-    /// nesting depth needs it); on the driver only calls whose return
-    /// completes a copy.
+    /// Whether the return is probed too. Every runtime entry point but the
+    /// launches is (the nesting depth needs it; a runtime launch's own
+    /// driver launch is recognised from entries alone, one trap fewer per
+    /// launch); on the driver only calls whose return completes a copy.
     pub needs_return: bool,
 }
 
@@ -51,6 +52,14 @@ impl ProbedSymbol {
     pub fn is_launch(&self) -> bool {
         LAUNCH_PROGRAMS.contains(&self.program)
     }
+}
+
+/// Whether `program` is the entry program of a runtime launch: the probes
+/// that [`super::Probes::drop_runtime_launches`] removes.
+pub fn is_runtime_launch(program: &str) -> bool {
+    SYMBOLS
+        .iter()
+        .any(|s| s.program == program && s.api == Api::Runtime && s.is_launch())
 }
 
 /// The entry programs of launch calls ([`ProbedSymbol::is_launch`]).
@@ -72,6 +81,13 @@ const fn rt(name: &'static str, program: &'static str) -> ProbedSymbol {
     }
 }
 
+const fn rt_launch(name: &'static str, program: &'static str) -> ProbedSymbol {
+    ProbedSymbol {
+        needs_return: false,
+        ..rt(name, program)
+    }
+}
+
 const fn drv(name: &'static str, program: &'static str, needs_return: bool) -> ProbedSymbol {
     ProbedSymbol {
         name,
@@ -83,12 +99,12 @@ const fn drv(name: &'static str, program: &'static str, needs_return: bool) -> P
 
 /// Every probed symbol.
 pub const SYMBOLS: &[ProbedSymbol] = &[
-    rt("cudaLaunchKernel", "cuda_launch_kernel"),
-    rt("cudaLaunchKernel_ptsz", "cuda_launch_kernel"),
-    rt("cudaLaunchKernelExC", "cuda_launch_kernel_ex"),
-    rt("cudaLaunchKernelExC_ptsz", "cuda_launch_kernel_ex"),
-    rt("cudaGraphLaunch", "cuda_graph_launch"),
-    rt("cudaGraphLaunch_ptsz", "cuda_graph_launch"),
+    rt_launch("cudaLaunchKernel", "cuda_launch_kernel"),
+    rt_launch("cudaLaunchKernel_ptsz", "cuda_launch_kernel"),
+    rt_launch("cudaLaunchKernelExC", "cuda_launch_kernel_ex"),
+    rt_launch("cudaLaunchKernelExC_ptsz", "cuda_launch_kernel_ex"),
+    rt_launch("cudaGraphLaunch", "cuda_graph_launch"),
+    rt_launch("cudaGraphLaunch_ptsz", "cuda_graph_launch"),
     rt("cudaMemcpyAsync", "cuda_memcpy_async"),
     rt("cudaMemcpyAsync_ptsz", "cuda_memcpy_async"),
     rt("cudaMemcpy", "cuda_memcpy"),
@@ -165,7 +181,7 @@ mod tests {
             SYMBOLS
                 .iter()
                 .filter(|s| s.api == Api::Runtime)
-                .all(|s| s.needs_return)
+                .all(|s| s.needs_return != s.is_launch())
         );
         for m in MARKERS {
             assert!(lookup(m).is_some(), "{m} is a marker but not probed");
@@ -182,5 +198,7 @@ mod tests {
                 .iter()
                 .all(|m| lookup(m).is_some_and(|s| s.is_launch()))
         );
+        assert!(is_runtime_launch("cuda_launch_kernel") && is_runtime_launch("cuda_graph_launch"));
+        assert!(!is_runtime_launch("cu_launch_kernel") && !is_runtime_launch("cuda_memcpy"));
     }
 }

@@ -8,6 +8,7 @@
 
 mod counters;
 mod discovery;
+mod launch_layer;
 mod wait;
 
 use std::{
@@ -123,6 +124,9 @@ pub struct Tracking {
     /// Exited processes the kernel kept a workload for at the last
     /// [`Tracking::forget_exited`].
     exited_seen: BTreeSet<u32>,
+    /// Traced processes whose launches are left to the driver's probes
+    /// ([`launch_layer`]).
+    driver_launches: BTreeSet<u32>,
     changes: Vec<Change>,
 }
 
@@ -139,6 +143,7 @@ impl Tracking {
             sched_gone: SchedTotals::default(),
             announced: Vec::new(),
             exited_seen: BTreeSet::new(),
+            driver_launches: BTreeSet::new(),
             files_seen: 0,
             last_mapped: HashMap::new(),
             named: HashSet::new(),
@@ -392,9 +397,11 @@ impl Tracking {
             if !live.iter().any(|(p, _)| p == tgid) && !targets::is_process(*tgid) {
                 self.probes.drop_counters(*tgid)?;
                 self.counters.forget(*tgid);
+                self.driver_launches.remove(tgid);
                 gone.push(*tgid);
             }
         }
+        self.choose_launch_layer(&reading);
         let now = self.probes.sched_totals()?;
         self.sched_totals.extend(now.iter().map(|(t, v)| (*t, *v)));
         // An exited process's last reading, or one the kernel's LRU map
@@ -434,6 +441,28 @@ impl Tracking {
                 map_full: self.probes.map_full()?,
             },
         })
+    }
+
+    /// Leaves the launches of the processes whose runtime showed that they
+    /// all reach the driver's probes to those alone ([`launch_layer`]).
+    /// Only where the probes are bound to each process: host-wide ones
+    /// serve every process that maps the file, whatever its evidence.
+    fn choose_launch_layer(&mut self, reading: &BTreeMap<u32, GpuCounters>) {
+        for tgid in launch_layer::ready(reading, &self.driver_launches) {
+            let Reach::Process(pid) = self.reach(tgid) else {
+                return;
+            };
+            self.driver_launches.insert(tgid);
+            let dropped = self.probes.drop_runtime_launches(Reach::Process(pid));
+            if dropped > 0 {
+                let c = &reading[&tgid];
+                log::info!(
+                    "launches of pid {tgid} are traced at the driver from now: all {} of its \
+                     runtime's launches reached it ({dropped} runtime launch probes detached)",
+                    c.runtime_launches
+                );
+            }
+        }
     }
 
     /// The workloads none of whose processes is alive: no longer traced.
