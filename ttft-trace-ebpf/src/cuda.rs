@@ -41,34 +41,47 @@ struct LaunchConfigHead {
 
 const _: () = assert!(core::mem::offset_of!(LaunchConfigHead, stream) == 32);
 
-/// Arguments past the registers live on the user stack.
+/// Arguments passed in registers; the rest live on the user stack.
 #[cfg(bpf_target_arch = "x86_64")]
+const REG_ARGS: usize = 6;
+#[cfg(bpf_target_arch = "aarch64")]
+const REG_ARGS: usize = 8;
+
+/// Address of stack argument `n` (`n >= REG_ARGS`) at function entry.
 #[inline(always)]
-fn arg<T: Argument + Copy>(ctx: &ProbeContext, n: usize) -> Option<T> {
-    const REG_ARGS: usize = 6;
-    if n < REG_ARGS {
-        return ctx.arg(n);
-    }
-    // SAFETY: regs points at the probe's saved registers.
-    let sp = unsafe { (*ctx.regs).rsp } as usize;
-    // At function entry [rsp] is the return address; the 7th argument follows.
-    let addr = sp + 8 * (n - REG_ARGS + 1);
-    // SAFETY: bpf_probe_read_user checks the address.
-    unsafe { bpf_probe_read_user(addr as *const T) }.ok()
+fn stack_arg_addr(ctx: &ProbeContext, n: usize) -> usize {
+    // At entry on x86-64 [rsp] is the return address and the 7th argument
+    // follows; on aarch64 the 9th argument is at [sp].
+    #[cfg(bpf_target_arch = "x86_64")]
+    let first = 1;
+    #[cfg(bpf_target_arch = "aarch64")]
+    let first = 0;
+    8 * (n - REG_ARGS + first) + stack_pointer(ctx) as usize
 }
 
-#[cfg(bpf_target_arch = "aarch64")]
+/// Argument `n`, wherever it lives.
 #[inline(always)]
 fn arg<T: Argument + Copy>(ctx: &ProbeContext, n: usize) -> Option<T> {
-    const REG_ARGS: usize = 8;
     if n < REG_ARGS {
         return ctx.arg(n);
     }
-    // SAFETY: regs points at the probe's saved registers.
-    let sp = unsafe { (*ctx.regs).sp } as usize;
-    let addr = sp + 8 * (n - REG_ARGS);
     // SAFETY: bpf_probe_read_user checks the address.
-    unsafe { bpf_probe_read_user(addr as *const T) }.ok()
+    unsafe { bpf_probe_read_user(stack_arg_addr(ctx, n) as *const T) }.ok()
+}
+
+/// Arguments `n..n + N` as u64s: one user memory read (a good part of a
+/// probe's own cost) where they are all on the stack.
+#[inline(always)]
+fn args<const N: usize>(ctx: &ProbeContext, n: usize) -> Option<[u64; N]> {
+    if n >= REG_ARGS {
+        // SAFETY: bpf_probe_read_user checks the address.
+        return unsafe { bpf_probe_read_user(stack_arg_addr(ctx, n) as *const [u64; N]) }.ok();
+    }
+    let mut out = [0u64; N];
+    for (i, v) in out.iter_mut().enumerate() {
+        *v = arg(ctx, n + i)?;
+    }
+    Some(out)
 }
 
 /// The stack pointer at the probed entry: a call made inside another one
@@ -137,6 +150,16 @@ pub fn send_discover(tgid: u32, t_ns: u64) {
         }
         None => bump_stat(Stat::RingbufLost),
     }
+}
+
+/// The calling thread's ids, the time and its state, if its process is
+/// traced: what every entry probe starts from.
+#[inline(always)]
+fn traced_call() -> Option<(u32, u32, u64, &'static mut ThreadState)> {
+    let (tgid, tid) = traced_thread()?;
+    let now = now_ns();
+    let st = thread_state(tid)?;
+    Some((tgid, tid, now, st))
 }
 
 #[inline(always)]
@@ -292,11 +315,7 @@ fn apply(st: &mut ThreadState, call: Call, now: u64, tgid: u32, tid: u32, api: u
 /// outermost.
 #[inline(always)]
 fn runtime_entry(ctx: &ProbeContext, call: Option<Call>) -> u32 {
-    let Some((tgid, tid)) = traced_thread() else {
-        return 0;
-    };
-    let now = now_ns();
-    let Some(st) = thread_state(tid) else {
+    let Some((tgid, tid, now, st)) = traced_call() else {
         return 0;
     };
     st.settle_launch(stack_pointer(ctx));
@@ -316,11 +335,7 @@ fn runtime_entry(ctx: &ProbeContext, call: Option<Call>) -> u32 {
 /// read leave the launch to the driver's probe.
 #[inline(always)]
 fn runtime_launch(ctx: &ProbeContext, call: Option<Call>) -> u32 {
-    let Some((tgid, tid)) = traced_thread() else {
-        return 0;
-    };
-    let now = now_ns();
-    let Some(st) = thread_state(tid) else {
+    let Some((tgid, tid, now, st)) = traced_call() else {
         return 0;
     };
     let sp = stack_pointer(ctx);
@@ -338,11 +353,7 @@ fn runtime_launch(ctx: &ProbeContext, call: Option<Call>) -> u32 {
 /// launch, when it is the one a runtime launch makes.
 #[inline(always)]
 fn driver_entry(ctx: &ProbeContext, call: Option<Call>) -> u32 {
-    let Some((tgid, tid)) = traced_thread() else {
-        return 0;
-    };
-    let now = now_ns();
-    let Some(st) = thread_state(tid) else {
+    let Some((tgid, tid, now, st)) = traced_call() else {
         return 0;
     };
     if st.in_runtime() {
@@ -527,13 +538,15 @@ pub fn cuda_runtime_return(ctx: RetProbeContext) -> u32 {
 // ---- Driver API (libcuda). Return probes only where completion needs one. ----
 
 /// `cuLaunchKernel(f, gx, gy, gz, bx, by, bz, sharedMem, hStream, params, extra)`.
+/// `bz`, `sharedMem` and `hStream` are read together ([`args`]).
 #[uprobe]
 pub fn cu_launch_kernel(ctx: ProbeContext) -> u32 {
     let call = || {
+        let [bz, _shared_mem, stream] = args::<3>(&ctx, 6)?;
         let grid: [u32; 3] = [ctx.arg(1)?, ctx.arg(2)?, ctx.arg(3)?];
-        let block: [u32; 3] = [ctx.arg(4)?, ctx.arg(5)?, arg(&ctx, 6)?];
+        let block: [u32; 3] = [ctx.arg(4)?, ctx.arg(5)?, bz as u32];
         Some(Call::Launch {
-            stream: arg(&ctx, 8)?,
+            stream,
             graph: false,
             key: launch_key(grid, block),
         })
