@@ -57,6 +57,32 @@ pub fn signal(pid: u32, sig: &str) -> Result<()> {
     cmd(Command::new("kill").args([&format!("-{sig}"), &pid.to_string()]))
 }
 
+/// Interrupts `child` and waits for it to exit, sending `SIGINT` again each
+/// second when `repeat` (bpftrace can miss one that comes as it starts its
+/// event loop, and then waits for good), and `SIGKILL` after `limit`, which
+/// is an error: a bench must not hang on a tool it runs.
+pub fn interrupt(child: &mut Child, repeat: bool, limit: Duration) -> Result<()> {
+    let started = Instant::now();
+    let mut sent = started;
+    signal(child.id(), "INT")?;
+    loop {
+        if child.try_wait()?.is_some() {
+            return Ok(());
+        }
+        if started.elapsed() >= limit {
+            child.kill()?;
+            child.wait()?;
+            bail!("pid {} did not exit within {limit:?} of SIGINT", child.id());
+        }
+        if repeat && sent.elapsed() >= Duration::from_secs(1) {
+            // Gone meanwhile: try_wait says so next round.
+            let _ = signal(child.id(), "INT");
+            sent = Instant::now();
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Starts `ttft-trace <subcommand>` and returns once a line of its stderr
 /// contains `ready` (its probes attached, its target found); its stderr is
 /// echoed by a thread.

@@ -40,7 +40,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use serde_json::{Value, json};
 
-use crate::demo::{signal, start_tracer};
+use crate::demo::{interrupt, start_tracer};
 
 /// Operations of `hosttax`, in report order.
 const CASES: &[(&str, &str)] = &[
@@ -213,9 +213,8 @@ fn start(root: &Path, setup: &str, workload: u32) -> Result<Child> {
 /// Stops a setup, and waits until the kernel has removed its uprobes (its
 /// `ttft-detach` child is gone): removing a uprobe holds up every fork on
 /// the host (the kernel's `dup_mmap_sem`), which the next rows would pay.
-fn stop(mut child: Child) -> Result<()> {
-    signal(child.id(), "INT")?;
-    child.wait()?;
+fn stop(mut child: Child, bpftrace: bool) -> Result<()> {
+    interrupt(&mut child, bpftrace, Duration::from_secs(60))?;
     crate::attachtime::wait_for_detaches()
 }
 
@@ -372,7 +371,7 @@ pub fn run(root: &Path, plan: &Plan) -> Result<(Value, Vec<String>)> {
                     pass?;
                     costs.insert(setup.name, program_costs(&before)?);
                 }
-                stop(child)?;
+                stop(child, setup.name == "empty_tracepoints")?;
                 for (case, ns) in got? {
                     traced.entry((setup.name, case)).or_default().push(ns);
                 }

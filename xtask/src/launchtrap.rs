@@ -25,7 +25,7 @@ use serde_json::{Value, json};
 
 use crate::{
     attachtime::wait_for_detaches,
-    demo::{signal, start_tracer, wait_stopped},
+    demo::{interrupt, signal, start_tracer, wait_stopped},
     hosttax,
 };
 
@@ -106,8 +106,7 @@ fn empty_uprobe(root: &Path, shape: &Shape) -> Result<f64> {
     std::io::BufReader::new(stdout).read_line(&mut line)?;
     thread::sleep(Duration::from_millis(200));
     let ns = untraced(root, shape);
-    signal(bpftrace.id(), "INT")?;
-    bpftrace.wait()?;
+    interrupt(&mut bpftrace, true, Duration::from_secs(30))?;
     ns
 }
 
