@@ -205,19 +205,26 @@ fn every_completion_style_matches_ground_truth() -> Result<()> {
 /// A runtime whose launches all reach the driver's probed entry points
 /// shows it within 256 launches; the process's launches are then traced at
 /// the driver alone (one trap per launch), and every episode stays exact
-/// across the change.
+/// across the change. With host-wide probes (the daemon's reach) the same,
+/// for the runtime file, on the evidence of the traced processes mapping it.
 #[test]
 fn launches_move_to_the_driver_once_the_runtime_shows_it_reaches_it() -> Result<()> {
     let Some(_g) = root_test("launches_move_to_the_driver_once_the_runtime_shows_it_reaches_it")
     else {
         return Ok(());
     };
-    for style in [Style::Stream, Style::LaunchEx, Style::Graph] {
+    let runs: [(Style, &[&str]); 4] = [
+        (Style::Stream, &[]),
+        (Style::LaunchEx, &[]),
+        (Style::Graph, &[]),
+        (Style::Stream, &["--host-wide-probes"]),
+    ];
+    for (style, extra) in runs {
         let w = Workload::new(style)
             .episodes(150)
             .launches(4)
             .gap_us(10_000);
-        let (out, truth) = trace(w, &[], 2)?;
+        let (out, truth) = trace(w, extra, 2)?;
         let traced = out.episodes();
         // Detaching the runtime's launch probes rewrites the runtime's code
         // pages in the process: a thread inside a launch then may wait on
@@ -225,12 +232,12 @@ fn launches_move_to_the_driver_once_the_runtime_shows_it_reaches_it() -> Result<
         let errors = compare_except(&traced, &truth, 3);
         check_totals(&out, &truth);
         let pid = truth[0].pid;
-        assert!(
-            out.stderr
-                .contains(&format!("launches of pid {pid} are traced at the driver")),
-            "{style}: {}",
-            out.stderr
-        );
+        let said = if extra.is_empty() {
+            format!("launches of pid {pid} are traced at the driver")
+        } else {
+            format!("{} are traced at the driver", fixtures::STUB_CUDART)
+        };
+        assert!(out.stderr.contains(&said), "{style}: {}", out.stderr);
         let apis: Vec<&str> = traced.iter().map(|t| t.api.as_str()).collect();
         let at_driver = apis.iter().filter(|a| **a == "driver").count();
         assert_eq!(apis[0], "runtime", "{style}: {apis:?}");

@@ -525,14 +525,17 @@ impl Probes {
         }
     }
 
-    /// Detaches the runtime's launch probes bound to `reach`, leaving that
-    /// process's launches to the driver's probes: one trap per launch
-    /// instead of two. Returns how many were detached. Entry probes only
-    /// (runtime launches have no return probe), so a launch in flight
-    /// meanwhile is counted once, at one layer or the other.
-    pub fn drop_runtime_launches(&mut self, reach: Reach) -> usize {
+    /// Detaches the runtime's launch probes bound to `reach` (of one file,
+    /// or of all), leaving those launches to the driver's probes: one trap
+    /// per launch instead of two. Returns how many were detached. Entry
+    /// probes only (runtime launches have no return probe), so a launch in
+    /// flight meanwhile is counted once, at one layer or the other.
+    pub fn drop_runtime_launches(&mut self, reach: Reach, file: Option<&FileId>) -> usize {
         let mut dropped = Vec::new();
-        for probed in self.attached.values_mut() {
+        for (id, probed) in &mut self.attached {
+            if file.is_some_and(|f| f != id) {
+                continue;
+            }
             if let Some(links) = probed.links.get_mut(&reach) {
                 let (launches, rest): (Links, Links) = std::mem::take(links)
                     .into_iter()
@@ -544,6 +547,11 @@ impl Probes {
         let n = dropped.len();
         self.detach_links(dropped);
         n
+    }
+
+    /// The path a probed file was attached by.
+    pub fn attached_path(&self, id: &FileId) -> Option<&std::path::Path> {
+        self.attached.get(id).map(|p| p.report.path.as_path())
     }
 
     /// The files probed now.

@@ -6,6 +6,12 @@
 //! runtime's launch probes are redundant: detaching them leaves one trap
 //! per launch. A runtime that reaches the driver some other way (through
 //! entry points not probed) never shows it, and keeps both.
+//!
+//! Probes bound to one process (`attach`) follow that process's evidence.
+//! Host-wide probes (the daemon, `--host-wide-probes`) serve every process
+//! that maps the file: they follow the evidence of the traced processes
+//! that map it, together (one of them has shown it, and none has a runtime
+//! launch the driver's probes did not see).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -15,18 +21,29 @@ use ttft_trace_common::GpuCounters;
 /// driver, before its launches are left to the driver's probes.
 pub const EVIDENCE_LAUNCHES: u64 = 256;
 
+/// Whether one process has shown that its runtime's launches all reach
+/// the driver's probes.
+fn shown(c: &GpuCounters) -> bool {
+    c.runtime_launches >= EVIDENCE_LAUNCHES && c.runtime_launches_at_driver == c.runtime_launches
+}
+
 /// The processes of `reading` whose launches may now be left to the
 /// driver's probes, leaving out those in `done`.
 pub fn ready(reading: &BTreeMap<u32, GpuCounters>, done: &BTreeSet<u32>) -> Vec<u32> {
     reading
         .iter()
-        .filter(|(tgid, c)| {
-            !done.contains(tgid)
-                && c.runtime_launches >= EVIDENCE_LAUNCHES
-                && c.runtime_launches_at_driver == c.runtime_launches
-        })
+        .filter(|(tgid, c)| !done.contains(tgid) && shown(c))
         .map(|(tgid, _)| *tgid)
         .collect()
+}
+
+/// Whether a file's launches may be left to the driver's probes host-wide,
+/// from the counters of the traced processes that map it.
+pub fn file_ready(users: &[&GpuCounters]) -> bool {
+    users.iter().any(|c| shown(c))
+        && users
+            .iter()
+            .all(|c| c.runtime_launches_at_driver == c.runtime_launches)
 }
 
 #[cfg(test)]
@@ -53,5 +70,25 @@ mod tests {
         ]);
         assert_eq!(ready(&reading, &BTreeSet::new()), [1, 6]);
         assert_eq!(ready(&reading, &BTreeSet::from([6])), [1]);
+    }
+
+    #[test]
+    fn a_file_needs_one_user_that_showed_it_and_none_against() {
+        let (shown, young, against) = (
+            counters(EVIDENCE_LAUNCHES, EVIDENCE_LAUNCHES),
+            counters(10, 10),
+            counters(10, 9),
+        );
+        assert!(file_ready(&[&shown]));
+        assert!(file_ready(&[&shown, &young]));
+        assert!(
+            !file_ready(&[&young]),
+            "no process has made enough launches"
+        );
+        assert!(
+            !file_ready(&[&shown, &against]),
+            "one runtime launch missed the driver"
+        );
+        assert!(!file_ready(&[]));
     }
 }

@@ -125,8 +125,12 @@ pub struct Tracking {
     /// [`Tracking::forget_exited`].
     exited_seen: BTreeSet<u32>,
     /// Traced processes whose launches are left to the driver's probes
-    /// ([`launch_layer`]).
+    /// ([`launch_layer`]), and with host-wide probes, the runtime files.
     driver_launches: BTreeSet<u32>,
+    driver_launch_files: HashSet<FileId>,
+    /// The runtime libraries each live traced process maps, at its last
+    /// scan: whose evidence speaks for a file's host-wide probes.
+    runtime_files: HashMap<u32, Vec<FileId>>,
     changes: Vec<Change>,
 }
 
@@ -144,6 +148,8 @@ impl Tracking {
             announced: Vec::new(),
             exited_seen: BTreeSet::new(),
             driver_launches: BTreeSet::new(),
+            driver_launch_files: HashSet::new(),
+            runtime_files: HashMap::new(),
             files_seen: 0,
             last_mapped: HashMap::new(),
             named: HashSet::new(),
@@ -206,15 +212,20 @@ impl Tracking {
     /// finds its workloads by what they call, so its probes fire host-wide
     /// (the kernel's filter drops what is not traced).
     fn reach(&self, pid: u32) -> Reach {
-        match (&self.mode, NonZeroU32::new(pid)) {
-            (
-                Mode::Attach {
-                    host_wide_probes: false,
-                },
-                Some(pid),
-            ) => Reach::Process(pid),
+        match NonZeroU32::new(pid) {
+            Some(pid) if !self.host_wide() => Reach::Process(pid),
             _ => Reach::Host,
         }
+    }
+
+    /// Whether the probes fire host-wide rather than per traced process.
+    fn host_wide(&self) -> bool {
+        !matches!(
+            self.mode,
+            Mode::Attach {
+                host_wide_probes: false
+            }
+        )
     }
 
     /// Attaches the probes to `lib` for `reach` unless they are there.
@@ -313,6 +324,8 @@ impl Tracking {
     /// Scans every traced process and attaches libraries not seen before.
     pub fn rescan(&mut self) -> Result<Rescan> {
         let live = self.live_processes()?;
+        self.runtime_files
+            .retain(|pid, _| live.iter().any(|(p, _)| p == pid));
         for (pid, _) in &live {
             self.probe_process(*pid);
         }
@@ -345,6 +358,10 @@ impl Tracking {
             return;
         };
         let named = self.named_libs.clone();
+        let runtimes = scan.libraries.iter().chain(&named);
+        let runtimes = runtimes.filter(|l| l.apis.contains(&Api::Runtime));
+        self.runtime_files
+            .insert(pid, runtimes.map(|l| l.id.clone()).collect());
         for lib in scan.libraries.iter().chain(&named) {
             self.attach_found(lib, pid);
         }
@@ -381,6 +398,7 @@ impl Tracking {
             .collect();
         for id in unmapped {
             self.last_mapped.remove(&id);
+            self.driver_launch_files.remove(&id);
             if let Some(a) = self.probes.detach_library(&id) {
                 self.changes.push(Change::Detached(a));
             }
@@ -444,16 +462,20 @@ impl Tracking {
     }
 
     /// Leaves the launches of the processes whose runtime showed that they
-    /// all reach the driver's probes to those alone ([`launch_layer`]).
-    /// Only where the probes are bound to each process: host-wide ones
-    /// serve every process that maps the file, whatever its evidence.
+    /// all reach the driver's probes to those alone ([`launch_layer`]):
+    /// per process where the probes are bound to each, per file where they
+    /// are host-wide.
     fn choose_launch_layer(&mut self, reading: &BTreeMap<u32, GpuCounters>) {
+        if self.host_wide() {
+            self.choose_launch_layer_per_file(reading);
+            return;
+        }
         for tgid in launch_layer::ready(reading, &self.driver_launches) {
             let Reach::Process(pid) = self.reach(tgid) else {
-                return;
+                continue;
             };
             self.driver_launches.insert(tgid);
-            let dropped = self.probes.drop_runtime_launches(Reach::Process(pid));
+            let dropped = self.probes.drop_runtime_launches(Reach::Process(pid), None);
             if dropped > 0 {
                 let c = &reading[&tgid];
                 log::info!(
@@ -462,6 +484,44 @@ impl Tracking {
                     c.runtime_launches
                 );
             }
+        }
+    }
+
+    /// Host-wide probes: a runtime file's launch probes go once the traced
+    /// processes that map it show, together, that its launches reach the
+    /// driver's probes ([`launch_layer::file_ready`]).
+    fn choose_launch_layer_per_file(&mut self, reading: &BTreeMap<u32, GpuCounters>) {
+        let files: HashSet<&FileId> = self.runtime_files.values().flatten().collect();
+        let mut ready = Vec::new();
+        for file in files {
+            if self.driver_launch_files.contains(file) {
+                continue;
+            }
+            let users: Vec<&GpuCounters> = self
+                .runtime_files
+                .iter()
+                .filter(|(_, files)| files.contains(file))
+                .filter_map(|(pid, _)| reading.get(pid))
+                .collect();
+            if launch_layer::file_ready(&users) {
+                ready.push((file.clone(), users.len()));
+            }
+        }
+        for (file, users) in ready {
+            let dropped = self.probes.drop_runtime_launches(Reach::Host, Some(&file));
+            if dropped > 0 {
+                let path = self
+                    .probes
+                    .attached_path(&file)
+                    .map(|p| p.display().to_string());
+                log::info!(
+                    "launches through {} are traced at the driver from now: the {users} traced \
+                     process(es) that map it showed all their runtime launches reach it \
+                     ({dropped} runtime launch probes detached host-wide)",
+                    path.as_deref().unwrap_or("a runtime")
+                );
+            }
+            self.driver_launch_files.insert(file);
         }
     }
 
