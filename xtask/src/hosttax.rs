@@ -188,26 +188,28 @@ fn start(root: &Path, setup: &str, workload: u32) -> Result<Child> {
             ],
             "attached",
         ),
-        "empty_tracepoints" => {
-            let mut child = Command::new("bpftrace")
-                .args([
-                    "-e",
-                    "tracepoint:sched:sched_switch {} tracepoint:sched:sched_wakeup {} \
-                     tracepoint:sched:sched_wakeup_new {} tracepoint:tcp:tcp_probe {}",
-                ])
-                .stdout(Stdio::piped())
-                .stderr(Stdio::null())
-                .spawn()
-                .context("starting bpftrace")?;
-            // bpftrace prints "Attaching N probes..." once they are live.
-            let mut line = String::new();
-            let stdout = child.stdout.take().context("bpftrace stdout")?;
-            std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line)?;
-            thread::sleep(Duration::from_millis(200));
-            Ok(child)
-        }
+        "empty_tracepoints" => start_bpftrace(
+            "tracepoint:sched:sched_switch {} tracepoint:sched:sched_wakeup {} \
+             tracepoint:sched:sched_wakeup_new {} tracepoint:tcp:tcp_probe {}",
+        ),
         other => bail!("unknown setup {other}"),
     }
+}
+
+/// Starts bpftrace on `program` and returns once its probes are live (it
+/// prints "Attaching N probes..." then).
+pub fn start_bpftrace(program: &str) -> Result<Child> {
+    let mut child = Command::new("bpftrace")
+        .args(["-e", program])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting bpftrace (cargo xtask setup installs it)")?;
+    let mut line = String::new();
+    let stdout = child.stdout.take().context("bpftrace stdout")?;
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line)?;
+    thread::sleep(Duration::from_millis(200));
+    Ok(child)
 }
 
 /// Stops a setup, and waits until the kernel has removed its uprobes (its

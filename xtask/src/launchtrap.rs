@@ -13,7 +13,6 @@
 
 use std::{
     collections::BTreeSet,
-    io::BufRead as _,
     path::Path,
     process::{Command, Stdio},
     thread,
@@ -93,18 +92,8 @@ fn untraced(root: &Path, shape: &Shape) -> Result<f64> {
 /// Under bpftrace's empty program on the shape's launch function.
 fn empty_uprobe(root: &Path, shape: &Shape) -> Result<f64> {
     let lib = root.join("target/fixtures").join(shape.library);
-    let mut bpftrace = Command::new("bpftrace")
-        .arg("-e")
-        .arg(format!("uprobe:{}:{} {{}}", lib.display(), shape.function))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("starting bpftrace (cargo xtask setup installs it)")?;
-    // bpftrace prints "Attaching 1 probe..." once it is live.
-    let mut line = String::new();
-    let stdout = bpftrace.stdout.take().context("bpftrace stdout")?;
-    std::io::BufReader::new(stdout).read_line(&mut line)?;
-    thread::sleep(Duration::from_millis(200));
+    let program = format!("uprobe:{}:{} {{}}", lib.display(), shape.function);
+    let mut bpftrace = hosttax::start_bpftrace(&program)?;
     let ns = untraced(root, shape);
     interrupt(&mut bpftrace, true, Duration::from_secs(30))?;
     ns

@@ -85,12 +85,14 @@ impl Probes {
 
     /// The processes the kernel announced (and userspace has not forgotten).
     pub fn announced(&self) -> Result<Vec<u32>, ProbeError> {
-        let map: BpfHashMap<_, u32, u64> = BpfHashMap::try_from(
-            self.ebpf
-                .map("ANNOUNCED")
-                .ok_or(ProbeError::Missing("ANNOUNCED"))?,
-        )
-        .map_err(|e| ProbeError::Map("ANNOUNCED", e))?;
+        self.process_keys::<u64>("ANNOUNCED")
+    }
+
+    /// The process ids a hash map keyed by them holds now.
+    fn process_keys<V: aya::Pod>(&self, name: &'static str) -> Result<Vec<u32>, ProbeError> {
+        let map: BpfHashMap<_, u32, V> =
+            BpfHashMap::try_from(self.ebpf.map(name).ok_or(ProbeError::Missing(name))?)
+                .map_err(|e| ProbeError::Map(name, e))?;
         Ok(map.keys().filter_map(Result::ok).collect())
     }
 
@@ -236,13 +238,7 @@ impl Probes {
     /// Exited processes whose workload the kernel still keeps (EXITED),
     /// for events read after their exit.
     pub fn exited(&self) -> Result<Vec<u32>, ProbeError> {
-        let map: BpfHashMap<_, u32, u32> = BpfHashMap::try_from(
-            self.ebpf
-                .map("EXITED")
-                .ok_or(ProbeError::Missing("EXITED"))?,
-        )
-        .map_err(|e| ProbeError::Map("EXITED", e))?;
-        Ok(map.keys().filter_map(Result::ok).collect())
+        self.process_keys::<u32>("EXITED")
     }
 
     /// Forgets an exited process's workload, its last events read.
