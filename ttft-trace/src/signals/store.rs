@@ -8,6 +8,8 @@ use ttft_trace_common::signals::{
     CopyEvent, SCHED_BLOCKED, SCHED_ONCPU, SCHED_RUNQ, SchedEvent, TcpEvent,
 };
 
+use super::intervals::Intervals;
+
 /// How much history is kept: requests are finished at most this long after
 /// their arrival and still see their signals (longer streams lose them).
 pub const KEEP_NS: u64 = 300_000_000_000;
@@ -40,14 +42,10 @@ pub struct Copies {
     pub span_ns: u64,
 }
 
-#[derive(Default)]
 pub struct SignalStore {
-    /// Ordered by `t_end_ns` (events arrive nearly in that order; inserted
-    /// in place when not).
-    sched: VecDeque<SchedEvent>,
-    /// Longest interval seen, to bound window scans from the left.
-    longest_ns: u64,
+    sched: Intervals,
     tcp: HashMap<u64, VecDeque<TcpEvent>>,
+    /// Ordered by `t_ns`.
     copies: VecDeque<CopyEvent>,
     /// First traced GPU episode (its first launch) per process.
     first_episode: HashMap<u32, u64>,
@@ -55,16 +53,21 @@ pub struct SignalStore {
     gpu_threads: HashMap<u32, u32>,
 }
 
+impl Default for SignalStore {
+    fn default() -> Self {
+        Self {
+            sched: Intervals::new(MAX_SCHED),
+            tcp: HashMap::new(),
+            copies: VecDeque::new(),
+            first_episode: HashMap::new(),
+            gpu_threads: HashMap::new(),
+        }
+    }
+}
+
 impl SignalStore {
     pub fn on_sched(&mut self, ev: &SchedEvent) {
-        self.longest_ns = self
-            .longest_ns
-            .max(ev.t_end_ns.saturating_sub(ev.t_start_ns));
-        let at = self.sched.partition_point(|e| e.t_end_ns <= ev.t_end_ns);
-        self.sched.insert(at, *ev);
-        if self.sched.len() > MAX_SCHED {
-            self.sched.pop_front();
-        }
+        self.sched.insert(*ev);
     }
 
     pub fn on_tcp(&mut self, ev: &TcpEvent) {
@@ -76,7 +79,10 @@ impl SignalStore {
     }
 
     pub fn on_copy(&mut self, ev: &CopyEvent) {
-        self.copies.push_back(*ev);
+        // In place by time (events of different CPUs arrive nearly in
+        // order), so that a window is found by bisection.
+        let at = self.copies.partition_point(|e| e.t_ns <= ev.t_ns);
+        self.copies.insert(at, *ev);
         if self.copies.len() > MAX_COPIES {
             self.copies.pop_front();
         }
@@ -97,9 +103,7 @@ impl SignalStore {
     /// connections and processes that are gone.
     pub fn prune(&mut self, now_ns: u64) {
         let horizon = now_ns.saturating_sub(KEEP_NS);
-        while self.sched.front().is_some_and(|e| e.t_end_ns < horizon) {
-            self.sched.pop_front();
-        }
+        self.sched.prune(horizon);
         while self.copies.front().is_some_and(|e| e.t_ns < horizon) {
             self.copies.pop_front();
         }
@@ -132,22 +136,13 @@ impl SignalStore {
         keep: impl Fn(&SchedEvent) -> bool,
     ) -> Overlap {
         let mut out = Overlap::default();
-        if b <= a {
-            return out;
-        }
-        let from = self.sched.partition_point(|e| e.t_end_ns <= a);
-        let until = b.saturating_add(self.longest_ns);
-        for e in self.sched.range(from..) {
-            if e.t_end_ns > until {
-                break;
+        self.sched.for_each_overlapping(a, b, |e| {
+            if e.what == what && keep(e) {
+                let o = overlap(e.t_start_ns, e.t_end_ns, a, b);
+                out.total_ns += o;
+                out.max_ns = out.max_ns.max(o);
             }
-            if e.what != what || !keep(e) {
-                continue;
-            }
-            let o = overlap(e.t_start_ns, e.t_end_ns, a, b);
-            out.total_ns += o;
-            out.max_ns = out.max_ns.max(o);
-        }
+        });
         out
     }
 
@@ -188,19 +183,11 @@ impl SignalStore {
     /// kind `keep` accepts (summed per thread).
     pub fn max_thread_total(&self, a: u64, b: u64, keep: impl Fn(&SchedEvent) -> bool) -> u64 {
         let mut per_thread: HashMap<u32, u64> = HashMap::new();
-        if b <= a {
-            return 0;
-        }
-        let from = self.sched.partition_point(|e| e.t_end_ns <= a);
-        let until = b.saturating_add(self.longest_ns);
-        for e in self.sched.range(from..) {
-            if e.t_end_ns > until {
-                break;
-            }
+        self.sched.for_each_overlapping(a, b, |e| {
             if keep(e) {
                 *per_thread.entry(e.tid).or_default() += overlap(e.t_start_ns, e.t_end_ns, a, b);
             }
-        }
+        });
         per_thread.values().copied().max().unwrap_or(0)
     }
 
@@ -213,7 +200,8 @@ impl SignalStore {
     pub fn copies_in(&self, a: u64, b: u64) -> Copies {
         let mut out = Copies::default();
         let (mut first, mut last) = (u64::MAX, 0);
-        for e in self.copies.iter().filter(|e| e.t_ns >= a && e.t_ns <= b) {
+        let from = self.copies.partition_point(|e| e.t_ns < a);
+        for e in self.copies.range(from..).take_while(|e| e.t_ns <= b) {
             out.count += 1;
             out.bytes += e.bytes;
             if e.direction == Direction::HostToDevice as u32 {
