@@ -63,6 +63,7 @@ impl Intervals {
         }
     }
 
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.len
     }
