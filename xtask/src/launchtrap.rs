@@ -1,9 +1,11 @@
 //! What a traced launch costs against one empty uprobe on the same function,
 //! measured in the same run: the workload's tight launch loop
 //! (`--bench-launches`) untraced, under bpftrace with an empty program on
-//! the launch function (`uprobe:LIB:FUNC {}`, one trap per call), and under
-//! `ttft-trace attach`, and under `attach --host-wide-probes` (the reach the
-//! daemon has: both layers' launch probes stay). Three shapes: a runtime launch whose runtime calls
+//! the launch function (`uprobe:LIB:FUNC {}`, one trap per call), under
+//! bpftrace with the least a tracer that times launches does
+//! (`uprobe:LIB:FUNC { @t[tid] = nsecs; }`: the clock and one hash update
+//! per launch), under `ttft-trace attach`, and under `attach
+//! --host-wide-probes` (the reach the daemon has). Three shapes: a runtime launch whose runtime calls
 //! the driver (the stub pair: `cudaLaunchKernel` over `cuLaunchKernel`), a
 //! direct driver launch (`cuLaunchKernel`), and a graph launch
 //! (`cudaGraphLaunch` over `cuGraphLaunch`). Rounds alternate the setups;
@@ -89,10 +91,16 @@ fn untraced(root: &Path, shape: &Shape) -> Result<f64> {
     parse_ns(&workload(root, shape).output()?.stdout)
 }
 
-/// Under bpftrace's empty program on the shape's launch function.
-fn empty_uprobe(root: &Path, shape: &Shape) -> Result<f64> {
+/// The empty program: one trap, nothing done.
+const EMPTY: &str = "";
+/// The least a tracer that times launches per thread does: the clock and one
+/// hash update.
+const RECORDER: &str = "@t[tid] = nsecs;";
+
+/// Under bpftrace with `body` on the shape's launch function.
+fn bpftrace_uprobe(root: &Path, shape: &Shape, body: &str) -> Result<f64> {
     let lib = root.join("target/fixtures").join(shape.library);
-    let program = format!("uprobe:{}:{} {{}}", lib.display(), shape.function);
+    let program = format!("uprobe:{}:{} {{ {body} }}", lib.display(), shape.function);
     let mut bpftrace = hosttax::start_bpftrace(&program)?;
     let ns = untraced(root, shape);
     interrupt(&mut bpftrace, true, Duration::from_secs(30))?;
@@ -132,13 +140,15 @@ pub fn run(root: &Path, rounds: usize) -> Result<(Value, Vec<String>)> {
     let mut over = Vec::new();
     let mut other = false;
     for shape in SHAPES {
-        let (mut u, mut e, mut t, mut b) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut u, mut e, mut r, mut t, mut b) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for _ in 0..rounds {
             // Another tracer's uprobes on the same files would tax every
             // setup, the untraced one too: wait (up to a minute) for it to go.
             other |= hosttax::other_tracer(&BTreeSet::new(), Duration::from_secs(60))?;
             u.push(untraced(root, shape)?);
-            e.push(empty_uprobe(root, shape)?);
+            e.push(bpftrace_uprobe(root, shape, EMPTY)?);
+            r.push(bpftrace_uprobe(root, shape, RECORDER)?);
             t.push(traced(root, shape, &[])?);
             b.push(traced(root, shape, &["--host-wide-probes"])?);
         }
@@ -146,12 +156,17 @@ pub fn run(root: &Path, rounds: usize) -> Result<(Value, Vec<String>)> {
         let (trap, added) = (em - um, tm - um);
         let ratio = added / trap;
         let both = median(b.clone()) - um;
+        let recorder = median(r.clone()) - um;
         println!(
             "launch, {}: {um:.0} ns untraced, +{trap:.0} ns one empty uprobe on {}, \
-             +{added:.0} ns traced ({ratio:.2} x the trap; {:.2} ms per step of {PER_STEP} launches), \
+             +{recorder:.0} ns a minimal recorder ({:.2} x), \
+             +{added:.0} ns traced ({ratio:.2} x the trap, {:.2} x the recorder; \
+             {:.2} ms per step of {PER_STEP} launches), \
              +{both:.0} ns with host-wide probes ({:.2} x)",
             shape.name,
             shape.function,
+            recorder / trap,
+            added / recorder,
             added * PER_STEP / 1e6,
             both / trap
         );
@@ -167,7 +182,10 @@ pub fn run(root: &Path, rounds: usize) -> Result<(Value, Vec<String>)> {
             "added_ns_empty_uprobe": trap, "added_ns_traced": added, "ratio": ratio,
             "added_ms_per_step": added * PER_STEP / 1e6, "launches_per_step": PER_STEP,
             "added_ns_host_wide": both, "ratio_host_wide": both / trap,
-            "runs_untraced": u, "runs_empty_uprobe": e, "runs_traced": t, "runs_host_wide": b,
+            "added_ns_recorder": recorder, "ratio_recorder": recorder / trap,
+            "ratio_traced_over_recorder": added / recorder,
+            "runs_untraced": u, "runs_empty_uprobe": e, "runs_recorder": r, "runs_traced": t,
+            "runs_host_wide": b,
         }));
     }
     if other {
