@@ -22,7 +22,8 @@ pub struct JudgedRequest {
     pub evidence: Evidence,
     pub attribution: Attribution,
     /// TCP retransmits on the request's connection between its arrival and
-    /// its last send (every request, slow or not).
+    /// its last send, or the first token's delivery (its ACK, or the end of
+    /// the wait for it) when that is later (every request, slow or not).
     pub tcp_retransmits: usize,
 }
 
@@ -68,7 +69,15 @@ impl Judge {
     ) -> JudgedRequest {
         let evidence = evidence::gather(&record, signals, self.gpu.as_ref(), self.traced_since_ns);
         let attribution = attribute(&evidence, &self.causes);
+        // Arrival to the response's end, or to the first token's delivery
+        // when that came later (a lost segment of a stream sent with Nagle
+        // on is retransmitted after the last send): never fewer than the
+        // `network` cause names.
         let end = record.t_done_ns.unwrap_or(now_ns);
+        let end = evidence
+            .request
+            .t_delivered_ns()
+            .map_or(end, |d| d.max(end));
         let tcp_retransmits = signals
             .tcp_events_in(record.sk, record.t_arrive_ns, end)
             .filter(|e| e.what == TCP_RETRANSMIT)
@@ -79,5 +88,60 @@ impl Judge {
             attribution,
             tcp_retransmits,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        causes::CauseConfig,
+        report::tests::{MS, T0, record},
+        requests::Outcome,
+    };
+    use ttft_trace_common::signals::{EVENT_TCP, TCP_RESET_SENT, TcpEvent};
+
+    fn tcp(what: u32, sk: u64, t_ns: u64) -> TcpEvent {
+        TcpEvent {
+            kind: EVENT_TCP,
+            what,
+            sk,
+            t_ns,
+        }
+    }
+
+    /// Retransmits counted from the arrival to the response's end, or to the
+    /// first token's delivery when that came later; not other connections'
+    /// nor resets.
+    #[test]
+    fn retransmits_cover_the_first_tokens_delivery() {
+        let judge = Judge::new(CauseConfig::default(), None);
+        let mut signals = SignalStore::default();
+        let rec = record(Outcome::Ok);
+        let sk = rec.sk;
+        for ev in [
+            tcp(TCP_RETRANSMIT, sk, T0 - MS),
+            tcp(TCP_RETRANSMIT, sk, T0 + 20 * MS),
+            tcp(TCP_RETRANSMIT, sk, T0 + 200 * MS),
+            tcp(TCP_RETRANSMIT, sk, T0 + 900 * MS),
+            tcp(TCP_RESET_SENT, sk, T0 + 25 * MS),
+            tcp(TCP_RETRANSMIT, sk + 1, T0 + 20 * MS),
+        ] {
+            signals.on_tcp(&ev);
+        }
+        // Done at 30 ms, first token unacknowledged.
+        assert_eq!(judge.request(rec.clone(), &signals, T0).tcp_retransmits, 1);
+        // The first token acknowledged at 500 ms, after the last send.
+        let acked = RequestRecord {
+            t_first_token_acked_ns: Some(T0 + 500 * MS),
+            ..rec.clone()
+        };
+        assert_eq!(judge.request(acked, &signals, T0).tcp_retransmits, 2);
+        // Never acknowledged: the wait for it (first token + 5 s) counts.
+        let unacked = RequestRecord {
+            t_first_token_unacked_ns: Some(T0 + 5_010 * MS),
+            ..rec
+        };
+        assert_eq!(judge.request(unacked, &signals, T0).tcp_retransmits, 3);
     }
 }
