@@ -121,8 +121,52 @@ pub struct CorrelatorStats {
 #[derive(Debug)]
 enum Pending {
     Conn(ConnEvent),
-    Sock(Box<SockEvent>),
+    /// A socket event is large (its captured bytes): it waits in
+    /// [`SockSlots`], so that the heap moves small entries.
+    Sock(u32),
     Segment(SegmentEvent),
+}
+
+/// Slots kept allocated when none is in use.
+const SOCK_SLOTS_KEPT: usize = 4096;
+
+/// Socket events held for reordering, in slots reused as they are applied:
+/// no allocation per event.
+#[derive(Debug, Default)]
+struct SockSlots {
+    slots: Vec<SockEvent>,
+    free: Vec<u32>,
+}
+
+impl SockSlots {
+    fn put(&mut self, ev: &SockEvent) -> u32 {
+        match self.free.pop() {
+            Some(i) => {
+                self.slots[i as usize] = *ev;
+                i
+            }
+            None => {
+                self.slots.push(*ev);
+                // At most `max_pending_events` + 1 are held at once.
+                u32::try_from(self.slots.len() - 1).unwrap_or(u32::MAX)
+            }
+        }
+    }
+
+    /// With nothing held: every slot is free; memory beyond a working set
+    /// goes back (a burst held at the cap is 20 MiB).
+    fn reset(&mut self) {
+        self.slots.clear();
+        self.free.clear();
+        self.slots.shrink_to(SOCK_SLOTS_KEPT);
+        self.free.shrink_to(SOCK_SLOTS_KEPT);
+    }
+
+    fn take(&mut self, i: u32) -> Option<SockEvent> {
+        let ev = *self.slots.get(i as usize)?;
+        self.free.push(i);
+        Some(ev)
+    }
 }
 
 /// A held event, ordered by time, then by arrival.
@@ -165,6 +209,7 @@ pub struct Correlator {
     /// Connections opened so far: each one's serial (see [`ConnInfo`]).
     conns_opened: u64,
     held: BinaryHeap<Reverse<Held>>,
+    socks: SockSlots,
     seq: u64,
     applied_until: u64,
     episodes: EpisodeHistory,
@@ -185,6 +230,7 @@ impl Correlator {
             conns: HashMap::new(),
             conns_opened: 0,
             held: BinaryHeap::new(),
+            socks: SockSlots::default(),
             seq: 0,
             applied_until: 0,
             episodes,
@@ -199,7 +245,8 @@ impl Correlator {
     }
 
     pub fn on_sock(&mut self, ev: &SockEvent) {
-        self.hold(ev.t_ns, Pending::Sock(Box::new(*ev)));
+        let slot = self.socks.put(ev);
+        self.hold(ev.t_ns, Pending::Sock(slot));
     }
 
     pub fn on_segment(&mut self, ev: &SegmentEvent) {
@@ -218,6 +265,9 @@ impl Correlator {
         let watermark = now_ns.saturating_sub(self.cfg.reorder_window_ns);
         while self.held.peek().is_some_and(|h| h.0.t_ns <= watermark) {
             self.apply_oldest();
+        }
+        if self.held.is_empty() {
+            self.socks.reset();
         }
         self.join_in_flight(now_ns);
         if now_ns >= self.next_sweep_ns {
@@ -291,7 +341,10 @@ impl Correlator {
         self.applied_until = self.applied_until.max(held.t_ns);
         match held.event {
             Pending::Conn(ev) => self.apply_conn(&ev),
-            Pending::Sock(ev) => self.apply_sock(&ev),
+            Pending::Sock(slot) => match self.socks.take(slot) {
+                Some(ev) => self.apply_sock(&ev),
+                None => self.stats.malformed_events += 1,
+            },
             Pending::Segment(ev) => match self.conns.get_mut(&ev.sk) {
                 Some(conn) => conn.on_segment(&ev, &mut self.out),
                 None => self.stats.unknown_conn_events += 1,
@@ -452,5 +505,29 @@ impl Correlator {
         }
         self.out.finished = waiting;
         ready
+    }
+}
+
+#[cfg(test)]
+mod slot_tests {
+    use super::*;
+
+    #[test]
+    fn socket_events_wait_in_reused_slots() {
+        let mut slots = SockSlots::default();
+        let ev = |sk| SockEvent {
+            sk,
+            ..SockEvent::default()
+        };
+        let (a, b) = (slots.put(&ev(1)), slots.put(&ev(2)));
+        assert_ne!(a, b);
+        assert_eq!(slots.take(a).map(|e| e.sk), Some(1));
+        // The freed slot is reused, the other still holds its event.
+        assert_eq!(slots.put(&ev(3)), a);
+        assert_eq!(slots.take(b).map(|e| e.sk), Some(2));
+        assert_eq!(slots.take(a).map(|e| e.sk), Some(3));
+        slots.reset();
+        assert_eq!(slots.take(a), None);
+        assert_eq!(slots.put(&ev(4)), 0);
     }
 }

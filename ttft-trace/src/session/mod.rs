@@ -68,6 +68,9 @@ struct Session {
     /// Taken by the loop; installed before the probes load, so that a
     /// signal right after attaching ends the session, not the process.
     signals: Option<Signals>,
+    /// A record copied out of the ring buffer: reused, not one allocation
+    /// per event.
+    record: Vec<u8>,
 }
 
 /// The signals the loop answers: SIGTERM and SIGINT stop, SIGHUP reopens
@@ -143,10 +146,12 @@ impl Session {
                 break;
             };
             // Copy out so the ring slot is released before processing.
-            let owned = item.to_vec();
+            self.record.clear();
+            self.record.extend_from_slice(&item);
             drop(item);
             let tracking = &self.tracking;
-            self.router.route(&owned, |tgid| tracking.workload_of(tgid));
+            self.router
+                .route(&self.record, |tgid| tracking.workload_of(tgid));
         }
         self.router.finish_requests(monotonic_ns());
         self.dispatch();

@@ -100,6 +100,7 @@ impl Session {
             sinks,
             started: Instant::now(),
             signals: Some(signals),
+            record: Vec::new(),
         };
         Ok((s, listener))
     }
