@@ -116,7 +116,7 @@ fn background_detach_ends(
         .collect();
     let events: u64 = digits.parse()?;
     let allowed = Duration::from_secs(2) + Duration::from_millis(300 * events);
-    eprintln!("ttft-detach ({events} uprobes) gone {detached:?} after the signal");
+    eprintln!("ttft-detach ({events} perf events) gone {detached:?} after the signal");
     assert!(detached < allowed, "ttft-detach took {detached:?}");
     let left = uprobe_links(programs)?;
     assert_eq!(left, 0, "uprobe links left after ttft-detach ended");

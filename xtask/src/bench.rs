@@ -33,6 +33,9 @@ use crate::{
 };
 
 const RUNS: usize = 5;
+/// Attach and detach runs of the full bench (each waits for the last
+/// one's uprobes to be removed: seconds).
+const ATTACH_RUNS: usize = 3;
 
 /// Runs `episodes` one-launch episodes with no device time and no gap, as
 /// fast as the stub allows, and returns (episodes/s offered, episodes seen,
@@ -129,6 +132,9 @@ fn verdict(failures: &[String]) -> bool {
 /// One part of the bench, run alone (its full rounds).
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Part {
+    /// Attach and detach on the real runtime, 3 runs (see
+    /// [`crate::attachtime`]).
+    Attach,
     /// A neighbour's launch beside `attach` (see [`crate::neighbour`]).
     Neighbour,
     /// A traced launch against one empty uprobe (see [`crate::launchtrap`]).
@@ -143,6 +149,7 @@ pub fn bench(quick: bool, only: Option<Part>) -> Result<()> {
     build_all(&root)?;
     if let Some(part) = only {
         let (name, (value, failures)) = match part {
+            Part::Attach => ("attach.json", attachtime::run(&root, ATTACH_RUNS)?),
             Part::Neighbour => ("neighbour.json", neighbour::run(&root, RUNS)?),
             Part::Launches => ("launches.json", launchtrap::run(&root, RUNS)?),
             Part::Scale => ("scale.json", scale::run(&root, &scale::FULL)?),
@@ -173,7 +180,7 @@ pub fn bench(quick: bool, only: Option<Part>) -> Result<()> {
     let plan = hosttax::Plan { rounds: 5, ms: 300 };
     let (tax, mut tax_failures) = hosttax::run(&root, &plan)?;
     write_result(&root, "hosttax.json", &tax)?;
-    let (attach, attach_failures) = attachtime::run(&root, 3)?;
+    let (attach, attach_failures) = attachtime::run(&root, ATTACH_RUNS)?;
     tax_failures.extend(attach_failures);
     let (neighbour, neighbour_failures) = neighbour::run(&root, RUNS)?;
     tax_failures.extend(neighbour_failures);

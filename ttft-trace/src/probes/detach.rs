@@ -1,19 +1,23 @@
-//! Ending without waiting for the kernel to take the uprobes out.
+//! Ending without waiting for the kernel to take the probes out.
 //!
 //! Closing a uprobe perf event waits for a grace period under the kernel's
 //! `event_mutex` (Linux 6.18: 68–124 ms each, serialised), and a process's
 //! exit does those closes before its parent sees it exit: with the stub
 //! runtime and driver (64 perf events) the daemon took 6.4 s to exit after
 //! SIGINT. `uprobe_multi` links would detach with one grace period, but
-//! aya 0.14 cannot load a program for them.
+//! aya 0.14 cannot load a program for them. A classic tracepoint's perf
+//! event is as slow to close (64–84 ms each here: the seven of them made
+//! `attach` take 535 ms to exit); the raw and BTF tracepoints' links close
+//! at once.
 //!
-//! So at the end a child process is forked that holds only the links of
-//! the uprobes (aya attaches a perf event through a BPF link, which holds
-//! it; every other descriptor is closed: the tracepoints detach, and the
-//! /metrics port, the JSONL file and the ring buffer are free at once).
-//! When this process exits, its own closes are cheap (the child still
-//! holds each uprobe); the child then exits and the kernel detaches in its
-//! exit. Until it has, the programs still run on the probed functions (and
+//! So at the end a child process is forked that holds only the perf-event
+//! links (aya attaches a perf event through a BPF link, which holds it) of
+//! the uprobes and the classic tracepoints; every other descriptor is
+//! closed: the raw and BTF tracepoints detach, and the /metrics port, the
+//! JSONL file and the ring buffer are free at once. When this process
+//! exits, its own closes are cheap (the child still holds each perf event);
+//! the child then exits and the kernel detaches in its exit. Until it has,
+//! the programs still run on the probed functions and tracepoints (and
 //! write to a ring buffer no one reads). The child is in its own session,
 //! ignores the signals a terminal or service manager sends, and is named
 //! `ttft-detach`.
@@ -29,11 +33,12 @@ const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 const BPF_LINK_TYPE_PERF_EVENT: u32 = 7;
 const BPF_PERF_EVENT_UPROBE: u32 = 1;
 const BPF_PERF_EVENT_URETPROBE: u32 = 2;
+const BPF_PERF_EVENT_TRACEPOINT: u32 = 5;
 
-/// Forks the child that holds this process's uprobes past its exit.
+/// Forks the child that holds this process's perf events past its exit.
 /// Returns its pid and how many it holds, or None when there are none.
 pub fn detach_in_background() -> io::Result<Option<(i32, usize)>> {
-    let keep = uprobe_fds()?;
+    let keep = perf_event_fds()?;
     if keep.is_empty() {
         return Ok(None);
     }
@@ -102,9 +107,10 @@ fn hold_until_parent_exits(kept: &[RawFd], read_end: RawFd) -> ! {
     }
 }
 
-/// This process's uprobe descriptors (BPF links of uprobe perf events, and
-/// bare perf events, which only uprobes leave here), in ascending order.
-fn uprobe_fds() -> io::Result<Vec<RawFd>> {
+/// This process's perf-event descriptors slow to close (BPF links of uprobe
+/// and tracepoint perf events, and bare perf events, which only uprobes
+/// leave here), in ascending order.
+fn perf_event_fds() -> io::Result<Vec<RawFd>> {
     let mut fds = Vec::new();
     for entry in fs::read_dir("/proc/self/fd")? {
         let entry = entry?;
@@ -115,7 +121,7 @@ fn uprobe_fds() -> io::Result<Vec<RawFd>> {
             continue;
         };
         let target = target.as_os_str();
-        if target == PERF_EVENT || (target == BPF_LINK && is_uprobe_link(fd)) {
+        if target == PERF_EVENT || (target == BPF_LINK && is_perf_event_link(fd)) {
             fds.push(fd);
         }
     }
@@ -123,8 +129,9 @@ fn uprobe_fds() -> io::Result<Vec<RawFd>> {
     Ok(fds)
 }
 
-/// Whether the BPF link `fd` attaches a program to a uprobe perf event.
-fn is_uprobe_link(fd: RawFd) -> bool {
+/// Whether the BPF link `fd` attaches a program to a uprobe or tracepoint
+/// perf event.
+fn is_perf_event_link(fd: RawFd) -> bool {
     // `struct bpf_link_info`: type, id, prog_id, then (8-aligned, at 16)
     // the union whose `perf_event` member starts with its own type. Zeroed
     // and larger than read: the kernel fills what it has.
@@ -146,5 +153,8 @@ fn is_uprobe_link(fd: RawFd) -> bool {
     let perf_type = info[2] as u32;
     rc == 0
         && link_type == BPF_LINK_TYPE_PERF_EVENT
-        && matches!(perf_type, BPF_PERF_EVENT_UPROBE | BPF_PERF_EVENT_URETPROBE)
+        && matches!(
+            perf_type,
+            BPF_PERF_EVENT_UPROBE | BPF_PERF_EVENT_URETPROBE | BPF_PERF_EVENT_TRACEPOINT
+        )
 }
