@@ -2,11 +2,14 @@
 //! - the host tax: what untraced processes pay while the tracer runs
 //!   (see [`crate::hosttax`]), checked against +5 %;
 //! - the added cost per launch, traced against one empty uprobe on the same
-//!   function (see [`crate::launchtrap`]), checked against 1.10 x;
+//!   function (see [`crate::launchtrap`]), checked against 1.10 x, beside
+//!   a minimal recorder (the clock and one map update); also alone with
+//!   `--only launches`;
 //! - the episode rate the daemon keeps up with before the kernel drops
 //!   events (ttft_trace_events_lost_total stays 0);
 //! - attach and detach times on the real libcudart.so.12 (see
-//!   [`crate::attachtime`]), checked against 300 ms;
+//!   [`crate::attachtime`]), checked against 300 ms; also alone with
+//!   `--only attach`;
 //! - what a process outside the traced tree that maps the same CUDA
 //!   libraries pays per launch (see [`crate::neighbour`]), checked against
 //!   the host tax's +5 %;
