@@ -123,7 +123,7 @@ enum Pending {
     Conn(ConnEvent),
     /// A socket event is large (its captured bytes): it waits in
     /// [`SockSlots`], so that the heap moves small entries.
-    Sock(u32),
+    Sock(usize),
     Segment(SegmentEvent),
 }
 
@@ -135,20 +135,19 @@ const SOCK_SLOTS_KEPT: usize = 4096;
 #[derive(Debug, Default)]
 struct SockSlots {
     slots: Vec<SockEvent>,
-    free: Vec<u32>,
+    free: Vec<usize>,
 }
 
 impl SockSlots {
-    fn put(&mut self, ev: &SockEvent) -> u32 {
+    fn put(&mut self, ev: &SockEvent) -> usize {
         match self.free.pop() {
             Some(i) => {
-                self.slots[i as usize] = *ev;
+                self.slots[i] = *ev;
                 i
             }
             None => {
                 self.slots.push(*ev);
-                // At most `max_pending_events` + 1 are held at once.
-                u32::try_from(self.slots.len() - 1).unwrap_or(u32::MAX)
+                self.slots.len() - 1
             }
         }
     }
@@ -162,8 +161,8 @@ impl SockSlots {
         self.free.shrink_to(SOCK_SLOTS_KEPT);
     }
 
-    fn take(&mut self, i: u32) -> Option<SockEvent> {
-        let ev = *self.slots.get(i as usize)?;
+    fn take(&mut self, i: usize) -> Option<SockEvent> {
+        let ev = *self.slots.get(i)?;
         self.free.push(i);
         Some(ev)
     }

@@ -72,8 +72,7 @@ impl Intervals {
         let len_ns = ev.t_end_ns.saturating_sub(ev.t_start_ns);
         let class = &mut self.classes[class_of(len_ns)];
         class.longest_ns = class.longest_ns.max(len_ns);
-        let at = class.events.partition_point(|e| e.t_end_ns <= ev.t_end_ns);
-        class.events.insert(at, ev);
+        super::insert_ordered(&mut class.events, ev, |e| e.t_end_ns);
         self.len += 1;
         if self.len > self.cap {
             self.pop_oldest();

@@ -79,10 +79,8 @@ impl SignalStore {
     }
 
     pub fn on_copy(&mut self, ev: &CopyEvent) {
-        // In place by time (events of different CPUs arrive nearly in
-        // order), so that a window is found by bisection.
-        let at = self.copies.partition_point(|e| e.t_ns <= ev.t_ns);
-        self.copies.insert(at, *ev);
+        // In place by time, so that a window is found by bisection.
+        super::insert_ordered(&mut self.copies, *ev, |e| e.t_ns);
         if self.copies.len() > MAX_COPIES {
             self.copies.pop_front();
         }
