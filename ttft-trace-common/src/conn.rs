@@ -29,18 +29,28 @@ pub struct ConnState {
     pub closed: u32,
     /// `snd_una` at the last `tcp_probe` on the socket.
     pub probe_snd_una: u32,
+    /// TCP hook: the socket's `copied_seq` (what the server has read) as of
+    /// the last receive reported, and the sequence number just past the
+    /// last byte of the sends reported (`write_seq` plus what the last send
+    /// was asked to queue). Sequence numbers, not counts of calls: a send's
+    /// later steps, a retry after `EAGAIN` and the rest of a partial send
+    /// add only bytes not reported before, and peeks none.
+    pub recv_seq: u32,
+    pub sent_seq: u32,
     pub _pad: u32,
     /// Time of the last `tcp_probe` on the socket (0: none yet).
     pub probe_t_ns: u64,
 }
 
 const _: () = {
-    assert!(core::mem::size_of::<ConnState>() == 24);
-    assert!(core::mem::offset_of!(ConnState, probe_t_ns) == 16);
+    assert!(core::mem::size_of::<ConnState>() == 32);
+    assert!(core::mem::offset_of!(ConnState, recv_seq) == 12);
+    assert!(core::mem::offset_of!(ConnState, probe_t_ns) == 24);
 };
 
-/// The user buffer of a send in progress on a thread, noted where the send
-/// starts and read where it ends (`sock_send_length`).
+/// The user buffer of a send: noted per thread where a send syscall starts
+/// and read where the send ends (`sock_send_length`, the syscall hook), or
+/// read at once from the kernel's iterator (`tcp_sendmsg_locked`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SendArgs {
@@ -54,15 +64,6 @@ pub struct SendArgs {
     /// Bytes of the first iovec already sent before the send began (the
     /// kernel iterator's `iov_offset`; 0 on the syscall path).
     pub iov_offset: u64,
-    /// The socket (`tcp_sendmsg_locked` path), or 0 (syscall path: the
-    /// buffer belongs to whatever socket the syscall sends on).
-    pub sk: u64,
-    /// `tcp_sendmsg_locked` path: the kernel `msghdr` and the end of its
-    /// data (user address of the buffer's end, or kernel address of the
-    /// iovec array's end). Both stay the same while one send copies its
-    /// data in several steps, each of which fires the tracepoint again.
-    pub msg: u64,
-    pub end: u64,
     /// Non-zero: `iov` is the kernel's copy of the iovec array (read with
     /// `bpf_probe_read_kernel`), not the user's.
     pub iov_kernel: u32,

@@ -76,9 +76,10 @@ pub struct TracepointOffsets {
 /// Offset value meaning "this field does not exist on this kernel".
 pub const ABSENT: u32 = u32::MAX;
 
-/// Kernel struct member offsets (bytes) and enum values that the
-/// `tcp:tcp_sendmsg_locked` raw tracepoint needs to find the user buffer of
-/// a send in its `struct msghdr *`. Read by userspace from the kernel's BTF
+/// Kernel struct member offsets (bytes) and enum values that the TCP hook
+/// needs: the `tcp:tcp_sendmsg_locked` raw tracepoint finds the user buffer
+/// of a send in its `struct msghdr *`, and it and `tcp:tcp_rcv_space_adjust`
+/// read the socket's sequence numbers. Read by userspace from the kernel's BTF
 /// at load time (there is no CO-RE for Rust eBPF); when they cannot be read
 /// the syscall tracepoints are used instead. `struct iovec` is taken as the
 /// user ABI's (`iov_base` at 0, `iov_len` at 8, 16 bytes), which userspace
@@ -99,6 +100,11 @@ pub struct SendOffsets {
     /// `enum iter_type`: `ITER_UBUF` and `ITER_IOVEC`.
     pub iter_ubuf: u32,
     pub iter_iovec: u32,
+    /// `struct tcp_sock` (whose first member is the `struct sock`):
+    /// `copied_seq` (the next byte the application reads) and `write_seq`
+    /// (just past the last byte it queued), both 4-byte sequence numbers.
+    pub copied_seq: u32,
+    pub write_seq: u32,
 }
 
 // --- Raw tracepoints for the per-event hot path (scheduler, socket lengths) ---

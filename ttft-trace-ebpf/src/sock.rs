@@ -3,20 +3,24 @@
 //!
 //! `inet_sock_set_state` tells which sockets are server connections (accepted
 //! on a listening port of the tree), when they close, and their later states
-//! until the kernel is done with them; `sock_recv_length` and
-//! `sock_send_length` time each receive and send on them. Those two run for
-//! every socket call of every task on the host, so they are raw tracepoints
-//! (the arguments as passed, no perf record filled first) where the kernel's
-//! BTF shows their prototype, with the classic tracepoints as the fallback,
-//! and they return at once for a process that is not traced (an array
-//! read), before looking the socket up. Where a send
-//! starts, its user buffer is noted so that the first sends of each response
-//! can be peeked at (HTTP headers or body?) and every send's last bytes (end
-//! of a chunked response): by the raw tracepoint `tcp:tcp_sendmsg_locked`,
-//! which runs for TCP sends only, or, on kernels without it (or without
-//! BTF), by the send syscalls' tracepoints, which put every syscall of every
-//! task on the host on the slow path while attached. Userspace picks one at
-//! load time.
+//! until the kernel is done with them. The bytes moving on them are timed by
+//! one of two hooks, which userspace picks at load time:
+//! - the TCP hook (default): the raw tracepoints `tcp:tcp_sendmsg_locked`
+//!   (a send starts; its user buffer is read there) and
+//!   `tcp:tcp_rcv_space_adjust` (a receive copied bytes). They run for TCP
+//!   sends and receives only, so a UNIX socket, pipe or file of any task on
+//!   the host pays nothing, and bytes are counted from the socket's
+//!   sequence numbers.
+//! - the syscall hook (kernels without BTF or those tracepoints): the send
+//!   syscalls' tracepoints note the user buffer and `sock_send_length` /
+//!   `sock_recv_length` time each send and receive at its end. These run
+//!   for every socket call (and the syscall ones put every syscall on the
+//!   slow path) of every task on the host while attached.
+//!
+//! Every program returns at once for a process that is not traced (an
+//! array read), before looking the socket up. The first sends of each
+//! response are peeked at (HTTP headers or body?) and every send's last
+//! bytes (end of a chunked response).
 
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel, generated},
@@ -85,7 +89,7 @@ pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
     }
     if old == TCP_SYN_RECV && new == TCP_ESTABLISHED {
         if listen::is_followed(sk, sport) {
-            let _ = CONNS.insert(sk, ConnState::default(), 0);
+            let _ = CONNS.insert(sk, followed_from_now(sk), 0);
             emit_conn(&ctx, CONN_OPEN, sk, old, new, sport, 0);
         }
         return 0;
@@ -180,39 +184,28 @@ fn received(sk: u64, ret: i32, flags: i32) {
     };
     // SAFETY: live map value.
     unsafe { (*state).sends_since_recv = 0 };
-    emit_sock(SOCK_RECV, sk, ret, None, false);
+    emit_sock(SOCK_RECV, sk, ret, None, false, 0);
 }
 
 /// The end of a send on socket `sk` (any family), still inside the
-/// syscall, so the user buffer noted where the send began is readable.
+/// syscall, so the user buffer its entry noted is readable (the syscall
+/// hook; the TCP hook reports sends where they start).
 #[inline(always)]
 fn sent(sk: u64, ret: i32) {
-    if !caller_may_be_traced() {
+    if ret <= 0 || !caller_may_be_traced() {
         return;
     }
     let Some(state) = CONNS.get_ptr_mut(sk) else {
         return;
     };
     let tid = bpf_get_current_pid_tgid() as u32;
-    // SAFETY: copied out at once.
-    let args = match unsafe { SEND_ARGS.get(tid) }.copied() {
-        // Noted by tcp_sendmsg_locked for this socket: this send is over.
-        Some(args) if args.sk == sk => {
-            let _ = SEND_ARGS.remove(tid);
-            Some(args)
-        }
-        // Noted by a send syscall's entry, which removes it at its exit.
-        Some(args) if args.sk == 0 => Some(args),
-        _ => None,
-    };
-    if ret <= 0 {
-        return;
-    }
+    // SAFETY: copied out at once; the syscall's exit removes it.
+    let args = unsafe { SEND_ARGS.get(tid) }.copied();
     // SAFETY: live map value.
     let sends = unsafe { (*state).sends_since_recv };
     // SAFETY: as above.
     unsafe { (*state).sends_since_recv = sends.saturating_add(1) };
-    emit_sock(SOCK_SEND, sk, ret, args, sends < HEAD_SENDS);
+    emit_sock(SOCK_SEND, sk, ret, args, sends < HEAD_SENDS, ret as u64);
 }
 
 /// `sock:sock_recv_length` (classic: the fallback where the raw tracepoint
@@ -261,8 +254,9 @@ pub fn raw_sock_send_length(ctx: RawTracePointContext) -> i32 {
     0
 }
 
-/// Kernel struct offsets for [`tcp_sendmsg_locked`], set by userspace from
-/// the kernel's BTF at load time.
+/// Kernel struct offsets for the TCP hook ([`tcp_sendmsg_locked`],
+/// [`tcp_rcv_space_adjust`]), set by userspace from the kernel's BTF at
+/// load time.
 #[unsafe(no_mangle)]
 static SEND_OFFSETS: SendOffsets = SendOffsets {
     msg_iter: 0,
@@ -274,6 +268,8 @@ static SEND_OFFSETS: SendOffsets = SendOffsets {
     nr_segs: 0,
     iter_ubuf: 0,
     iter_iovec: 0,
+    copied_seq: 0,
+    write_seq: 0,
 };
 
 #[inline(always)]
@@ -282,62 +278,135 @@ fn kernel<T>(addr: u64) -> Option<T> {
     unsafe { bpf_probe_read_kernel(addr as *const T) }.ok()
 }
 
+/// The state of a connection followed from now on: what the server read
+/// and queued so far is not reported (the socket's `copied_seq` and
+/// `write_seq` now; 0 where unreadable, or with the syscall hook, which
+/// does not use them).
+#[inline(always)]
+pub(crate) fn followed_from_now(sk: u64) -> ConnState {
+    let off = send_offsets();
+    ConnState {
+        recv_seq: kernel::<u32>(sk + u64::from(off.copied_seq)).unwrap_or(0),
+        sent_seq: kernel::<u32>(sk + u64::from(off.write_seq)).unwrap_or(0),
+        ..ConnState::default()
+    }
+}
+
+#[inline(always)]
+fn send_offsets() -> SendOffsets {
+    // SAFETY: reading a static we own; userspace rewrites it before load.
+    unsafe { core::ptr::read_volatile(&SEND_OFFSETS) }
+}
+
 /// `tcp:tcp_sendmsg_locked` (raw: `struct sock *`, `struct msghdr *`, ...):
 /// fires in every step of a TCP send that copies data into the socket, the
-/// first time before any is copied. Notes the send's user buffer from the
-/// kernel's iterator over it, for `sock_send_length` to read at the end of
-/// the send; only for followed connections.
+/// first time before any is copied. Reports the send where it starts, with
+/// the head and tail of its user buffer, for followed connections only.
+///
+/// What a send adds is counted in sequence space: the bytes the iterator
+/// still holds end at `write_seq + count`, and only those past what was
+/// reported already (`sent_seq`) are new. So a send's later steps add
+/// nothing, a retry after `EAGAIN` nothing, and the rest of a partial send
+/// nothing: a send is counted whole where it first starts, and a send
+/// that never completes (the server gives up) is counted all the same.
 #[raw_tracepoint(tracepoint = "tcp_sendmsg_locked")]
 pub fn tcp_sendmsg_locked(ctx: RawTracePointContext) -> i32 {
     if !caller_may_be_traced() {
         return 0;
     }
     let sk: u64 = ctx.arg(0);
-    // SAFETY: value not kept past the lookup.
-    if unsafe { CONNS.get(sk) }.is_none() {
+    let Some(state) = CONNS.get_ptr_mut(sk) else {
         return 0;
-    }
+    };
     let msg: u64 = ctx.arg(1);
-    // SAFETY: reading a static we own; userspace rewrites it before load.
-    let off = unsafe { core::ptr::read_volatile(&SEND_OFFSETS) };
+    let off = send_offsets();
     let iter = msg + u64::from(off.msg_iter);
     let field = |o: u32| kernel::<u64>(iter + u64::from(o)).unwrap_or(0);
-    let kind = u32::from(kernel::<u8>(iter + u64::from(off.iter_type)).unwrap_or(u8::MAX));
-    let (ptr, skip) = (field(off.ubuf), field(off.iov_offset));
-    let mut args = SendArgs {
-        sk,
-        msg,
-        ..SendArgs::default()
+    let count = field(off.count);
+    let Some(write_seq) = kernel::<u32>(sk + u64::from(off.write_seq)) else {
+        return 0;
     };
-    if kind == off.iter_ubuf {
-        args.buf = ptr + skip;
-        args.end = args.buf + field(off.count);
-    } else if kind == off.iter_iovec {
-        let segs = field(off.nr_segs);
-        args.iov = ptr;
-        args.iovlen = segs;
-        args.iov_offset = skip;
-        args.iov_kernel = 1;
-        args.end = ptr + segs * 16;
-    }
-    // Kernel memory (splice, sendfile) has no user buffer: noting the send
-    // still tells its later steps apart from a new send.
-    let tid = bpf_get_current_pid_tgid() as u32;
-    // SAFETY: value not kept past the comparison.
-    if let Some(prev) = unsafe { SEND_ARGS.get(tid) }
-        && prev.sk == sk
-        && prev.msg == msg
-        && prev.end == args.end
-    {
-        // A later step of the send already noted: the iterator has moved.
+    // SAFETY: live map value.
+    let reported = unsafe { (*state).sent_seq };
+    // Sequence numbers wrap: compare differences as signed.
+    let end = write_seq.wrapping_add(count as u32);
+    let new = end.wrapping_sub(reported) as i32;
+    if new <= 0 {
         return 0;
     }
-    let _ = SEND_ARGS.insert(tid, args, 0);
+    // Bytes at the iterator's start that were reported already.
+    let skip = reported.wrapping_sub(write_seq) as i32;
+    let skip = if skip > 0 { skip as u64 } else { 0 };
+    let kind = u32::from(kernel::<u8>(iter + u64::from(off.iter_type)).unwrap_or(u8::MAX));
+    let (ptr, iov_skip) = (field(off.ubuf), field(off.iov_offset));
+    let mut args = SendArgs::default();
+    if kind == off.iter_ubuf {
+        args.buf = ptr + iov_skip;
+    } else if kind == off.iter_iovec {
+        args.iov = ptr;
+        args.iovlen = field(off.nr_segs);
+        args.iov_offset = iov_skip;
+        args.iov_kernel = 1;
+    }
+    // Kernel memory (splice, sendfile) has no user buffer: the send is
+    // still counted, without its bytes.
+    let args = (args.buf != 0 || args.iov != 0).then_some(args);
+    // SAFETY: live map value.
+    let sends = unsafe {
+        (*state).sent_seq = end;
+        let sends = (*state).sends_since_recv;
+        (*state).sends_since_recv = sends.saturating_add(1);
+        sends
+    };
+    let bytes = (new as u32).min(i32::MAX as u32) as i32;
+    // The head is read only where the new bytes start the buffer.
+    emit_sock(
+        SOCK_SEND,
+        sk,
+        bytes,
+        args,
+        sends < HEAD_SENDS && skip == 0,
+        count,
+    );
     0
 }
 
+/// `tcp:tcp_rcv_space_adjust` (raw: `struct sock *`): fires in a TCP
+/// receive after each run of bytes is copied to the application (peeks
+/// too), in the receiving task. Reports what the server read since the
+/// last report (`copied_seq` moved), for followed connections only. The
+/// end of the stream is told by the connection's state (`CLOSE_WAIT`).
+#[raw_tracepoint(tracepoint = "tcp_rcv_space_adjust")]
+pub fn tcp_rcv_space_adjust(ctx: RawTracePointContext) -> i32 {
+    if !caller_may_be_traced() {
+        return 0;
+    }
+    let sk: u64 = ctx.arg(0);
+    let Some(state) = CONNS.get_ptr_mut(sk) else {
+        return 0;
+    };
+    let Some(copied) = kernel::<u32>(sk + u64::from(send_offsets().copied_seq)) else {
+        return 0;
+    };
+    // SAFETY: live map value.
+    let read = copied.wrapping_sub(unsafe { (*state).recv_seq }) as i32;
+    if read <= 0 {
+        return 0;
+    }
+    // SAFETY: as above.
+    unsafe {
+        (*state).recv_seq = copied;
+        (*state).sends_since_recv = 0;
+    }
+    emit_sock(SOCK_RECV, sk, read, None, false, 0);
+    0
+}
+
+/// Reports a receive or send of `ret` bytes. For a send with a readable
+/// buffer, `span` is the bytes of the buffer the send covers: its tail is
+/// read at their end.
 #[inline(always)]
-fn emit_sock(dir: u32, sk: u64, ret: i32, args: Option<SendArgs>, want_head: bool) {
+fn emit_sock(dir: u32, sk: u64, ret: i32, args: Option<SendArgs>, want_head: bool, span: u64) {
     let id = bpf_get_current_pid_tgid();
     let Some(mut entry) = EVENTS.reserve::<SockEvent>(0) else {
         bump_stat(Stat::RingbufLost);
@@ -359,9 +428,9 @@ fn emit_sock(dir: u32, sk: u64, ret: i32, args: Option<SendArgs>, want_head: boo
         if let Some(args) = args {
             let len = ret as u64;
             if want_head && let Some((base, seg_len)) = head_segment(&args) {
-                (*ev).head_len = read_user(&mut (*ev).head, base, len.min(seg_len));
+                (*ev).head_len = read_user(&mut (*ev).head, base, len.min(span).min(seg_len));
             }
-            if let Some((tail_base, tail_len)) = tail_segment(&args, len) {
+            if let Some((tail_base, tail_len)) = tail_segment(&args, span) {
                 (*ev).tail_len = read_user_tail(&mut (*ev).tail, tail_base, tail_len);
             }
         }

@@ -22,7 +22,7 @@ use ttft_trace_common::{
 use crate::{
     listen,
     maps::{CONNS, EVENTS, bump_stat, offsets, wakeup_flag},
-    sock::{now_ns, read},
+    sock::{followed_from_now, now_ns, read},
 };
 
 const TCP_ESTABLISHED: u32 = 1;
@@ -125,7 +125,8 @@ fn adopt(ctx: &TracePointContext, sk: u64) -> Option<*mut ConnState> {
     if !listen::is_followed(sk, sport) {
         return None;
     }
-    CONNS.insert(sk, ConnState::default(), 0).ok()?;
+    // Before this segment is processed: its data is the request's.
+    CONNS.insert(sk, followed_from_now(sk), 0).ok()?;
     let family = read::<u16>(ctx, off.probe_family).unwrap_or(0);
     let mut ev = ConnEvent {
         kind: EVENT_CONN,

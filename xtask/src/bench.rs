@@ -1,6 +1,7 @@
 //! `cargo xtask bench`: costs that matter to a user, measured end to end.
 //! - the host tax: what untraced processes pay while the tracer runs
-//!   (see [`crate::hosttax`]), checked against +5 %;
+//!   (see [`crate::hosttax`]), checked against +5 %; also alone with
+//!   `--only hosttax`;
 //! - the added cost per launch, traced against one empty uprobe on the same
 //!   function (see [`crate::launchtrap`]), checked against 1.10 x, beside
 //!   a minimal recorder (the clock and one map update); also alone with
@@ -135,6 +136,9 @@ fn verdict(failures: &[String]) -> bool {
 /// One part of the bench, run alone (its full rounds).
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Part {
+    /// The host tax alone, 5 rounds of 300 ms runs as in the full bench
+    /// (see [`crate::hosttax`]), about 4 minutes.
+    Hosttax,
     /// Attach and detach on the real runtime, 3 runs (see
     /// [`crate::attachtime`]).
     Attach,
@@ -147,11 +151,15 @@ pub enum Part {
     Scale,
 }
 
+/// The full bench's host tax: rounds of (untraced, each setup).
+const HOSTTAX: hosttax::Plan = hosttax::Plan { rounds: 5, ms: 300 };
+
 pub fn bench(quick: bool, only: Option<Part>) -> Result<()> {
     let root = repo_root()?;
     build_all(&root)?;
     if let Some(part) = only {
         let (name, (value, failures)) = match part {
+            Part::Hosttax => ("hosttax.json", hosttax::run(&root, &HOSTTAX)?),
             Part::Attach => ("attach.json", attachtime::run(&root, ATTACH_RUNS)?),
             Part::Neighbour => ("neighbour.json", neighbour::run(&root, RUNS)?),
             Part::Launches => ("launches.json", launchtrap::run(&root, RUNS)?),
@@ -180,8 +188,7 @@ pub fn bench(quick: bool, only: Option<Part>) -> Result<()> {
         }
         return Ok(());
     }
-    let plan = hosttax::Plan { rounds: 5, ms: 300 };
-    let (tax, mut tax_failures) = hosttax::run(&root, &plan)?;
+    let (tax, mut tax_failures) = hosttax::run(&root, &HOSTTAX)?;
     write_result(&root, "hosttax.json", &tax)?;
     let (attach, attach_failures) = attachtime::run(&root, ATTACH_RUNS)?;
     tax_failures.extend(attach_failures);

@@ -11,11 +11,11 @@
 //!   busy workload (the stub runtime launching in a loop) and `daemon`
 //!   finding that workload itself. These must stay within +5 %.
 //! - `attach_syscall_hook`: `attach` with the send hook forced to the
-//!   syscall tracepoints (`TTFT_TRACE_SEND_HOOK=syscalls`): the fallback on
-//!   kernels without BTF or `tcp:tcp_sendmsg_locked`, and what every host
-//!   paid before.
-//! - `attach_classic_events`: `attach` with the per-event programs
-//!   (scheduler, socket lengths) forced onto the classic tracepoints
+//!   syscall tracepoints and socket lengths (`TTFT_TRACE_SEND_HOOK=syscalls`):
+//!   the fallback on kernels without BTF or the TCP tracepoints, and what
+//!   every host paid before.
+//! - `attach_classic_events`: `attach` with the scheduler programs forced
+//!   onto the classic tracepoints
 //!   (`TTFT_TRACE_EVENT_HOOK=tracepoints`): the fallback on kernels without
 //!   BTF, and the default before the raw tracepoints.
 //! - `empty_tracepoints` (where bpftrace is installed): empty programs on
@@ -81,6 +81,7 @@ const PROGRAMS: &[&str] = &[
     "sock_send_length",
     "sock_recv_length",
     "tcp_sendmsg_locked",
+    "tcp_rcv_space_adjust",
     "sys_enter_write",
     "sys_exit_send",
 ];

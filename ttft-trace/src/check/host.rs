@@ -198,7 +198,8 @@ fn tracepoints(root: Option<&Path>) -> Vec<Item> {
             Err(e) => Item::fail(
                 "tracepoint fields",
                 e,
-                "a kernel with CONFIG_FTRACE_SYSCALLS=y, or with BTF and tcp:tcp_sendmsg_locked",
+                "a kernel with CONFIG_FTRACE_SYSCALLS=y, or with BTF and tcp:tcp_sendmsg_locked \
+                 and tcp:tcp_rcv_space_adjust",
             ),
         },
         Err(e) => Item::fail(
@@ -239,7 +240,8 @@ fn send_hook_planned(
     root: &Path,
     offsets: &mut ttft_trace_common::TracepointOffsets,
 ) -> Result<(), String> {
-    let has_tracepoint = Format::read(root, "tcp", "tcp_sendmsg_locked").is_ok();
+    let has_tracepoint = Format::read(root, "tcp", "tcp_sendmsg_locked").is_ok()
+        && Format::read(root, "tcp", "tcp_rcv_space_adjust").is_ok();
     match probes::send_hook_plan() {
         Ok(_) if has_tracepoint => Ok(()),
         _ => probes::syscall_offsets(offsets).map_err(|e| e.to_string()),
@@ -249,19 +251,21 @@ fn send_hook_planned(
 /// The send hook this host gets, and what it costs everything else.
 fn send_hook_item(hook: SendHook) -> Item {
     match hook {
-        SendHook::TcpSendmsgLocked => Item::ok(
+        SendHook::Tcp => Item::ok(
             "send hook",
             format!(
-                "{}: the syscalls of processes not traced pay nothing; their socket \
-                 calls and context switches still run the sock and sched programs (see the \
-                 event hook)",
+                "{}: the syscalls and UNIX-socket calls of processes not traced pay \
+                 nothing; their TCP sends and receives run a program that returns after an \
+                 array read, and their context switches the sched programs (see the event hook)",
                 hook.describe()
             ),
         ),
         SendHook::Syscalls => {
             let why = match probes::send_hook_plan() {
                 Err(why) => format!(" ({why})"),
-                Ok(_) => " (attaching tcp:tcp_sendmsg_locked failed)".into(),
+                Ok(_) => {
+                    " (attaching tcp:tcp_sendmsg_locked or tcp_rcv_space_adjust failed)".into()
+                }
             };
             Item::warn(
                 "send hook",
@@ -429,9 +433,9 @@ fn event_hook_item(hook: EventHook) -> Item {
         EventHook::Raw => Item::ok(
             "event hook",
             format!(
-                "{}: a context switch, wakeup or socket call of untraced tasks runs a \
-                 program that returns after an array read per task, with no hash lookup (the \
-                 README's cost table)",
+                "{}: a context switch or wakeup of untraced tasks runs a program that \
+                 returns after an array read per task, with no hash lookup (the README's cost \
+                 table)",
                 hook.describe()
             ),
         ),

@@ -328,8 +328,9 @@ impl Btf {
 pub const SENDMSG_SK_ARG: usize = 0;
 pub const SENDMSG_MSG_ARG: usize = 1;
 
-/// The offsets the `tcp_sendmsg_locked` probe needs, checked against what it
-/// assumes: the prototype `(struct sock *, struct msghdr *, ...)`, the
+/// The offsets the TCP hook needs, checked against what it assumes: the
+/// prototypes `tcp_sendmsg_locked(struct sock *, struct msghdr *, ...)` and
+/// `tcp_rcv_space_adjust(struct sock *)`, 4-byte sequence numbers, the
 /// one-byte `iter_type`, 8-byte pointers and sizes, and `ubuf` sharing its
 /// slot with `__iov`.
 pub fn send_offsets(btf: &Btf) -> Result<SendOffsets, BtfError> {
@@ -373,6 +374,22 @@ pub fn send_offsets(btf: &Btf) -> Result<SendOffsets, BtfError> {
         u32::try_from(btf.enum_value("iter_type", name)?)
             .map_err(|_| BtfError::Unexpected(format!("{name} out of range")))
     };
+    // The receive half of the TCP hook: one argument, the socket.
+    let args = btf.tracepoint_args("tcp_rcv_space_adjust")?;
+    if args.first().map(String::as_str) != Some("sock") {
+        return Err(BtfError::Unexpected(format!(
+            "tcp_rcv_space_adjust takes ({}), not (struct sock *)",
+            args.join(", ")
+        )));
+    }
+    // The probes read these through the `struct sock *`: a `tcp_sock`
+    // begins with its `sock` (through `inet_connection_sock`).
+    let (first, _) = btf.member("tcp_sock", "inet_conn")?;
+    if first != 0 {
+        return Err(BtfError::Unexpected(
+            "tcp_sock does not begin with its inet_connection_sock".into(),
+        ));
+    }
     Ok(SendOffsets {
         msg_iter: btf.member("msghdr", "msg_iter")?.0,
         iter_type: sized("iov_iter", "iter_type", 1)?,
@@ -383,6 +400,8 @@ pub fn send_offsets(btf: &Btf) -> Result<SendOffsets, BtfError> {
         nr_segs: sized("iov_iter", "nr_segs", 8)?,
         iter_ubuf: value("ITER_UBUF")?,
         iter_iovec: value("ITER_IOVEC")?,
+        copied_seq: sized("tcp_sock", "copied_seq", 4)?,
+        write_seq: sized("tcp_sock", "write_seq", 4)?,
     })
 }
 
@@ -609,6 +628,27 @@ mod tests {
         b.words(&[0, void_ptr, 0, sock_ptr, 0, msghdr_ptr, 0, int_t]);
         let fn_ptr = b.push("", KIND_PTR, 0, proto);
         b.push("btf_trace_tcp_sendmsg_locked", KIND_TYPEDEF, 0, fn_ptr);
+        let proto = b.push("", KIND_FUNC_PROTO, 2, 0);
+        b.words(&[0, void_ptr, 0, sock_ptr]);
+        let fn_ptr = b.push("", KIND_PTR, 0, proto);
+        b.push("btf_trace_tcp_rcv_space_adjust", KIND_TYPEDEF, 0, fn_ptr);
+        let u32_t = b.int("u32", 4);
+        let icsk = b.record(
+            KIND_STRUCT,
+            "inet_connection_sock",
+            1496,
+            &[("icsk_inet", sock, 0)],
+        );
+        b.record(
+            KIND_STRUCT,
+            "tcp_sock",
+            2560,
+            &[
+                ("inet_conn", icsk, 0),
+                ("copied_seq", u32_t, 1588),
+                ("write_seq", u32_t, 1700),
+            ],
+        );
         b.blob()
     }
 
@@ -628,6 +668,8 @@ mod tests {
                 nr_segs: 32,
                 iter_ubuf: 0,
                 iter_iovec: 1,
+                copied_seq: 1588,
+                write_seq: 1700,
             }
         );
     }

@@ -1,11 +1,11 @@
 //! The event hook: how the programs that run for every context switch,
-//! wakeup and socket call on the host are attached. BTF tracepoints for the
-//! scheduler (the tracepoint's own `struct task_struct *` arguments, read in
-//! place at offsets from the kernel's BTF) and raw tracepoints for the
-//! socket lengths (`struct sock *` and two integers, no memory read) by
-//! default; the classic tracepoints, which fill a perf record of every event
-//! before the program runs, where the kernel lacks BTF or the prototypes
-//! differ.
+//! wakeup and (with the syscall send hook only) socket call on the host are
+//! attached. BTF tracepoints for the scheduler (the tracepoint's own
+//! `struct task_struct *` arguments, read in place at offsets from the
+//! kernel's BTF) and raw tracepoints for the socket lengths (`struct sock *`
+//! and two integers, no memory read) by default; the classic tracepoints,
+//! which fill a perf record of every event before the program runs, where
+//! the kernel lacks BTF or the prototypes differ.
 
 use aya::{
     Btf, Ebpf,
@@ -30,14 +30,15 @@ impl EventHook {
     pub fn describe(self) -> &'static str {
         match self {
             EventHook::Raw => {
-                "BTF tracepoints sched_switch, sched_wakeup, sched_wakeup_new and raw \
-                 tracepoints sock_send_length, sock_recv_length (the kernel's arguments, \
-                 offsets from BTF)"
+                "BTF tracepoints sched_switch, sched_wakeup, sched_wakeup_new and, with the \
+                 syscall send hook, raw tracepoints sock_send_length, sock_recv_length (the \
+                 kernel's arguments, offsets from BTF)"
             }
             EventHook::Tracepoints => {
-                "classic tracepoints sched:sched_switch, sched_wakeup, sched_wakeup_new, \
-                 sock:sock_send_length, sock_recv_length (fallback: the kernel fills a perf \
-                 record of every context switch, wakeup and socket call first)"
+                "classic tracepoints sched:sched_switch, sched_wakeup, sched_wakeup_new and, with \
+                 the syscall send hook, sock:sock_send_length, sock_recv_length (fallback: the \
+                 kernel fills a perf record of every context switch, wakeup and socket call \
+                 first)"
             }
         }
     }
@@ -115,16 +116,20 @@ enum Link {
     Raw(aya::programs::raw_trace_point::RawTracePointLinkId),
 }
 
-/// Loads and attaches every default program of [`HOT`], or none: on a
-/// failure the ones attached are detached again, so that the classic
+/// Loads and attaches every default program of [`HOT`] (the socket
+/// lengths only when `socket_lengths`: the syscall send hook's), or none: on
+/// a failure the ones attached are detached again, so that the classic
 /// programs can take over without an event counted twice.
-pub(super) fn attach_default(ebpf: &mut Ebpf) -> Result<(), ProbeError> {
+pub(super) fn attach_default(ebpf: &mut Ebpf, socket_lengths: bool) -> Result<(), ProbeError> {
     let btf = Btf::from_sys_fs().map_err(|e| {
         ProbeError::Program("btf_sched_switch", aya::programs::ProgramError::Btf(e))
     })?;
     let mut links = Vec::new();
     let mut result = Ok(());
-    for &(_, name, kind, tracepoint) in HOT {
+    for &(classic, name, kind, tracepoint) in HOT {
+        if !socket_lengths && super::send_hook::is_socket_length(classic) {
+            continue;
+        }
         match attach_one(ebpf, &btf, name, kind, tracepoint) {
             Ok(link) => links.push((name, link)),
             Err(e) => {

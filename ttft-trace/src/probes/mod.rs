@@ -13,7 +13,7 @@ mod traced_ids;
 pub use detach::detach_in_background;
 pub use event_hook::{EVENT_HOOK_ENV, EventHook, event_hook_plan};
 pub use send_hook::{SEND_HOOK_ENV, SendHook, send_hook_plan, syscall_offsets};
-use send_hook::{SYSCALL_SEND_TRACEPOINTS, attach_sendmsg};
+use send_hook::{SYSCALL_SEND_TRACEPOINTS, attach_tcp, is_socket_length};
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -144,8 +144,9 @@ pub struct Probes {
 }
 
 /// Tracepoints and the programs attached to them: (program, category, name).
-/// The send hook's come on top (see [`SendHook`]); the per-event ones are
-/// raw tracepoints instead where the kernel allows (see [`EventHook`]).
+/// The send hook's come on top (see [`SendHook`]), and the socket lengths
+/// are the syscall send hook's only; the per-event ones are raw
+/// tracepoints instead where the kernel allows (see [`EventHook`]).
 pub const TRACEPOINTS: &[(&str, &str, &str)] = &[
     ("sched_process_fork", "sched", "sched_process_fork"),
     ("sched_process_exit", "sched", "sched_process_exit"),
@@ -347,8 +348,22 @@ impl Probes {
             prog.load().map_err(|e| ProbeError::Program(name, e))?;
         }
         let verified = started.elapsed();
+        // The send hook first: whether the socket lengths are needed
+        // depends on it.
+        let send_hook = match send_offsets {
+            Ok(_) => match attach_tcp(&mut ebpf) {
+                Ok(()) => SendHook::Tcp,
+                Err(e) if syscalls_ready => {
+                    log::warn!("send hook: {e}; using the syscall tracepoints instead");
+                    SendHook::Syscalls
+                }
+                Err(e) => return Err(e),
+            },
+            Err(_) => SendHook::Syscalls,
+        };
+        let socket_lengths = send_hook == SendHook::Syscalls;
         let event_hook = match task_offsets {
-            Ok(_) => match event_hook::attach_default(&mut ebpf) {
+            Ok(_) => match event_hook::attach_default(&mut ebpf, socket_lengths) {
                 Ok(()) => EventHook::Raw,
                 Err(e) => {
                     log::warn!("event hook: {e}; using the classic tracepoints instead");
@@ -361,23 +376,13 @@ impl Probes {
             }
         };
         for &(name, category, tracepoint) in TRACEPOINTS {
-            if event_hook == EventHook::Raw && event_hook::is_hot(name) {
+            let replaced = event_hook == EventHook::Raw && event_hook::is_hot(name);
+            if replaced || (!socket_lengths && is_socket_length(name)) {
                 continue;
             }
             attach_tracepoint(&mut ebpf, name, category, tracepoint)?;
         }
         log::info!("event hook: {}", event_hook.describe());
-        let send_hook = match send_offsets {
-            Ok(_) => match attach_sendmsg(&mut ebpf) {
-                Ok(()) => SendHook::TcpSendmsgLocked,
-                Err(e) if syscalls_ready => {
-                    log::warn!("send hook: {e}; using the syscall tracepoints instead");
-                    SendHook::Syscalls
-                }
-                Err(e) => return Err(e),
-            },
-            Err(_) => SendHook::Syscalls,
-        };
         if send_hook == SendHook::Syscalls {
             for &(name, tracepoint) in SYSCALL_SEND_TRACEPOINTS {
                 attach_tracepoint(&mut ebpf, name, "syscalls", tracepoint)?;

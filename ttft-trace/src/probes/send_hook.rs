@@ -1,45 +1,56 @@
-//! The send hook: where the user buffer of a send on a followed connection
-//! is noted, so that the head of each response can be read. The raw
-//! tracepoint `tcp:tcp_sendmsg_locked` (offsets from the kernel's BTF) by
-//! default, the send syscalls' tracepoints where it cannot be had.
+//! The send hook: where the sends and receives on followed connections are
+//! seen, and the user buffer of each send read (the head of each response).
+//! The raw tracepoints `tcp:tcp_sendmsg_locked` and `tcp:tcp_rcv_space_adjust`
+//! (offsets from the kernel's BTF) by default: they run for TCP only. The
+//! send syscalls' tracepoints with `sock:sock_send_length` and
+//! `sock_recv_length` (every socket call) where they cannot be had.
 
-use aya::{Ebpf, programs::RawTracePoint};
+use aya::{
+    Ebpf,
+    programs::{RawTracePoint, raw_trace_point::RawTracePointLinkId},
+};
 use ttft_trace_common::{SendOffsets, TracepointOffsets};
 
 use super::{ProbeError, btf};
 use crate::tracefs::{self, Format, TracefsError};
 
-/// Where the user buffer of a send on a followed connection is noted, so
-/// that the head of each response can be read.
+/// Where sends and receives on followed connections are seen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SendHook {
-    /// The raw tracepoint `tcp:tcp_sendmsg_locked`: runs for TCP sends only
-    /// and reads on only for followed connections; other syscalls pay
-    /// nothing.
-    TcpSendmsgLocked,
-    /// `syscalls:sys_{enter,exit}_{write,sendto,writev,sendmsg}`: while
-    /// attached, every syscall of every task on the host takes the kernel's
-    /// slow syscall path (hundreds of ns each). The fallback.
+    /// The raw tracepoints `tcp:tcp_sendmsg_locked` and
+    /// `tcp:tcp_rcv_space_adjust`: run for TCP sends and receives only and
+    /// read on only for followed connections; other syscalls and sockets
+    /// pay nothing.
+    Tcp,
+    /// `syscalls:sys_{enter,exit}_{write,sendto,writev,sendmsg}` note the
+    /// buffer and `sock:sock_send_length` / `sock_recv_length` time each
+    /// send and receive of any socket: while attached, every syscall of
+    /// every task on the host takes the kernel's slow syscall path
+    /// (hundreds of ns each). The fallback.
     Syscalls,
 }
 
 impl SendHook {
     pub fn describe(self) -> &'static str {
         match self {
-            SendHook::TcpSendmsgLocked => {
-                "raw tracepoint tcp:tcp_sendmsg_locked (TCP sends only; no syscall tracepoint)"
+            SendHook::Tcp => {
+                "raw tracepoints tcp:tcp_sendmsg_locked and tcp:tcp_rcv_space_adjust (TCP sends \
+                 and receives only; no syscall or socket-wide tracepoint)"
             }
             SendHook::Syscalls => {
-                "syscall tracepoints sys_enter/sys_exit of write, sendto, writev, sendmsg \
-                 (fallback: every syscall of every task on the host pays the slow syscall path)"
+                "syscall tracepoints sys_enter/sys_exit of write, sendto, writev, sendmsg, and \
+                 sock_send_length, sock_recv_length (fallback: every syscall of every task on \
+                 the host pays the slow syscall path, every socket call a program run)"
             }
         }
     }
 
-    /// (programs loaded, tracepoints attached) for this hook.
+    /// (programs loaded, tracepoints attached) for this hook, the socket
+    /// lengths of the syscall hook not counted (they are in
+    /// [`super::TRACEPOINTS`]).
     pub fn programs(self) -> (usize, usize) {
         match self {
-            SendHook::TcpSendmsgLocked => (1, 1),
+            SendHook::Tcp => (TCP_PROGRAMS.len(), TCP_PROGRAMS.len()),
             SendHook::Syscalls => {
                 let mut names: Vec<&str> =
                     SYSCALL_SEND_TRACEPOINTS.iter().map(|(p, _)| *p).collect();
@@ -52,7 +63,7 @@ impl SendHook {
 }
 
 /// Forces the send hook, for comparing the two (`cargo xtask bench`) and
-/// testing the fallback: `syscalls` or `tcp_sendmsg_locked`.
+/// testing the fallback: `syscalls` or `tcp` (the default).
 pub const SEND_HOOK_ENV: &str = "TTFT_TRACE_SEND_HOOK";
 
 /// The send hook this host gets, with the BTF offsets it needs, or why the
@@ -60,7 +71,7 @@ pub const SEND_HOOK_ENV: &str = "TTFT_TRACE_SEND_HOOK";
 pub fn send_hook_plan() -> Result<SendOffsets, String> {
     match std::env::var(SEND_HOOK_ENV).as_deref() {
         Ok("syscalls") => return Err(format!("{SEND_HOOK_ENV}=syscalls")),
-        Ok("tcp_sendmsg_locked") | Err(_) => {}
+        Ok("tcp") | Err(_) => {}
         Ok(other) => log::warn!("{SEND_HOOK_ENV}={other} is not a send hook; ignored"),
     }
     let btf = btf::Btf::vmlinux().map_err(|e| e.to_string())?;
@@ -79,8 +90,15 @@ pub(super) const SYSCALL_SEND_TRACEPOINTS: &[(&str, &str)] = &[
     ("sys_exit_send", "sys_exit_sendmsg"),
 ];
 
-/// The program and raw tracepoint of the default send hook.
-pub(super) const SENDMSG_PROGRAM: &str = "tcp_sendmsg_locked";
+/// The programs of the default send hook, each on the raw tracepoint of
+/// its name.
+pub(super) const TCP_PROGRAMS: &[&str] = &["tcp_sendmsg_locked", "tcp_rcv_space_adjust"];
+
+/// The socket-length programs: the syscall hook's (classic or raw, see
+/// [`super::EventHook`]); the TCP hook does without them.
+pub(super) fn is_socket_length(program: &str) -> bool {
+    matches!(program, "sock_send_length" | "sock_recv_length")
+}
 
 /// Reads the syscall send hook's fields into `offsets`: only that hook
 /// needs them (CONFIG_FTRACE_SYSCALLS may be off where the default works).
@@ -98,16 +116,35 @@ pub fn syscall_offsets(offsets: &mut TracepointOffsets) -> Result<(), TracefsErr
     Ok(())
 }
 
-/// Loads and attaches the raw tracepoint of the default send hook.
-pub(super) fn attach_sendmsg(ebpf: &mut Ebpf) -> Result<(), ProbeError> {
-    let prog: &mut RawTracePoint = ebpf
-        .program_mut(SENDMSG_PROGRAM)
-        .ok_or(ProbeError::Missing(SENDMSG_PROGRAM))?
-        .try_into()
-        .map_err(|e| ProbeError::Program(SENDMSG_PROGRAM, e))?;
-    prog.load()
-        .map_err(|e| ProbeError::Program(SENDMSG_PROGRAM, e))?;
-    prog.attach(SENDMSG_PROGRAM)
-        .map_err(|e| ProbeError::Program(SENDMSG_PROGRAM, e))?;
+/// Loads and attaches the raw tracepoints of the default send hook, both or
+/// neither: on a failure the one attached is detached again, so that the
+/// syscall hook can take over without a send counted twice.
+pub(super) fn attach_tcp(ebpf: &mut Ebpf) -> Result<(), ProbeError> {
+    let mut links: Vec<(&'static str, RawTracePointLinkId)> = Vec::new();
+    for &name in TCP_PROGRAMS {
+        match attach_raw(ebpf, name) {
+            Ok(link) => links.push((name, link)),
+            Err(e) => {
+                for (name, link) in links {
+                    if let Some(Ok(prog)) =
+                        ebpf.program_mut(name).map(<&mut RawTracePoint>::try_from)
+                    {
+                        let _ = prog.detach(link);
+                    }
+                }
+                return Err(e);
+            }
+        }
+    }
     Ok(())
+}
+
+fn attach_raw(ebpf: &mut Ebpf, name: &'static str) -> Result<RawTracePointLinkId, ProbeError> {
+    let prog: &mut RawTracePoint = ebpf
+        .program_mut(name)
+        .ok_or(ProbeError::Missing(name))?
+        .try_into()
+        .map_err(|e| ProbeError::Program(name, e))?;
+    prog.load().map_err(|e| ProbeError::Program(name, e))?;
+    prog.attach(name).map_err(|e| ProbeError::Program(name, e))
 }
