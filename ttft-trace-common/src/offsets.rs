@@ -119,6 +119,21 @@ pub struct SendOffsets {
 pub struct TaskOffsets {
     /// `struct task_struct`: `pid` (the thread id, a 4-byte `pid_t`).
     pub pid: u32,
+    /// `struct task_struct`: `sched_info.last_queued` (when the task was
+    /// put on its run queue, 0 once it runs) and `sched_info.last_arrival`
+    /// (when it last got the CPU), 8-byte times of the run queue's clock
+    /// (CONFIG_SCHED_INFO), or [`ABSENT`]. With them the switch program
+    /// tells when a sleeping thread was woken without a wakeup program
+    /// (see the eBPF crate's `sched.rs`).
+    pub last_queued: u32,
+    pub last_arrival: u32,
+}
+
+impl TaskOffsets {
+    /// Whether the switch program reads wakeups from `sched_info`.
+    pub fn has_sched_info(&self) -> bool {
+        self.last_queued != ABSENT && self.last_arrival != ABSENT
+    }
 }
 
 // SAFETY: `#[repr(C)]`, `Copy`, integers only: any bit pattern is valid.

@@ -82,6 +82,11 @@ pub struct SchedState {
     pub t_off_ns: u64,
     /// Became runnable (woken or preempted); 0 while running or blocked.
     pub t_runnable_ns: u64,
+    /// 1 when the kernel set `sched_info.last_arrival` as it switched the
+    /// thread in at `t_on_ns` (it does only for a thread that was queued):
+    /// the two then date one moment on both clocks.
+    pub arrival_dated: u32,
+    pub _pad: u32,
 }
 
 /// Per-process scheduler totals (one copy per CPU; userspace sums).
@@ -127,7 +132,7 @@ const _: () = {
     assert!(core::mem::offset_of!(TcpEvent, sk) == 8);
     assert!(core::mem::size_of::<CopyEvent>() == 32);
     assert!(core::mem::offset_of!(CopyEvent, bytes) == 16);
-    assert!(core::mem::size_of::<SchedState>() == 32);
+    assert!(core::mem::size_of::<SchedState>() == 40);
     assert!(core::mem::size_of::<SchedTotals>() == 32);
 };
 

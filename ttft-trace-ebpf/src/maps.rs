@@ -8,7 +8,7 @@ use aya_ebpf::{
 use ttft_trace_common::{
     ConnState, GpuCounters, ListenKey, SendArgs, ThreadState, TracepointOffsets,
     counters::STATS,
-    offsets::TaskOffsets,
+    offsets::{ABSENT, TaskOffsets},
     signals::{RUNQ_BUCKETS, SchedState, SchedTotals},
 };
 
@@ -170,7 +170,18 @@ pub static OFFSETS: TracepointOffsets = TracepointOffsets {
 /// `struct task_struct` offsets for the BTF scheduler tracepoints, set by
 /// userspace from the kernel's BTF at load time.
 #[unsafe(no_mangle)]
-pub static TASK_OFFSETS: TaskOffsets = TaskOffsets { pid: 0 };
+pub static TASK_OFFSETS: TaskOffsets = TaskOffsets {
+    pid: 0,
+    last_queued: ABSENT,
+    last_arrival: ABSENT,
+};
+
+/// Per CPU, one moment dated on both clocks the switch program sees:
+/// `bpf_ktime_get_ns` and the run queue's clock (`sched_info` times), taken
+/// where a traced thread switched in (see `sched.rs`). Entry 0: the
+/// `ktime` (0: none yet), entry 1: the run queue's clock.
+#[map]
+pub static SCHED_CLOCK: PerCpuArray<u64> = PerCpuArray::with_max_entries(2, 0);
 
 /// Scheduler intervals shorter than this are only summed, not sent.
 #[unsafe(no_mangle)]

@@ -12,7 +12,10 @@
 //! are BTF tracepoints (the scheduler's own arguments, `struct task_struct
 //! *`, read in place at the thread id's offset from the kernel's BTF) where
 //! the prototypes check out, and the classic tracepoints (which fill a perf
-//! record before the program runs) otherwise. A task is looked up only when
+//! record before the program runs) otherwise. Where the kernel keeps
+//! `sched_info` (CONFIG_SCHED_INFO) the BTF switch program also tells when
+//! a sleeping thread was woken, from when the kernel queued it, and no
+//! wakeup program runs at all: a wakeup costs tasks on the host nothing. A task is looked up only when
 //! [`TRACED_IDS`](crate::maps::TRACED_IDS) says it may be traced: for
 //! untraced tasks, an array read per task instead of a hash lookup.
 
@@ -31,8 +34,8 @@ use ttft_trace_common::{
 };
 
 use crate::maps::{
-    CONNS, EVENTS, RUNQ_HIST, SCHED_STATE, SCHED_TOTALS, TASK_OFFSETS, bump_stat, is_tracked,
-    mark_traced, may_be_traced, offset, offsets, sched_min_ns, wakeup_flag,
+    CONNS, EVENTS, RUNQ_HIST, SCHED_CLOCK, SCHED_STATE, SCHED_TOTALS, TASK_OFFSETS, bump_stat,
+    is_tracked, mark_traced, may_be_traced, offset, offsets, sched_min_ns, wakeup_flag,
 };
 
 /// `prev_state` bits that mean "not runnable"; a preempted task reports 0
@@ -107,12 +110,99 @@ enum Left {
     Exiting,
 }
 
+/// The two tasks of a BTF `sched_switch`, whose `sched_info` the program
+/// reads where the kernel has it (see [`SchedInfo::woken_at`]).
+#[derive(Clone, Copy)]
+struct SchedInfo {
+    prev: *const u8,
+    next: *const u8,
+}
+
+impl SchedInfo {
+    /// When `prev` last got the CPU, on the run queue's clock.
+    #[inline(always)]
+    fn prev_arrival(&self) -> u64 {
+        // SAFETY: reading a static we own; userspace rewrites it before load.
+        let off = unsafe { core::ptr::read_volatile(&TASK_OFFSETS.last_arrival) };
+        task_u64(self.prev, off)
+    }
+
+    /// When `next` was put on its run queue (0: it was not), on the run
+    /// queue's clock.
+    #[inline(always)]
+    fn next_queued(&self) -> u64 {
+        // SAFETY: as above.
+        let off = unsafe { core::ptr::read_volatile(&TASK_OFFSETS.last_queued) };
+        task_u64(self.next, off)
+    }
+
+    /// When a thread switched in after sleeping was woken, read in place of
+    /// a wakeup program (which would run for every wakeup on the host):
+    /// the kernel puts a woken task on its run queue and notes when
+    /// (`sched_info.last_queued`, still set as the switch is traced), on
+    /// the run queue's clock. That clock is mapped to `bpf_ktime_get_ns` by
+    /// the last moment this CPU dated on both (see [`date_clock`]). None
+    /// where there is no such moment yet, or the task was not queued.
+    /// A task moved to another CPU while it waited was queued again there:
+    /// its wait before the move counts as blocked.
+    #[inline(always)]
+    fn woken_at(&self) -> Option<u64> {
+        let queued = self.next_queued();
+        if queued == 0 {
+            return None;
+        }
+        // SAFETY: this CPU's copies, read at once.
+        let (k, c) = unsafe { (*SCHED_CLOCK.get_ptr(0)?, *SCHED_CLOCK.get_ptr(1)?) };
+        if k == 0 {
+            return None;
+        }
+        Some(k.wrapping_add(queued.wrapping_sub(c)))
+    }
+}
+
+/// Whether the BTF switch program reads wakeups from `sched_info`
+/// (userspace then attaches no wakeup program).
+#[inline(always)]
+fn wakeups_from_sched_info() -> bool {
+    // SAFETY: reading a static we own; userspace rewrites it before load.
+    let off = unsafe { core::ptr::read_volatile(&TASK_OFFSETS) };
+    off.has_sched_info()
+}
+
+/// An 8-byte member of a BTF `struct task_struct *` at `off` (from this
+/// kernel's BTF; a constant to the verifier, which checks the load).
+#[inline(always)]
+fn task_u64(task: *const u8, off: u32) -> u64 {
+    // SAFETY: a BTF-typed pointer of the tracepoint's arguments; the
+    // verifier allows only a load of a member of that size here, and the
+    // kernel turns a fault into a zero.
+    unsafe { core::ptr::read_volatile(task.add(off as usize).cast::<u64>()) }
+}
+
+/// Notes, for this CPU, one moment on both clocks: `ktime` where a traced
+/// thread switched in, and `sched_info.last_arrival`, which the kernel set
+/// at the same switch.
+#[inline(always)]
+fn date_clock(ktime: u64, clock: u64) {
+    if clock == 0 {
+        return;
+    }
+    if let (Some(k), Some(c)) = (SCHED_CLOCK.get_ptr_mut(0), SCHED_CLOCK.get_ptr_mut(1)) {
+        // SAFETY: this CPU's copies; the switch runs with preemption off.
+        unsafe {
+            *k = ktime;
+            *c = clock;
+        }
+    }
+}
+
 /// One context switch, in the context of the task switched out: `left`
 /// tells how it left (read only when it is traced), `next` is the thread
-/// switched in (0 for the idle task). An untraced task switching to an
-/// untraced thread pays two array reads (`TRACED_IDS`), no hash lookup.
+/// switched in (0 for the idle task), `info` its `sched_info` where the
+/// wakeups come from it. An untraced task switching to an untraced thread
+/// pays two array reads (`TRACED_IDS`), no hash lookup.
 #[inline(always)]
-fn on_switch(left: impl FnOnce() -> Left, next: u32) {
+fn on_switch(left: impl FnOnce() -> Left, next: u32, info: Option<SchedInfo>) {
     let id = bpf_get_current_pid_tgid();
     let (tgid, tid) = ((id >> 32) as u32, id as u32);
     let mut now = 0;
@@ -124,12 +214,12 @@ fn on_switch(left: impl FnOnce() -> Left, next: u32) {
             Left::Exiting => {
                 let _ = SCHED_STATE.remove(tid);
             }
-            Left::Blocked => switched_out(tgid, tid, now, true),
-            Left::Runnable => switched_out(tgid, tid, now, false),
+            Left::Blocked => switched_out(tgid, tid, now, true, info),
+            Left::Runnable => switched_out(tgid, tid, now, false, info),
         }
     }
     if next != 0 {
-        switched_in(next, now);
+        switched_in(next, now, info);
     }
 }
 
@@ -154,6 +244,7 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
             }
         },
         next as u32,
+        None,
     );
     0
 }
@@ -180,6 +271,10 @@ fn task_tid(task: *const u8) -> u32 {
 #[btf_tracepoint(function = "sched_switch")]
 pub fn btf_sched_switch(ctx: BtfTracePointContext) -> i32 {
     let next: *const u8 = ctx.arg(2);
+    let info = wakeups_from_sched_info().then(|| SchedInfo {
+        prev: ctx.arg(1),
+        next,
+    });
     on_switch(
         || {
             let preempt: u64 = ctx.arg(0);
@@ -193,12 +288,13 @@ pub fn btf_sched_switch(ctx: BtfTracePointContext) -> i32 {
             }
         },
         task_tid(next),
+        info,
     );
     0
 }
 
 #[inline(always)]
-fn switched_out(tgid: u32, tid: u32, now: u64, blocked: bool) {
+fn switched_out(tgid: u32, tid: u32, now: u64, blocked: bool, info: Option<SchedInfo>) {
     let st = match SCHED_STATE.get_ptr_mut(tid) {
         Some(p) => p,
         None => {
@@ -227,6 +323,11 @@ fn switched_out(tgid: u32, tid: u32, now: u64, blocked: bool) {
             unsafe { (*t).oncpu_ns += ran };
         }
         emit(SCHED_ONCPU, tgid, tid, st.t_on_ns, now);
+        if let Some(info) = info
+            && st.arrival_dated != 0
+        {
+            date_clock(st.t_on_ns, info.prev_arrival());
+        }
     }
     st.tgid = tgid;
     st.t_on_ns = 0;
@@ -241,7 +342,7 @@ fn switched_out(tgid: u32, tid: u32, now: u64, blocked: bool) {
 }
 
 #[inline(always)]
-fn switched_in(tid: u32, now: u64) {
+fn switched_in(tid: u32, now: u64, info: Option<SchedInfo>) {
     if !may_be_traced(tid) {
         return;
     }
@@ -251,6 +352,16 @@ fn switched_in(tid: u32, now: u64) {
     let now = if now == 0 { now_ns() } else { now };
     // SAFETY: live map value.
     let st = unsafe { &mut *st };
+    st.arrival_dated = 0;
+    if let Some(info) = info {
+        st.arrival_dated = u32::from(info.next_queued() != 0);
+        if st.blocked != 0 {
+            // No wakeup program ran: asleep until queued, waiting since.
+            // Within the time it was off the CPU, whatever the clocks say.
+            let woke = info.woken_at().unwrap_or(now).min(now).max(st.t_off_ns);
+            wake(st, tid, woke);
+        }
+    }
     if st.t_runnable_ns != 0 {
         let waited = now.saturating_sub(st.t_runnable_ns);
         if let Some(t) = totals(st.tgid) {
@@ -280,19 +391,24 @@ fn woken(tid: u32) -> u32 {
     };
     // SAFETY: live map value.
     let st = unsafe { &mut *st };
-    if st.blocked == 0 {
-        return 0;
+    if st.blocked != 0 {
+        wake(st, tid, now_ns());
     }
-    let now = now_ns();
-    let slept = now.saturating_sub(st.t_off_ns);
+    0
+}
+
+/// A traced thread asleep since it switched out was woken at `at`: its
+/// blocked time ends, its run-queue wait starts.
+#[inline(always)]
+fn wake(st: &mut SchedState, tid: u32, at: u64) {
+    let slept = at.saturating_sub(st.t_off_ns);
     if let Some(t) = totals(st.tgid) {
         // SAFETY: this CPU's copy.
         unsafe { (*t).blocked_ns += slept };
     }
-    emit(SCHED_BLOCKED, st.tgid, tid, st.t_off_ns, now);
+    emit(SCHED_BLOCKED, st.tgid, tid, st.t_off_ns, at);
     st.blocked = 0;
-    st.t_runnable_ns = now;
-    0
+    st.t_runnable_ns = at;
 }
 
 #[inline(always)]

@@ -8,7 +8,10 @@
 use std::path::Path;
 
 use thiserror::Error;
-use ttft_trace_common::{SendOffsets, offsets::TaskOffsets};
+use ttft_trace_common::{
+    SendOffsets,
+    offsets::{ABSENT, TaskOffsets},
+};
 
 pub const VMLINUX: &str = "/sys/kernel/btf/vmlinux";
 
@@ -436,7 +439,29 @@ pub fn task_offsets(btf: &Btf) -> Result<TaskOffsets, BtfError> {
             "task_struct.pid is {size} bytes, not 4"
         )));
     }
-    Ok(TaskOffsets { pid })
+    let (last_queued, last_arrival) = sched_info_offsets(btf).unwrap_or((ABSENT, ABSENT));
+    Ok(TaskOffsets {
+        pid,
+        last_queued,
+        last_arrival,
+    })
+}
+
+/// `task_struct.sched_info.last_queued` and `.last_arrival` (8 bytes each),
+/// from the start of `task_struct`; an error on kernels without
+/// CONFIG_SCHED_INFO.
+fn sched_info_offsets(btf: &Btf) -> Result<(u32, u32), BtfError> {
+    let (info, _) = btf.member("task_struct", "sched_info")?;
+    let member = |name: &str| -> Result<u32, BtfError> {
+        let (off, size) = btf.member("sched_info", name)?;
+        if size != 8 {
+            return Err(BtfError::Unexpected(format!(
+                "sched_info.{name} is {size} bytes, not 8"
+            )));
+        }
+        Ok(info + off)
+    };
+    Ok((member("last_queued")?, member("last_arrival")?))
 }
 
 /// Offset of a received segment's acknowledgment number in its `struct
@@ -742,16 +767,38 @@ mod tests {
     /// The hot tracepoints' prototypes as 6.18 has them, `sched_switch`
     /// with or without `prev_state` (before 5.18), and `task_struct.pid`.
     fn scheduler_like(with_prev_state: bool, pid_size: u32) -> Vec<u8> {
+        scheduler_with(with_prev_state, pid_size, "sched_info")
+    }
+
+    /// As [`scheduler_like`], the `sched_info` member named `info` (another
+    /// name: a kernel without CONFIG_SCHED_INFO).
+    fn scheduler_with(with_prev_state: bool, pid_size: u32, info: &str) -> Vec<u8> {
         let mut b = Builder::new();
         let int_t = b.int("int", 4);
         let pid_t = b.int("pid_t", pid_size);
         let bool_t = b.int("_Bool", 1);
         let void_ptr = b.push("", KIND_PTR, 0, 0);
+        let u64_t = b.int("long long unsigned int", 8);
+        let sched_info = b.record(
+            KIND_STRUCT,
+            "sched_info",
+            48,
+            &[
+                ("pcount", u64_t, 0),
+                ("run_delay", u64_t, 8),
+                ("last_arrival", u64_t, 32),
+                ("last_queued", u64_t, 40),
+            ],
+        );
         let task = b.record(
             KIND_STRUCT,
             "task_struct",
             2048,
-            &[("__state", int_t, 24), ("pid", pid_t, 1496)],
+            &[
+                ("__state", int_t, 24),
+                (info, sched_info, 1000),
+                ("pid", pid_t, 1496),
+            ],
         );
         let task_ptr = b.push("", KIND_PTR, 0, task);
         let sock = b.record(KIND_STRUCT, "sock", 8, &[("sk_x", int_t, 0)]);
@@ -782,9 +829,17 @@ mod tests {
         let btf = Btf::parse(&scheduler_like(true, 4)).expect("parse");
         assert_eq!(
             task_offsets(&btf).expect("offsets"),
-            TaskOffsets { pid: 1496 }
+            TaskOffsets {
+                pid: 1496,
+                last_queued: 1040,
+                last_arrival: 1032,
+            }
         );
         // Before 5.18 sched_switch has no prev_state: the classic tracepoint.
+        // Without CONFIG_SCHED_INFO: the wakeup programs tell wakeups.
+        let btf = Btf::parse(&scheduler_with(true, 4, "other")).expect("parse");
+        let off = task_offsets(&btf).expect("offsets");
+        assert_eq!((off.pid, off.has_sched_info()), (1496, false));
         let btf = Btf::parse(&scheduler_like(false, 4)).expect("parse");
         let err = task_offsets(&btf).expect_err("three-argument sched_switch");
         assert!(err.to_string().contains("sched_switch"), "{err}");

@@ -11,7 +11,7 @@ use aya::{
     Btf, Ebpf,
     programs::{BtfTracePoint, RawTracePoint},
 };
-use ttft_trace_common::offsets::TaskOffsets;
+use ttft_trace_common::offsets::{ABSENT, TaskOffsets};
 
 use super::{ProbeError, btf};
 
@@ -30,9 +30,10 @@ impl EventHook {
     pub fn describe(self) -> &'static str {
         match self {
             EventHook::Raw => {
-                "BTF tracepoints sched_switch, sched_wakeup, sched_wakeup_new and, with the \
-                 syscall send hook, raw tracepoints sock_send_length, sock_recv_length (the \
-                 kernel's arguments, offsets from BTF)"
+                "BTF tracepoints sched_switch (wakeups from the task's sched_info; \
+                 sched_wakeup, sched_wakeup_new on kernels without it) and, with the syscall \
+                 send hook, raw tracepoints sock_send_length, sock_recv_length (the kernel's \
+                 arguments, offsets from BTF)"
             }
             EventHook::Tracepoints => {
                 "classic tracepoints sched:sched_switch, sched_wakeup, sched_wakeup_new and, with \
@@ -44,8 +45,10 @@ impl EventHook {
     }
 }
 
-/// Forces the event hook, for comparing the two (`cargo xtask bench`) and
-/// testing the fallback: `tracepoints` or `btf` (the default).
+/// Forces the event hook, for comparing them (`cargo xtask bench`) and
+/// testing the fallbacks: `tracepoints`, `btf-wakeups` (BTF tracepoints
+/// with the wakeup programs, as on kernels without `sched_info`) or `btf`
+/// (the default).
 pub const EVENT_HOOK_ENV: &str = "TTFT_TRACE_EVENT_HOOK";
 
 /// How a program of the default hook attaches.
@@ -93,6 +96,10 @@ const HOT: &[(&str, &str, Kind, &str)] = &[
     ),
 ];
 
+fn is_wakeup(program: &str) -> bool {
+    matches!(program, "sched_wakeup" | "sched_wakeup_new")
+}
+
 /// Whether `program` is a classic program that the default hook replaces.
 pub(super) fn is_hot(program: &str) -> bool {
     HOT.iter().any(|&(classic, _, _, _)| classic == program)
@@ -101,13 +108,19 @@ pub(super) fn is_hot(program: &str) -> bool {
 /// The event hook this host gets, with the BTF offsets it needs, or why the
 /// fallback is used.
 pub fn event_hook_plan() -> Result<TaskOffsets, String> {
+    let mut wakeup_programs = false;
     match std::env::var(EVENT_HOOK_ENV).as_deref() {
         Ok("tracepoints") => return Err(format!("{EVENT_HOOK_ENV}=tracepoints")),
+        Ok("btf-wakeups") => wakeup_programs = true,
         Ok("btf") | Err(_) => {}
         Ok(other) => log::warn!("{EVENT_HOOK_ENV}={other} is not an event hook; ignored"),
     }
     let btf = btf::Btf::vmlinux().map_err(|e| e.to_string())?;
-    btf::task_offsets(&btf).map_err(|e| e.to_string())
+    let mut offsets = btf::task_offsets(&btf).map_err(|e| e.to_string())?;
+    if wakeup_programs {
+        (offsets.last_queued, offsets.last_arrival) = (ABSENT, ABSENT);
+    }
+    Ok(offsets)
 }
 
 /// An attached program of the default hook.
@@ -117,17 +130,24 @@ enum Link {
 }
 
 /// Loads and attaches every default program of [`HOT`] (the socket
-/// lengths only when `socket_lengths`: the syscall send hook's), or none: on
-/// a failure the ones attached are detached again, so that the classic
-/// programs can take over without an event counted twice.
-pub(super) fn attach_default(ebpf: &mut Ebpf, socket_lengths: bool) -> Result<(), ProbeError> {
+/// lengths only when `socket_lengths`: the syscall send hook's; the wakeups
+/// only when `wakeups`: without `sched_info`), or none: on a failure the ones
+/// attached are detached again, so that the classic programs can take over
+/// without an event counted twice.
+pub(super) fn attach_default(
+    ebpf: &mut Ebpf,
+    socket_lengths: bool,
+    wakeups: bool,
+) -> Result<(), ProbeError> {
     let btf = Btf::from_sys_fs().map_err(|e| {
         ProbeError::Program("btf_sched_switch", aya::programs::ProgramError::Btf(e))
     })?;
     let mut links = Vec::new();
     let mut result = Ok(());
     for &(classic, name, kind, tracepoint) in HOT {
-        if !socket_lengths && super::send_hook::is_socket_length(classic) {
+        if (!socket_lengths && super::send_hook::is_socket_length(classic))
+            || (!wakeups && is_wakeup(classic))
+        {
             continue;
         }
         match attach_one(ebpf, &btf, name, kind, tracepoint) {

@@ -363,13 +363,28 @@ impl Probes {
         };
         let socket_lengths = send_hook == SendHook::Syscalls;
         let event_hook = match task_offsets {
-            Ok(_) => match event_hook::attach_default(&mut ebpf, socket_lengths) {
-                Ok(()) => EventHook::Raw,
-                Err(e) => {
-                    log::warn!("event hook: {e}; using the classic tracepoints instead");
-                    EventHook::Tracepoints
+            Ok(task) => {
+                match event_hook::attach_default(&mut ebpf, socket_lengths, !task.has_sched_info())
+                {
+                    Ok(()) => {
+                        log::info!(
+                            "wakeups: {}",
+                            if task.has_sched_info() {
+                                "read from the woken task's sched_info where it switches in (no \
+                             wakeup program)"
+                            } else {
+                                "BTF tracepoints sched_wakeup, sched_wakeup_new (no sched_info in \
+                             this kernel's task_struct)"
+                            }
+                        );
+                        EventHook::Raw
+                    }
+                    Err(e) => {
+                        log::warn!("event hook: {e}; using the classic tracepoints instead");
+                        EventHook::Tracepoints
+                    }
                 }
-            },
+            }
             Err(why) => {
                 log::info!("event hook: classic tracepoints ({why})");
                 EventHook::Tracepoints

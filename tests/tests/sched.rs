@@ -1,0 +1,184 @@
+//! Root-only: the tracer's on-CPU, run-queue and blocked time of a traced
+//! process agree with the kernel's own account of its threads
+//! (`/proc/PID/task/*/schedstat`), with each event hook: the default (the
+//! BTF switch program, wakeups read from the task's `sched_info`), the BTF
+//! programs with wakeup programs (kernels without `sched_info`), and the
+//! classic tracepoints.
+//!
+//! The process sleeps 10 ms and spins 5 ms in rounds, pinned to a CPU it
+//! shares with a busy process: every spin and every wakeup waits on the run
+//! queue, so the split of its time off the CPU between blocked (asleep
+//! until woken) and runnable (woken, waiting for the CPU) is what is
+//! tested.
+
+use std::{
+    io::{BufRead, BufReader, Write},
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use anyhow::{Context as _, Result, bail};
+use serde_json::Value;
+use ttft_trace_tests::{
+    faults::{self, CpuHog},
+    fixtures::{self, ChildGuard},
+    prometheus::free_port,
+    tracer::{Tracer, http_get, root_test},
+};
+
+/// ttft-trace's switch for the event hook (`probes::EVENT_HOOK_ENV`).
+const EVENT_HOOK_ENV: &str = "TTFT_TRACE_EVENT_HOOK";
+const ROUNDS: u32 = 100;
+/// Tolerance: a share of the kernel's figure, plus a fixed slack for the
+/// instants around the measured rounds (the wakeup that starts them, the
+/// reads of schedstat and the line printed after them).
+const SHARE: f64 = 0.02;
+const SLACK_NS: f64 = 2_000_000.0;
+
+/// The kernel's account of the rounds, and the tracer's of the same time.
+struct Run {
+    truth: Value,
+    oncpu_ns: f64,
+    runq_ns: f64,
+    blocked_ns: f64,
+    stderr: String,
+}
+
+/// A counter's value in Prometheus text, in ns.
+fn counter_ns(metrics: &str, name: &str) -> Option<f64> {
+    metrics.lines().find_map(|l| {
+        let rest = l.strip_prefix(name)?.strip_prefix(' ')?;
+        rest.trim().parse::<f64>().ok().map(|s| s * 1e9)
+    })
+}
+
+fn run(event_hook: &str, cpu: usize) -> Result<Run> {
+    let mut child = Command::new("python3")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/fixtures/sched_mix.py"
+        ))
+        .arg(fixtures::existing_fixture(fixtures::STUB_CUDART)?)
+        .arg(ROUNDS.to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("starting sched_mix.py")?;
+    let pid = child.id();
+    let mut stdin = child.stdin.take().context("fixture stdin")?;
+    let mut out = BufReader::new(child.stdout.take().context("fixture stdout")?);
+    let _fixture = ChildGuard::new(child);
+    let mut line = String::new();
+    out.read_line(&mut line)?;
+    if line.trim() != "ready" {
+        bail!("sched_mix.py said {line:?}");
+    }
+    faults::pin(pid, &[cpu])?;
+    let _hog = CpuHog::start(&[cpu], 1)?;
+
+    let listen = format!("127.0.0.1:{}", free_port()?);
+    // SAFETY: this file's only test sets the variable before spawning the
+    // tracer and no other thread of this binary reads the environment.
+    unsafe { std::env::set_var(EVENT_HOOK_ENV, event_hook) };
+    let tracer = Tracer::start(
+        &[
+            "--pid".into(),
+            pid.to_string(),
+            "--interval".into(),
+            "1".into(),
+            "--listen".into(),
+            listen.clone(),
+        ],
+        1,
+    );
+    // SAFETY: as above.
+    unsafe { std::env::remove_var(EVENT_HOOK_ENV) };
+    let tracer = tracer?;
+
+    stdin.write_all(b"go\n")?;
+    line.clear();
+    out.read_line(&mut line)?;
+    let truth: Value = serde_json::from_str(&line).context("fixture's schedstat line")?;
+    // The fixture now sleeps on stdin: its last interval on the CPU ended.
+    // The metrics follow the kernel's totals at each interval.
+    std::thread::sleep(Duration::from_millis(2500));
+    let metrics = http_get(listen.parse()?, "/metrics")?;
+    let get = |name: &str| counter_ns(&metrics, name).with_context(|| format!("{name} missing"));
+    let oncpu_ns = get("ttft_trace_oncpu_seconds_total")?;
+    let runq_ns = get("ttft_trace_offcpu_seconds_total{state=\"runnable\"}")?;
+    let blocked_ns = get("ttft_trace_offcpu_seconds_total{state=\"blocked\"}")?;
+    drop(stdin);
+    let trace = tracer.interrupt(Duration::from_secs(30))?;
+    assert!(trace.success, "{}", trace.stderr);
+    Ok(Run {
+        truth,
+        oncpu_ns,
+        runq_ns,
+        blocked_ns,
+        stderr: trace.stderr,
+    })
+}
+
+fn check(hook: &str, run: &Run) {
+    let ns = |field: &str| {
+        run.truth[field]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{field} missing in {}", run.truth)) as f64
+    };
+    let (wall, oncpu, runq) = (ns("wall_ns"), ns("oncpu_ns"), ns("runq_ns"));
+    // Asleep: the rest of the wall time. The tracer counts the sleep that
+    // ends as the rounds start only from its start (the thread was not
+    // followed before it), which falls in the slack.
+    let blocked = wall - oncpu - runq;
+    let ms = |v: f64| v / 1e6;
+    eprintln!(
+        "{hook}: on CPU {:.1} / {:.1} ms, runnable {:.1} / {:.1} ms, blocked {:.1} / {:.1} ms \
+         (tracer / kernel)",
+        ms(run.oncpu_ns),
+        ms(oncpu),
+        ms(run.runq_ns),
+        ms(runq),
+        ms(run.blocked_ns),
+        ms(blocked)
+    );
+    // The setup worked: the rounds did wait for the CPU.
+    assert!(
+        runq > 0.1 * wall,
+        "{hook}: the rounds hardly waited ({} of {} ms)",
+        ms(runq),
+        ms(wall)
+    );
+    for (what, traced, kernel) in [
+        ("on CPU", run.oncpu_ns, oncpu),
+        ("runnable", run.runq_ns, runq),
+        ("blocked", run.blocked_ns, blocked),
+    ] {
+        let bound = SHARE * kernel + SLACK_NS;
+        assert!(
+            (traced - kernel).abs() <= bound,
+            "{hook}: {what} {:.2} ms traced, {:.2} ms by the kernel (at most {:.2} ms apart)\n{}",
+            ms(traced),
+            ms(kernel),
+            ms(bound),
+            run.stderr
+        );
+    }
+}
+
+#[test]
+fn scheduler_times_agree_with_the_kernels_schedstat() -> Result<()> {
+    let Some(_guard) = root_test("scheduler_times_agree_with_the_kernels_schedstat") else {
+        return Ok(());
+    };
+    let cpu = *faults::server_cpus()?.last().unwrap_or(&0);
+    for (hook, log) in [
+        ("btf", "wakeups: read from the woken task's sched_info"),
+        ("btf-wakeups", "wakeups: BTF tracepoints sched_wakeup"),
+        ("tracepoints", "event hook: classic tracepoints"),
+    ] {
+        let run = run(hook, cpu)?;
+        assert!(run.stderr.contains(log), "{hook}: {}", run.stderr);
+        check(hook, &run);
+    }
+    Ok(())
+}
