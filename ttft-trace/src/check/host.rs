@@ -371,7 +371,6 @@ fn load_and_fire(tracefs_ok: bool) -> Vec<Item> {
             "fix tracefs first",
         )];
     }
-    let programs = probes::symbols::program_names().len() + distinct_tracepoint_programs();
     let cfg = LoadConfig {
         ringbuf_bytes: 1 << 16,
         sched_min_ns: 1_000_000,
@@ -396,14 +395,10 @@ fn load_and_fire(tracefs_ok: bool) -> Vec<Item> {
             ];
         }
     };
-    let (send_programs, send_tracepoints) = probes.send_hook().programs();
+    let (programs, tracepoints) = probes.loaded();
     let load = Item::ok(
         "ebpf load",
-        format!(
-            "{} programs accepted by the verifier, {} tracepoints attached",
-            programs + send_programs,
-            TRACEPOINTS.len() + send_tracepoints
-        ),
+        format!("{programs} programs accepted by the verifier, {tracepoints} tracepoints attached"),
     );
     let hook = send_hook_item(probes.send_hook());
     let events = event_hook_item(probes.event_hook());
@@ -455,13 +450,6 @@ fn event_hook_item(hook: EventHook) -> Item {
             )
         }
     }
-}
-
-fn distinct_tracepoint_programs() -> usize {
-    let mut names: Vec<&str> = TRACEPOINTS.iter().map(|(p, _, _)| *p).collect();
-    names.sort_unstable();
-    names.dedup();
-    names.len()
 }
 
 fn nvml(cfg: &CheckConfig) -> Item {

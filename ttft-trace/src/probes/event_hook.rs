@@ -133,12 +133,12 @@ enum Link {
 /// lengths only when `socket_lengths`: the syscall send hook's; the wakeups
 /// only when `wakeups`: without `sched_info`), or none: on a failure the ones
 /// attached are detached again, so that the classic programs can take over
-/// without an event counted twice.
+/// without an event counted twice. Returns how many it attached.
 pub(super) fn attach_default(
     ebpf: &mut Ebpf,
     socket_lengths: bool,
     wakeups: bool,
-) -> Result<(), ProbeError> {
+) -> Result<usize, ProbeError> {
     let btf = Btf::from_sys_fs().map_err(|e| {
         ProbeError::Program("btf_sched_switch", aya::programs::ProgramError::Btf(e))
     })?;
@@ -158,15 +158,16 @@ pub(super) fn attach_default(
             }
         }
     }
-    if result.is_err() {
+    if let Err(e) = result {
         for (name, link) in links {
             let _ = match link {
                 Link::Btf(link) => program::<BtfTracePoint>(ebpf, name).map(|p| p.detach(link)),
                 Link::Raw(link) => program::<RawTracePoint>(ebpf, name).map(|p| p.detach(link)),
             };
         }
+        return Err(e);
     }
-    result
+    Ok(links.len())
 }
 
 fn program<'a, P>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut P, ProbeError>

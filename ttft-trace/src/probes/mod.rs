@@ -131,6 +131,8 @@ pub struct Probes {
     ebpf: Ebpf,
     send_hook: SendHook,
     event_hook: EventHook,
+    /// Tracepoints attached (classic, raw and BTF).
+    tracepoints: usize,
     /// Ids the per-event programs may look up (see `traced_ids`).
     traced_ids: traced_ids::TracedIds,
     /// Libraries attached, by the file they land on: uprobes attach to a
@@ -350,9 +352,14 @@ impl Probes {
         let verified = started.elapsed();
         // The send hook first: whether the socket lengths are needed
         // depends on it.
+        // Tracepoints of any kind attached, for `check`.
+        let mut tracepoints = 0;
         let send_hook = match send_offsets {
             Ok(_) => match attach_tcp(&mut ebpf) {
-                Ok(()) => SendHook::Tcp,
+                Ok(n) => {
+                    tracepoints += n;
+                    SendHook::Tcp
+                }
                 Err(e) if syscalls_ready => {
                     log::warn!("send hook: {e}; using the syscall tracepoints instead");
                     SendHook::Syscalls
@@ -366,7 +373,8 @@ impl Probes {
             Ok(task) => {
                 match event_hook::attach_default(&mut ebpf, socket_lengths, !task.has_sched_info())
                 {
-                    Ok(()) => {
+                    Ok(n) => {
+                        tracepoints += n;
                         log::info!(
                             "wakeups: {}",
                             if task.has_sched_info() {
@@ -396,11 +404,13 @@ impl Probes {
                 continue;
             }
             attach_tracepoint(&mut ebpf, name, category, tracepoint)?;
+            tracepoints += 1;
         }
         log::info!("event hook: {}", event_hook.describe());
         if send_hook == SendHook::Syscalls {
             for &(name, tracepoint) in SYSCALL_SEND_TRACEPOINTS {
                 attach_tracepoint(&mut ebpf, name, "syscalls", tracepoint)?;
+                tracepoints += 1;
             }
         }
         log::info!("send hook: {}", send_hook.describe());
@@ -418,11 +428,18 @@ impl Probes {
             ebpf,
             send_hook,
             event_hook,
+            tracepoints,
             traced_ids,
             netns_known: offsets.sk_net != ABSENT,
             attached: HashMap::new(),
             map_full: BTreeMap::new(),
         })
+    }
+
+    /// (programs loaded and accepted by the verifier, tracepoints attached).
+    pub fn loaded(&self) -> (usize, usize) {
+        let programs = self.ebpf.programs().filter(|(_, p)| p.fd().is_ok()).count();
+        (programs, self.tracepoints)
     }
 
     /// Which send hook is attached.

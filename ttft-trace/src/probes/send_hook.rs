@@ -44,22 +44,6 @@ impl SendHook {
             }
         }
     }
-
-    /// (programs loaded, tracepoints attached) for this hook, the socket
-    /// lengths of the syscall hook not counted (they are in
-    /// [`super::TRACEPOINTS`]).
-    pub fn programs(self) -> (usize, usize) {
-        match self {
-            SendHook::Tcp => (TCP_PROGRAMS.len(), TCP_PROGRAMS.len()),
-            SendHook::Syscalls => {
-                let mut names: Vec<&str> =
-                    SYSCALL_SEND_TRACEPOINTS.iter().map(|(p, _)| *p).collect();
-                names.sort_unstable();
-                names.dedup();
-                (names.len(), SYSCALL_SEND_TRACEPOINTS.len())
-            }
-        }
-    }
 }
 
 /// Forces the send hook, for comparing the two (`cargo xtask bench`) and
@@ -118,8 +102,9 @@ pub fn syscall_offsets(offsets: &mut TracepointOffsets) -> Result<(), TracefsErr
 
 /// Loads and attaches the raw tracepoints of the default send hook, both or
 /// neither: on a failure the one attached is detached again, so that the
-/// syscall hook can take over without a send counted twice.
-pub(super) fn attach_tcp(ebpf: &mut Ebpf) -> Result<(), ProbeError> {
+/// syscall hook can take over without a send counted twice. Returns how
+/// many it attached.
+pub(super) fn attach_tcp(ebpf: &mut Ebpf) -> Result<usize, ProbeError> {
     let mut links: Vec<(&'static str, RawTracePointLinkId)> = Vec::new();
     for &name in TCP_PROGRAMS {
         match attach_raw(ebpf, name) {
@@ -136,7 +121,7 @@ pub(super) fn attach_tcp(ebpf: &mut Ebpf) -> Result<(), ProbeError> {
             }
         }
     }
-    Ok(())
+    Ok(TCP_PROGRAMS.len())
 }
 
 fn attach_raw(ebpf: &mut Ebpf, name: &'static str) -> Result<RawTracePointLinkId, ProbeError> {
