@@ -136,7 +136,8 @@ impl SchedInfo {
         task_u64(self.next, off)
     }
 
-    /// When a thread switched in after sleeping was woken, read in place of
+    /// When a thread switched in after sleeping, and queued at `queued`
+    /// ([`SchedInfo::next_queued`]), was woken, read in place of
     /// a wakeup program (which would run for every wakeup on the host):
     /// the kernel puts a woken task on its run queue and notes when
     /// (`sched_info.last_queued`, still set as the switch is traced), on
@@ -146,8 +147,7 @@ impl SchedInfo {
     /// A task moved to another CPU while it waited was queued again there:
     /// its wait before the move counts as blocked.
     #[inline(always)]
-    fn woken_at(&self) -> Option<u64> {
-        let queued = self.next_queued();
+    fn woken_at(queued: u64) -> Option<u64> {
         if queued == 0 {
             return None;
         }
@@ -354,11 +354,15 @@ fn switched_in(tid: u32, now: u64, info: Option<SchedInfo>) {
     let st = unsafe { &mut *st };
     st.arrival_dated = 0;
     if let Some(info) = info {
-        st.arrival_dated = u32::from(info.next_queued() != 0);
+        let queued = info.next_queued();
+        st.arrival_dated = u32::from(queued != 0);
         if st.blocked != 0 {
             // No wakeup program ran: asleep until queued, waiting since.
             // Within the time it was off the CPU, whatever the clocks say.
-            let woke = info.woken_at().unwrap_or(now).min(now).max(st.t_off_ns);
+            let woke = SchedInfo::woken_at(queued)
+                .unwrap_or(now)
+                .min(now)
+                .max(st.t_off_ns);
             wake(st, tid, woke);
         }
     }

@@ -163,12 +163,37 @@ fn emit_conn(
     }
 }
 
-/// Whether the calling process may be traced: followed connections are
-/// served by the traced tree, so the socket calls of every other process
-/// stop here, at an array read, before the hash lookup of the socket.
+/// The state of `sk` when it is a followed connection. Followed
+/// connections are served by the traced tree, so the socket calls of every
+/// other process stop here, at an array read, before the hash lookup of the
+/// socket.
 #[inline(always)]
-fn caller_may_be_traced() -> bool {
-    may_be_traced((bpf_get_current_pid_tgid() >> 32) as u32)
+fn followed(sk: u64) -> Option<*mut ConnState> {
+    if !may_be_traced((bpf_get_current_pid_tgid() >> 32) as u32) {
+        return None;
+    }
+    CONNS.get_ptr_mut(sk)
+}
+
+/// A send on a followed connection: returns how many sends came before it
+/// since the last receive (the first [`HEAD_SENDS`] carry their head).
+#[inline(always)]
+fn count_send(state: *mut ConnState) -> u32 {
+    // SAFETY: live map value.
+    unsafe {
+        let sends = (*state).sends_since_recv;
+        (*state).sends_since_recv = sends.saturating_add(1);
+        sends
+    }
+}
+
+/// A receive of `bytes` on a followed connection: reported, and the sends
+/// after it start a new response.
+#[inline(always)]
+fn report_recv(sk: u64, state: *mut ConnState, bytes: i32) {
+    // SAFETY: live map value.
+    unsafe { (*state).sends_since_recv = 0 };
+    emit_sock(SOCK_RECV, sk, bytes, None, false, 0);
 }
 
 /// The end of a receive on socket `sk` (any family), in the receiving
@@ -176,15 +201,12 @@ fn caller_may_be_traced() -> bool {
 #[inline(always)]
 fn received(sk: u64, ret: i32, flags: i32) {
     // Errors (EAGAIN from non-blocking servers above all) and peeks move no data.
-    if ret < 0 || flags & MSG_PEEK != 0 || !caller_may_be_traced() {
+    if ret < 0 || flags & MSG_PEEK != 0 {
         return;
     }
-    let Some(state) = CONNS.get_ptr_mut(sk) else {
-        return;
-    };
-    // SAFETY: live map value.
-    unsafe { (*state).sends_since_recv = 0 };
-    emit_sock(SOCK_RECV, sk, ret, None, false, 0);
+    if let Some(state) = followed(sk) {
+        report_recv(sk, state, ret);
+    }
 }
 
 /// The end of a send on socket `sk` (any family), still inside the
@@ -192,19 +214,16 @@ fn received(sk: u64, ret: i32, flags: i32) {
 /// hook; the TCP hook reports sends where they start).
 #[inline(always)]
 fn sent(sk: u64, ret: i32) {
-    if ret <= 0 || !caller_may_be_traced() {
+    if ret <= 0 {
         return;
     }
-    let Some(state) = CONNS.get_ptr_mut(sk) else {
+    let Some(state) = followed(sk) else {
         return;
     };
     let tid = bpf_get_current_pid_tgid() as u32;
     // SAFETY: copied out at once; the syscall's exit removes it.
     let args = unsafe { SEND_ARGS.get(tid) }.copied();
-    // SAFETY: live map value.
-    let sends = unsafe { (*state).sends_since_recv };
-    // SAFETY: as above.
-    unsafe { (*state).sends_since_recv = sends.saturating_add(1) };
+    let sends = count_send(state);
     emit_sock(SOCK_SEND, sk, ret, args, sends < HEAD_SENDS, ret as u64);
 }
 
@@ -311,11 +330,8 @@ fn send_offsets() -> SendOffsets {
 /// that never completes (the server gives up) is counted all the same.
 #[raw_tracepoint(tracepoint = "tcp_sendmsg_locked")]
 pub fn tcp_sendmsg_locked(ctx: RawTracePointContext) -> i32 {
-    if !caller_may_be_traced() {
-        return 0;
-    }
     let sk: u64 = ctx.arg(0);
-    let Some(state) = CONNS.get_ptr_mut(sk) else {
+    let Some(state) = followed(sk) else {
         return 0;
     };
     let msg: u64 = ctx.arg(1);
@@ -352,12 +368,8 @@ pub fn tcp_sendmsg_locked(ctx: RawTracePointContext) -> i32 {
     // still counted, without its bytes.
     let args = (args.buf != 0 || args.iov != 0).then_some(args);
     // SAFETY: live map value.
-    let sends = unsafe {
-        (*state).sent_seq = end;
-        let sends = (*state).sends_since_recv;
-        (*state).sends_since_recv = sends.saturating_add(1);
-        sends
-    };
+    unsafe { (*state).sent_seq = end };
+    let sends = count_send(state);
     let bytes = (new as u32).min(i32::MAX as u32) as i32;
     // The head is read only where the new bytes start the buffer.
     emit_sock(
@@ -378,11 +390,8 @@ pub fn tcp_sendmsg_locked(ctx: RawTracePointContext) -> i32 {
 /// end of the stream is told by the connection's state (`CLOSE_WAIT`).
 #[raw_tracepoint(tracepoint = "tcp_rcv_space_adjust")]
 pub fn tcp_rcv_space_adjust(ctx: RawTracePointContext) -> i32 {
-    if !caller_may_be_traced() {
-        return 0;
-    }
     let sk: u64 = ctx.arg(0);
-    let Some(state) = CONNS.get_ptr_mut(sk) else {
+    let Some(state) = followed(sk) else {
         return 0;
     };
     let Some(copied) = kernel::<u32>(sk + u64::from(send_offsets().copied_seq)) else {
@@ -394,11 +403,8 @@ pub fn tcp_rcv_space_adjust(ctx: RawTracePointContext) -> i32 {
         return 0;
     }
     // SAFETY: as above.
-    unsafe {
-        (*state).recv_seq = copied;
-        (*state).sends_since_recv = 0;
-    }
-    emit_sock(SOCK_RECV, sk, read, None, false, 0);
+    unsafe { (*state).recv_seq = copied };
+    report_recv(sk, state, read);
     0
 }
 
