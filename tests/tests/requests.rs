@@ -115,14 +115,15 @@ fn traced_ttft_agrees_with_the_clients_own() -> Result<()> {
         "every client request found in the trace"
     );
     eprintln!(
-        "| concurrency | client TTFT P50 / P99 | traced TTFT P50 / P99 | max diff | P99 diff | seen / sent |"
+        "| concurrency | client TTFT P50 / P99 | traced TTFT P50 / P99 | max diff | P99 diff | max unread | seen / sent |"
     );
-    eprintln!("| --- | --- | --- | --- | --- | --- |");
+    eprintln!("| --- | --- | --- | --- | --- | --- | --- |");
     for c in [1u32, 4, 16] {
         let step: Vec<_> = pairs.iter().filter(|(cl, _)| cl.concurrency == c).collect();
         let mut client = Vec::new();
         let mut tracedv = Vec::new();
         let mut diff = Vec::new();
+        let mut unread_max = 0.0f64;
         for (cl, tr) in &step {
             let ct = cl.ttft_s.context("client ttft")? * 1e3;
             let tt = tr["ttft_ns"].as_u64().context("traced ttft")? as f64 / 1e6;
@@ -147,6 +148,20 @@ fn traced_ttft_agrees_with_the_clients_own() -> Result<()> {
             );
             // Body sends: the tokens, plus the SSE terminator (`data: [DONE]`
             // and the last chunk) when it is a send of its own.
+            // The request's wait in the server's socket before its first
+            // read (from its first segment, `tcp_probe`): the client's TTFT
+            // includes it, the server-side TTFT by definition does not. On a
+            // new connection it is the server's accept and first read
+            // (0.5-1.1 ms for the demo's asyncio loop here).
+            let ta = tr["t_arrive_ns"].as_u64().context("arrive")?;
+            let unread = match tr["t_request_segment_ns"].as_u64() {
+                Some(seg) => {
+                    assert!(seg <= ta, "segment after the read: {tr}");
+                    (ta - seg) as f64 / 1e6
+                }
+                None if c == 1 => anyhow::bail!("no request segment at concurrency 1: {tr}"),
+                None => 0.0,
+            };
             let chunks = tr["chunks"].as_u64().unwrap_or(0);
             assert!(
                 chunks == cl.chunks || chunks == cl.chunks + 1,
@@ -155,43 +170,47 @@ fn traced_ttft_agrees_with_the_clients_own() -> Result<()> {
             );
             client.push(ct);
             tracedv.push(tt);
-            diff.push(ct - tt);
+            diff.push(ct - tt - unread);
+            unread_max = unread_max.max(unread);
         }
         let max = diff.iter().copied().fold(0.0, f64::max);
         let client_p99 = p(client.clone(), 0.99);
         let p99 = p(diff.clone(), 0.99);
         eprintln!(
-            "| {c} | {:.2} / {:.2} ms | {:.2} / {:.2} ms | {:.3} ms | {:.3} ms | {} / {} |",
+            "| {c} | {:.2} / {:.2} ms | {:.2} / {:.2} ms | {:.3} ms | {:.3} ms | {:.3} ms | {} / {} |",
             p(client.clone(), 0.5),
             client_p99,
             p(tracedv.clone(), 0.5),
             p(tracedv, 0.99),
             max,
             p99,
+            unread_max,
             step.len(),
             step.len()
         );
-        // On loopback the difference is the client's own delay in sending
-        // and reading: under 1 ms at concurrency 1. With several Python
-        // client threads (one GIL) beside the server on 2 cores, a client
-        // thread often reads its token late: the P90 is bounded at 15 % of
-        // its P99 TTFT, and the single worst (the P99 of 32) at 30 % (CI
-        // saw one read 55.7 ms late at concurrency 16, P99 TTFT 369 ms,
-        // while alone the worst is 18-20 ms).
-        if c == 1 {
-            assert!(p99 < 1.0, "concurrency 1: P99 difference {p99} ms >= 1 ms");
+        // On loopback the difference, less the request's unread wait, is
+        // the client's own delay in sending and reading: under 1 ms at
+        // concurrency 1. With up to 16 Python client threads (one GIL)
+        // beside the server on 2 cores a thread may read its token late:
+        // the P90 is bounded at 2 ms, the worst of 32 at 5 % of the
+        // client's P99 TTFT (at least 5 ms). Measured in 5 runs: worst
+        // 0.21-0.33 ms at 1, 0.45-2.14 ms at 4 and 16. (Before the unread
+        // wait was subtracted, the raw difference reached 34 ms at 16: it
+        // was the server's, not the client's.)
+        let p90 = p(diff.clone(), 0.9);
+        let (bound, worst) = if c == 1 {
+            (1.0, 1.0)
         } else {
-            let p90 = p(diff.clone(), 0.9);
-            let (bound, worst) = ((0.15 * client_p99).max(1.0), 0.3 * client_p99);
-            assert!(
-                p90 < bound,
-                "concurrency {c}: P90 difference {p90} ms >= {bound} ms"
-            );
-            assert!(
-                p99 < worst,
-                "concurrency {c}: P99 difference {p99} ms >= {worst} ms"
-            );
-        }
+            (2.0, (0.05 * client_p99).max(5.0))
+        };
+        assert!(
+            p90 < bound,
+            "concurrency {c}: P90 difference {p90} ms >= {bound} ms"
+        );
+        assert!(
+            p99 < worst,
+            "concurrency {c}: P99 difference {p99} ms >= {worst} ms"
+        );
     }
     let keepalive = traced
         .iter()
