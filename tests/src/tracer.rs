@@ -136,7 +136,17 @@ impl Tracer {
     /// unless a --listen is given) and waits until it reports `ready_after`
     /// "attached" lines (0: do not wait).
     pub fn start(args: &[String], ready_after: usize) -> Result<Self> {
-        let mut t = Self::spawn("attach", args)?;
+        Self::start_with_env(args, ready_after, &[])
+    }
+
+    /// As [`Tracer::start`], with `env` set for the tracer (its switches,
+    /// such as `TTFT_TRACE_EVENT_HOOK`).
+    pub fn start_with_env(
+        args: &[String],
+        ready_after: usize,
+        env: &[(&str, &str)],
+    ) -> Result<Self> {
+        let mut t = Self::spawn("attach", args, env)?;
         if ready_after > 0 {
             t.wait_for_stderr("attached", ready_after, Duration::from_secs(30))?;
             // Attach lines are logged as each library is done; give the last
@@ -149,15 +159,16 @@ impl Tracer {
     /// Starts `ttft-trace daemon` with `args` (plus --jsonl and --no-listen
     /// unless a --listen is given) and waits until its first scan is done.
     pub fn start_daemon(args: &[String]) -> Result<Self> {
-        let mut t = Self::spawn("daemon", args)?;
+        let mut t = Self::spawn("daemon", args, &[])?;
         t.wait_for_stderr("daemon:", 1, Duration::from_secs(30))?;
         Ok(t)
     }
 
-    fn spawn(subcommand: &str, args: &[String]) -> Result<Self> {
+    fn spawn(subcommand: &str, args: &[String], env: &[(&str, &str)]) -> Result<Self> {
         let jsonl = crate::fixtures::temp_path("trace", "jsonl");
         let mut c = Command::new(tracer_bin()?);
         c.arg(subcommand).args(args).arg("--jsonl").arg(&jsonl);
+        c.envs(env.iter().copied());
         if !args.iter().any(|a| a == "--listen") {
             c.arg(if subcommand == "daemon" {
                 "--listen="

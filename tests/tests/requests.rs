@@ -17,6 +17,17 @@ use ttft_trace_tests::{
     tracer::{TraceOutput, Tracer, root_test},
 };
 
+/// The two programs that see TCP segments, by how the tracer names them,
+/// with the tracer's environment that picks each: the raw `tcp_probe`
+/// (default) and the classic tracepoint's (the fallback).
+const SEGMENT_HOOKS: [(&str, &[(&str, &str)]); 2] = [
+    ("raw tracepoint", &[]),
+    (
+        "classic tracepoint",
+        &[("TTFT_TRACE_EVENT_HOOK", "tracepoints")],
+    ),
+];
+
 /// Traces the demo server started with `server_args` while the load
 /// generator runs with `load_args` (with `loss` % of the server's packets
 /// dropped, if any).
@@ -25,6 +36,17 @@ fn run(
     load_args: &[&str],
     wait: bool,
     loss: Option<u32>,
+) -> Result<(TraceOutput, Vec<ClientRequest>)> {
+    run_with_env(server_args, load_args, wait, loss, &[])
+}
+
+/// As [`run`], with `env` set for the tracer.
+fn run_with_env(
+    server_args: &[&str],
+    load_args: &[&str],
+    wait: bool,
+    loss: Option<u32>,
+    env: &[(&str, &str)],
 ) -> Result<(TraceOutput, Vec<ClientRequest>)> {
     let server = DemoServer::start(server_args)?;
     let mut args = vec![
@@ -36,7 +58,7 @@ fn run(
     if wait {
         args.push("--wait".into());
     }
-    let mut tracer = Tracer::start(&args, 0)?;
+    let mut tracer = Tracer::start_with_env(&args, 0, env)?;
     tracer.wait_for_stderr("following requests on port", 1, Duration::from_secs(30))?;
     let guard = loss
         .map(|pct| PacketLoss::start_with(server.port, pct, faults::Direction::FromServer))
@@ -353,11 +375,20 @@ fn client_ttft_estimate_agrees_with_the_clients_own() -> Result<()> {
         "32",
     ];
     eprintln!(
-        "| loss | requests with an estimate | client TTFT P50 / max | estimate − client median / max abs | server TTFT max |"
+        "| segments | loss | requests with an estimate | client TTFT P50 / max | estimate − client median / max abs | server TTFT max |"
     );
-    eprintln!("| --- | --- | --- | --- | --- |");
-    for loss in [None, Some(20)] {
-        let (out, clients) = run(&["--output-tokens", "32"], &load, false, loss)?;
+    eprintln!("| --- | --- | --- | --- | --- | --- |");
+    for ((hook, env), loss) in SEGMENT_HOOKS
+        .iter()
+        .flat_map(|h| [None, Some(20)].map(|l| (*h, l)))
+    {
+        let (out, clients) = run_with_env(&["--output-tokens", "32"], &load, false, loss, env)?;
+        assert!(
+            out.stderr
+                .contains(&format!("segments: {hook} tcp:tcp_probe")),
+            "segments not seen by the {hook}:\n{}",
+            out.stderr
+        );
         let traced = requests(&out);
         let pairs = pair(&traced, &clients);
         assert_eq!(pairs.len(), clients.len(), "every client request traced");
@@ -390,7 +421,7 @@ fn client_ttft_estimate_agrees_with_the_clients_own() -> Result<()> {
         );
         let abs_max = err.iter().map(|e| e.abs()).fold(0.0, f64::max);
         eprintln!(
-            "| {}% | {}/{} | {:.2} / {:.2} ms | {:+.3} / {:.3} ms | {:.2} ms |",
+            "| {hook} | {}% | {}/{} | {:.2} / {:.2} ms | {:+.3} / {:.3} ms | {:.2} ms |",
             loss.unwrap_or(0),
             err.len(),
             pairs.len(),
@@ -511,6 +542,15 @@ fn a_connection_opened_before_tracing_is_adopted() -> Result<()> {
     let Some(_g) = root_test("a_connection_opened_before_tracing_is_adopted") else {
         return Ok(());
     };
+    // Adoption reads the socket's ports and addresses: from the raw
+    // tracepoint's socket, or the classic tracepoint's record.
+    for (hook, env) in SEGMENT_HOOKS {
+        adopted_with(hook, env)?;
+    }
+    Ok(())
+}
+
+fn adopted_with(hook: &str, env: &[(&str, &str)]) -> Result<()> {
     let server = DemoServer::start(&["--output-tokens", "4"])?;
     let mut conn = TcpStream::connect(("127.0.0.1", server.port))?;
     conn.set_read_timeout(Some(Duration::from_secs(30)))?;
@@ -522,7 +562,7 @@ fn a_connection_opened_before_tracing_is_adopted() -> Result<()> {
         "--interval".into(),
         "60".into(),
     ];
-    let mut tracer = Tracer::start(&args, 0)?;
+    let mut tracer = Tracer::start_with_env(&args, 0, env)?;
     tracer.wait_for_stderr("following requests on port", 1, Duration::from_secs(30))?;
     for _ in 0..3 {
         stream_one(&mut conn)?;
@@ -532,6 +572,12 @@ fn a_connection_opened_before_tracing_is_adopted() -> Result<()> {
     drop(conn);
     server.stop()?;
     assert!(out.success, "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains(&format!("segments: {hook} tcp:tcp_probe")),
+        "segments not seen by the {hook}:\n{}",
+        out.stderr
+    );
     let mine: Vec<&Value> = requests(&out)
         .into_iter()
         .filter(|r| r["client_port"].as_u64() == Some(u64::from(port)))
@@ -558,7 +604,7 @@ fn a_connection_opened_before_tracing_is_adopted() -> Result<()> {
         .sum();
     assert_eq!(adopted, 1, "the one connection opened before tracing");
     eprintln!(
-        "client estimates on the adopted connection: {:?}",
+        "{hook}: client estimates on the adopted connection: {:?}",
         mine.iter()
             .map(|r| r["client_ttft_estimate_ns"].clone())
             .collect::<Vec<_>>()

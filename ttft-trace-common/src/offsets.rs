@@ -107,6 +107,43 @@ pub struct SendOffsets {
     pub write_seq: u32,
 }
 
+/// Kernel struct member offsets the raw tracepoint `tcp:tcp_probe` needs:
+/// its arguments are the `struct sock *` and the received `struct sk_buff
+/// *`, and the program reads from them what the classic tracepoint's perf
+/// record would hold, for followed connections only. Read by userspace from
+/// the kernel's BTF at load time, with the prototype checked; without them
+/// the classic tracepoint is used.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SegmentOffsets {
+    /// `struct tcp_sock` (which begins with its `struct sock`): `snd_nxt`,
+    /// `snd_una` and `srtt_us` (the smoothed round trip, µs << 3), 4 bytes
+    /// each.
+    pub snd_nxt: u32,
+    pub snd_una: u32,
+    pub srtt_us: u32,
+    /// `struct sock` (which begins with its `struct sock_common`):
+    /// `skc_family`, `skc_num` (the local port, host order) and `skc_dport`
+    /// (the remote port, network order), 2 bytes each; `skc_rcv_saddr` and
+    /// `skc_daddr` (IPv4, 4 bytes), `skc_v6_rcv_saddr` and `skc_v6_daddr`
+    /// (16 bytes): to adopt a connection opened before tracing began.
+    pub family: u32,
+    pub num: u32,
+    pub dport: u32,
+    pub rcv_saddr: u32,
+    pub daddr: u32,
+    pub v6_rcv_saddr: u32,
+    pub v6_daddr: u32,
+    /// `struct sk_buff`: the `struct tcp_skb_cb` in its `cb`: `seq`,
+    /// `end_seq` and `ack_seq` (4 bytes, host order, filled before
+    /// `tcp_rcv_established`) and `tcp_flags` (1 byte). The segment's data
+    /// length is `end_seq - seq`, less one for a SYN or a FIN.
+    pub skb_seq: u32,
+    pub skb_end_seq: u32,
+    pub skb_ack_seq: u32,
+    pub skb_tcp_flags: u32,
+}
+
 // --- Raw tracepoints for the per-event hot path (scheduler, socket lengths) ---
 
 /// Kernel struct member offsets the raw tracepoints `sched_switch`,
@@ -139,3 +176,12 @@ impl TaskOffsets {
 // SAFETY: `#[repr(C)]`, `Copy`, integers only: any bit pattern is valid.
 #[cfg(feature = "user")]
 unsafe impl aya::Pod for TaskOffsets {}
+
+// SAFETY: as above.
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for SegmentOffsets {}
+
+// The eBPF side and userspace agree on these bytes: 4-byte fields, no
+// padding.
+const _: () = assert!(core::mem::size_of::<SegmentOffsets>() == 14 * 4);
+const _: () = assert!(core::mem::size_of::<TaskOffsets>() == 3 * 4);

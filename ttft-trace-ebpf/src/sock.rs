@@ -292,7 +292,7 @@ static SEND_OFFSETS: SendOffsets = SendOffsets {
 };
 
 #[inline(always)]
-fn kernel<T>(addr: u64) -> Option<T> {
+pub(crate) fn kernel<T>(addr: u64) -> Option<T> {
     // SAFETY: the helper checks the address.
     unsafe { bpf_probe_read_kernel(addr as *const T) }.ok()
 }

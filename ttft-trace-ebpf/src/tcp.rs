@@ -8,43 +8,114 @@
 //! request) or acknowledges something new. Pure duplicate ACKs and window
 //! updates stay in the kernel.
 //!
+//! Two programs share the logic ([`on_segment`]): the raw tracepoint
+//! (default), whose arguments are the socket and the segment, so that a
+//! segment of a connection not followed costs the dispatch and the lookup;
+//! and the classic tracepoint (fallback), before which the kernel fills a
+//! perf record of every segment on the host (addresses, ports, sequence
+//! numbers, window) that the program then mostly ignores.
+//!
 //! A connection opened before tracing began (a gateway's keep-alive pool
 //! lives for hours) is adopted here at its next request: a segment with
 //! data for an unknown socket whose local port is a followed listening
 //! port. That costs one more lookup per data segment of other connections.
 
-use aya_ebpf::{helpers::bpf_probe_read_kernel, macros::tracepoint, programs::TracePointContext};
+use aya_ebpf::{
+    helpers::bpf_probe_read_kernel,
+    macros::{raw_tracepoint, tracepoint},
+    programs::{RawTracePointContext, TracePointContext},
+};
 use ttft_trace_common::{
     CONN_OPEN, ConnEvent, ConnState, EVENT_CONN, EVENT_SEGMENT, SEGMENT_ACK_EXACT, SEGMENT_ACKED,
-    SEGMENT_DATA, SegmentEvent, Stat, TracepointOffsets, offsets::ABSENT,
+    SEGMENT_DATA, SegmentEvent, Stat, TracepointOffsets, offsets::ABSENT, offsets::SegmentOffsets,
 };
 
 use crate::{
     listen,
     maps::{CONNS, EVENTS, bump_stat, offsets, wakeup_flag},
-    sock::{followed_from_now, now_ns, read},
+    sock::{followed_from_now, kernel, now_ns, read},
 };
 
 const TCP_ESTABLISHED: u32 = 1;
 const AF_INET: u16 = 2;
+/// `tcp_skb_cb.tcp_flags`: each takes one sequence number.
+const TCPHDR_FIN: u8 = 0x01;
+const TCPHDR_SYN: u8 = 0x02;
 
-/// `tcp:tcp_probe`: fires at the start of `tcp_rcv_established`, before the
-/// segment is processed (so `snd_una` is what the previous segment left).
+/// Kernel struct offsets for [`raw_tcp_probe`], set by userspace from the
+/// kernel's BTF at load time.
+#[unsafe(no_mangle)]
+static SEGMENT_OFFSETS: SegmentOffsets = SegmentOffsets {
+    snd_nxt: 0,
+    snd_una: 0,
+    srtt_us: 0,
+    family: 0,
+    num: 0,
+    dport: 0,
+    rcv_saddr: 0,
+    daddr: 0,
+    v6_rcv_saddr: 0,
+    v6_daddr: 0,
+    skb_seq: 0,
+    skb_end_seq: 0,
+    skb_ack_seq: 0,
+    skb_tcp_flags: 0,
+};
+
+/// What [`on_segment`] needs to know of one received segment and its
+/// socket: read from the classic tracepoint's record, or from the kernel's
+/// structs through the raw tracepoint's arguments.
+trait Segment {
+    /// The payload's length.
+    fn data_len(&self) -> Option<u32>;
+    /// The socket's `snd_nxt` and `snd_una` before this segment.
+    fn snd_nxt_una(&self) -> Option<(u32, u32)>;
+    /// Smoothed round trip, µs.
+    fn srtt_us(&self) -> u32;
+    /// The segment's own acknowledgment number, where it can be read.
+    fn ack_seq(&self) -> Option<u32>;
+    /// Local port, host order.
+    fn sport(&self) -> Option<u16>;
+    /// Family, remote port and both addresses, into a connection event.
+    fn fill_peer(&self, ev: &mut ConnEvent);
+}
+
+/// `tcp:tcp_probe` (raw: `struct sock *`, `struct sk_buff *`): fires at the
+/// start of `tcp_rcv_established`, before the segment is processed (so
+/// `snd_una` is what the previous segment left).
+#[raw_tracepoint(tracepoint = "tcp_probe")]
+pub fn raw_tcp_probe(ctx: RawTracePointContext) -> i32 {
+    let seg = Raw {
+        sk: ctx.arg(0),
+        skb: ctx.arg(1),
+        // SAFETY: reading a static we own; userspace rewrites it before load.
+        off: unsafe { core::ptr::read_volatile(&SEGMENT_OFFSETS) },
+    };
+    on_segment(seg.sk, &seg);
+    0
+}
+
+/// `tcp:tcp_probe`, the classic tracepoint (the fallback): as
+/// [`raw_tcp_probe`], from the tracepoint's record.
 #[tracepoint]
 pub fn tcp_probe(ctx: TracePointContext) -> u32 {
-    let off = offsets();
-    let Some(sk) = read::<u64>(&ctx, off.probe_sk) else {
-        return 0;
+    let seg = Classic {
+        ctx: &ctx,
+        off: offsets(),
     };
-    let Some(state) = CONNS.get_ptr_mut(sk).or_else(|| adopt(&ctx, sk)) else {
-        return 0;
+    if let Some(sk) = read::<u64>(&ctx, seg.off.probe_sk) {
+        on_segment(sk, &seg);
+    }
+    0
+}
+
+#[inline(always)]
+fn on_segment<S: Segment>(sk: u64, seg: &S) {
+    let Some(state) = CONNS.get_ptr_mut(sk).or_else(|| adopt(sk, seg)) else {
+        return;
     };
-    let (Some(data_len), Some(snd_nxt), Some(snd_una)) = (
-        read::<u16>(&ctx, off.probe_data_len),
-        read::<u32>(&ctx, off.probe_snd_nxt),
-        read::<u32>(&ctx, off.probe_snd_una),
-    ) else {
-        return 0;
+    let (Some(data_len), Some((snd_nxt, snd_una))) = (seg.data_len(), seg.snd_nxt_una()) else {
+        return;
     };
     let now = now_ns();
     // SAFETY: live map value; the socket lock serialises this tracepoint per
@@ -59,7 +130,7 @@ pub fn tcp_probe(ctx: TracePointContext) -> u32 {
     if data_len > 0 {
         flags |= SEGMENT_DATA;
     }
-    let ack_seq = own_ack(&ctx, &off);
+    let ack_seq = seg.ack_seq();
     match ack_seq {
         // New bytes acknowledged: after `snd_una`, not past `snd_nxt` (the
         // kernel ignores an ACK of what was never sent).
@@ -74,7 +145,7 @@ pub fn tcp_probe(ctx: TracePointContext) -> u32 {
         None => {}
     }
     if flags == 0 {
-        return 0;
+        return;
     }
     let ev = SegmentEvent {
         kind: EVENT_SEGMENT,
@@ -84,8 +155,8 @@ pub fn tcp_probe(ctx: TracePointContext) -> u32 {
         t_prev_ns: t_prev,
         snd_una,
         snd_nxt,
-        srtt_us: read::<u32>(&ctx, off.probe_srtt).unwrap_or(0),
-        data_len: u32::from(data_len),
+        srtt_us: seg.srtt_us(),
+        data_len,
         ack_seq: ack_seq.unwrap_or(0),
         _pad: 0,
     };
@@ -96,19 +167,6 @@ pub fn tcp_probe(ctx: TracePointContext) -> u32 {
         }
         None => bump_stat(Stat::RingbufLost),
     }
-    0
-}
-
-/// The segment's acknowledgment number, from its `tcp_skb_cb` (filled
-/// before `tcp_rcv_established` runs), where this kernel lets us find it.
-#[inline(always)]
-fn own_ack(ctx: &TracePointContext, off: &TracepointOffsets) -> Option<u32> {
-    if off.probe_skb == ABSENT || off.skb_ack_seq == ABSENT {
-        return None;
-    }
-    let skb = read::<u64>(ctx, off.probe_skb)?;
-    // SAFETY: the helper checks the address.
-    unsafe { bpf_probe_read_kernel((skb + u64::from(off.skb_ack_seq)) as *const u32) }.ok()
 }
 
 /// A data segment of a socket not followed, whose local port is a followed
@@ -116,18 +174,15 @@ fn own_ack(ctx: &TracePointContext, off: &TracepointOffsets) -> Option<u32> {
 /// followed from now on, announced as opened now (`CONN_OPEN` with both
 /// states `ESTABLISHED`).
 #[inline(always)]
-fn adopt(ctx: &TracePointContext, sk: u64) -> Option<*mut ConnState> {
-    let off = offsets();
-    if read::<u16>(ctx, off.probe_data_len)? == 0 {
-        return None;
-    }
-    let sport = read::<u16>(ctx, off.probe_sport)?;
-    if !listen::is_followed(sk, sport) {
+fn adopt<S: Segment>(sk: u64, seg: &S) -> Option<*mut ConnState> {
+    // The port first: for most segments on the host it is one read and
+    // one lookup.
+    let sport = seg.sport()?;
+    if !listen::is_followed(sk, sport) || seg.data_len()? == 0 {
         return None;
     }
     // Before this segment is processed: its data is the request's.
     CONNS.insert(sk, followed_from_now(sk), 0).ok()?;
-    let family = read::<u16>(ctx, off.probe_family).unwrap_or(0);
     let mut ev = ConnEvent {
         kind: EVENT_CONN,
         op: CONN_OPEN,
@@ -135,19 +190,10 @@ fn adopt(ctx: &TracePointContext, sk: u64) -> Option<*mut ConnState> {
         newstate: TCP_ESTABLISHED,
         sk,
         t_ns: now_ns(),
-        family,
         sport,
-        dport: read::<u16>(ctx, off.probe_dport).unwrap_or(0),
         ..ConnEvent::default()
     };
-    // `sockaddr_in` has the address at byte 4, `sockaddr_in6` at byte 8.
-    if family == AF_INET {
-        ev.saddr[..4].copy_from_slice(&read::<[u8; 4]>(ctx, off.probe_saddr + 4).unwrap_or([0; 4]));
-        ev.daddr[..4].copy_from_slice(&read::<[u8; 4]>(ctx, off.probe_daddr + 4).unwrap_or([0; 4]));
-    } else {
-        ev.saddr = read::<[u8; 16]>(ctx, off.probe_saddr + 8).unwrap_or([0; 16]);
-        ev.daddr = read::<[u8; 16]>(ctx, off.probe_daddr + 8).unwrap_or([0; 16]);
-    }
+    seg.fill_peer(&mut ev);
     match EVENTS.reserve::<ConnEvent>(0) {
         Some(mut entry) => {
             entry.write(ev);
@@ -156,4 +202,129 @@ fn adopt(ctx: &TracePointContext, sk: u64) -> Option<*mut ConnState> {
         None => bump_stat(Stat::RingbufLost),
     }
     CONNS.get_ptr_mut(sk)
+}
+
+/// The raw tracepoint's arguments and the kernel's struct offsets.
+struct Raw {
+    sk: u64,
+    skb: u64,
+    off: SegmentOffsets,
+}
+
+impl Raw {
+    #[inline(always)]
+    fn sock<T>(&self, at: u32) -> Option<T> {
+        kernel::<T>(self.sk + u64::from(at))
+    }
+
+    #[inline(always)]
+    fn skb<T>(&self, at: u32) -> Option<T> {
+        kernel::<T>(self.skb + u64::from(at))
+    }
+}
+
+impl Segment for Raw {
+    #[inline(always)]
+    fn data_len(&self) -> Option<u32> {
+        let seq = self.skb::<u32>(self.off.skb_seq)?;
+        let end = self.skb::<u32>(self.off.skb_end_seq)?;
+        let flags = self.skb::<u8>(self.off.skb_tcp_flags)?;
+        let control = u32::from(flags & TCPHDR_FIN != 0) + u32::from(flags & TCPHDR_SYN != 0);
+        Some(end.wrapping_sub(seq).saturating_sub(control))
+    }
+
+    #[inline(always)]
+    fn snd_nxt_una(&self) -> Option<(u32, u32)> {
+        Some((self.sock(self.off.snd_nxt)?, self.sock(self.off.snd_una)?))
+    }
+
+    #[inline(always)]
+    fn srtt_us(&self) -> u32 {
+        // The kernel keeps it shifted left by 3 (the classic record is not).
+        self.sock::<u32>(self.off.srtt_us).unwrap_or(0) >> 3
+    }
+
+    #[inline(always)]
+    fn ack_seq(&self) -> Option<u32> {
+        self.skb(self.off.skb_ack_seq)
+    }
+
+    #[inline(always)]
+    fn sport(&self) -> Option<u16> {
+        self.sock(self.off.num)
+    }
+
+    #[inline(always)]
+    fn fill_peer(&self, ev: &mut ConnEvent) {
+        ev.family = self.sock::<u16>(self.off.family).unwrap_or(0);
+        ev.dport = u16::from_be(self.sock::<u16>(self.off.dport).unwrap_or(0));
+        if ev.family == AF_INET {
+            ev.saddr[..4]
+                .copy_from_slice(&self.sock::<[u8; 4]>(self.off.rcv_saddr).unwrap_or([0; 4]));
+            ev.daddr[..4].copy_from_slice(&self.sock::<[u8; 4]>(self.off.daddr).unwrap_or([0; 4]));
+        } else {
+            ev.saddr = self.sock(self.off.v6_rcv_saddr).unwrap_or([0; 16]);
+            ev.daddr = self.sock(self.off.v6_daddr).unwrap_or([0; 16]);
+        }
+    }
+}
+
+/// The classic tracepoint's record and its field offsets (from tracefs).
+struct Classic<'a> {
+    ctx: &'a TracePointContext,
+    off: TracepointOffsets,
+}
+
+impl Segment for Classic<'_> {
+    #[inline(always)]
+    fn data_len(&self) -> Option<u32> {
+        read::<u16>(self.ctx, self.off.probe_data_len).map(u32::from)
+    }
+
+    #[inline(always)]
+    fn snd_nxt_una(&self) -> Option<(u32, u32)> {
+        Some((
+            read(self.ctx, self.off.probe_snd_nxt)?,
+            read(self.ctx, self.off.probe_snd_una)?,
+        ))
+    }
+
+    #[inline(always)]
+    fn srtt_us(&self) -> u32 {
+        read::<u32>(self.ctx, self.off.probe_srtt).unwrap_or(0)
+    }
+
+    /// From the segment's `tcp_skb_cb`, where this kernel's record has the
+    /// segment's address and BTF gave the offset.
+    #[inline(always)]
+    fn ack_seq(&self) -> Option<u32> {
+        if self.off.probe_skb == ABSENT || self.off.skb_ack_seq == ABSENT {
+            return None;
+        }
+        let skb = read::<u64>(self.ctx, self.off.probe_skb)?;
+        // SAFETY: the helper checks the address.
+        unsafe { bpf_probe_read_kernel((skb + u64::from(self.off.skb_ack_seq)) as *const u32) }.ok()
+    }
+
+    #[inline(always)]
+    fn sport(&self) -> Option<u16> {
+        read(self.ctx, self.off.probe_sport)
+    }
+
+    #[inline(always)]
+    fn fill_peer(&self, ev: &mut ConnEvent) {
+        let (ctx, off) = (self.ctx, &self.off);
+        ev.family = read::<u16>(ctx, off.probe_family).unwrap_or(0);
+        ev.dport = read::<u16>(ctx, off.probe_dport).unwrap_or(0);
+        // `sockaddr_in` has the address at byte 4, `sockaddr_in6` at byte 8.
+        if ev.family == AF_INET {
+            ev.saddr[..4]
+                .copy_from_slice(&read::<[u8; 4]>(ctx, off.probe_saddr + 4).unwrap_or([0; 4]));
+            ev.daddr[..4]
+                .copy_from_slice(&read::<[u8; 4]>(ctx, off.probe_daddr + 4).unwrap_or([0; 4]));
+        } else {
+            ev.saddr = read::<[u8; 16]>(ctx, off.probe_saddr + 8).unwrap_or([0; 16]);
+            ev.daddr = read::<[u8; 16]>(ctx, off.probe_daddr + 8).unwrap_or([0; 16]);
+        }
+    }
 }

@@ -78,6 +78,7 @@ const PROGRAMS: &[&str] = &[
     "sched_wakeup",
     "sched_wakeup_new",
     "tcp_probe",
+    "raw_tcp_probe",
     "sock_send_length",
     "sock_recv_length",
     "tcp_sendmsg_locked",

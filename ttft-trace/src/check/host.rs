@@ -402,6 +402,7 @@ fn load_and_fire(tracefs_ok: bool) -> Vec<Item> {
     );
     let hook = send_hook_item(probes.send_hook());
     let events = event_hook_item(probes.event_hook());
+    let segments = segment_hook_item(probes.raw_segments());
     let fire = match probes.uprobe_selftest() {
         Ok(1) => Item::ok(
             "uprobe self-test",
@@ -418,7 +419,7 @@ fn load_and_fire(tracefs_ok: bool) -> Vec<Item> {
             format!("run as root, or grant {CAP_SYS_ADMIN} ({UNIT_HINT})"),
         ),
     };
-    vec![load, hook, events, fire]
+    vec![load, hook, events, segments, fire]
 }
 
 /// How the per-event programs are attached, and what that costs tasks the
@@ -450,6 +451,30 @@ fn event_hook_item(hook: EventHook) -> Item {
             )
         }
     }
+}
+
+/// How TCP segments are seen, and what that costs connections the tracer
+/// does not follow.
+fn segment_hook_item(raw: bool) -> Item {
+    if raw {
+        return Item::ok(
+            "segment hook",
+            "raw tracepoint tcp:tcp_probe: a segment of a connection not followed runs a \
+             program that returns after a hash lookup and a read of its local port",
+        );
+    }
+    let why = match probes::segment_plan() {
+        Err(why) => format!(" ({why})"),
+        Ok(_) => " (attaching the raw tracepoint failed)".into(),
+    };
+    Item::warn(
+        "segment hook",
+        format!(
+            "classic tracepoint tcp:tcp_probe{why}: the kernel fills a perf record of every TCP \
+             segment on the host before the program runs"
+        ),
+        "a kernel with BTF (CONFIG_DEBUG_INFO_BTF=y); unset TTFT_TRACE_EVENT_HOOK",
+    )
 }
 
 fn nvml(cfg: &CheckConfig) -> Item {

@@ -10,7 +10,7 @@ use std::path::Path;
 use thiserror::Error;
 use ttft_trace_common::{
     SendOffsets,
-    offsets::{ABSENT, TaskOffsets},
+    offsets::{ABSENT, SegmentOffsets, TaskOffsets},
 };
 
 pub const VMLINUX: &str = "/sys/kernel/btf/vmlinux";
@@ -245,6 +245,17 @@ impl Btf {
         Ok((off, self.size(ty)?))
     }
 
+    /// The offset of `strukt.member`, checked to be `size` bytes.
+    pub fn sized_member(&self, strukt: &str, member: &str, size: u32) -> Result<u32, BtfError> {
+        let (off, got) = self.member(strukt, member)?;
+        if got != size {
+            return Err(BtfError::Unexpected(format!(
+                "{strukt}.{member} is {got} bytes, not {size}"
+            )));
+        }
+        Ok(off)
+    }
+
     fn size(&self, id: u32) -> Result<u32, BtfError> {
         self.size_at(id, 0)
     }
@@ -346,15 +357,7 @@ pub fn send_offsets(btf: &Btf) -> Result<SendOffsets, BtfError> {
             args.join(", ")
         )));
     }
-    let sized = |strukt: &str, member: &str, size: u32| -> Result<u32, BtfError> {
-        let (off, got) = btf.member(strukt, member)?;
-        if got != size {
-            return Err(BtfError::Unexpected(format!(
-                "{strukt}.{member} is {got} bytes, not {size}"
-            )));
-        }
-        Ok(off)
-    };
+    let sized = |strukt: &str, member: &str, size: u32| btf.sized_member(strukt, member, size);
     let ubuf = sized("iov_iter", "ubuf", 8)?;
     let iov = sized("iov_iter", "__iov", 8)?;
     if ubuf != iov {
@@ -385,14 +388,7 @@ pub fn send_offsets(btf: &Btf) -> Result<SendOffsets, BtfError> {
             args.join(", ")
         )));
     }
-    // The probes read these through the `struct sock *`: a `tcp_sock`
-    // begins with its `sock` (through `inet_connection_sock`).
-    let (first, _) = btf.member("tcp_sock", "inet_conn")?;
-    if first != 0 {
-        return Err(BtfError::Unexpected(
-            "tcp_sock does not begin with its inet_connection_sock".into(),
-        ));
-    }
+    tcp_sock_begins_with_sock(btf)?;
     Ok(SendOffsets {
         msg_iter: btf.member("msghdr", "msg_iter")?.0,
         iter_type: sized("iov_iter", "iter_type", 1)?,
@@ -406,6 +402,87 @@ pub fn send_offsets(btf: &Btf) -> Result<SendOffsets, BtfError> {
         copied_seq: sized("tcp_sock", "copied_seq", 4)?,
         write_seq: sized("tcp_sock", "write_seq", 4)?,
     })
+}
+
+/// The probes read `tcp_sock` members through the `struct sock *`: a
+/// `tcp_sock` begins with its `sock` (through `inet_connection_sock`).
+fn tcp_sock_begins_with_sock(btf: &Btf) -> Result<(), BtfError> {
+    let (first, _) = btf.member("tcp_sock", "inet_conn")?;
+    if first != 0 {
+        return Err(BtfError::Unexpected(
+            "tcp_sock does not begin with its inet_connection_sock".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The offsets the raw `tcp:tcp_probe` program needs, checked against what
+/// it assumes: the prototype `tcp_probe(struct sock *, struct sk_buff *)`,
+/// 4-byte sequence numbers, 2-byte family and ports, and the segment's
+/// `tcp_skb_cb` inside `sk_buff.cb`.
+pub fn segment_offsets(btf: &Btf) -> Result<SegmentOffsets, BtfError> {
+    let args = btf.tracepoint_args("tcp_probe")?;
+    if args != ["sock", "sk_buff"] {
+        return Err(BtfError::Unexpected(format!(
+            "tcp_probe takes ({}), not (struct sock *, struct sk_buff *)",
+            args.join(", ")
+        )));
+    }
+    tcp_sock_begins_with_sock(btf)?;
+    let (common, _) = btf.member("sock", "__sk_common")?;
+    if common != 0 {
+        return Err(BtfError::Unexpected(
+            "sock does not begin with its sock_common".into(),
+        ));
+    }
+    let tcp = |member: &str| btf.sized_member("tcp_sock", member, 4);
+    let sk = |member: &str, size: u32| btf.sized_member("sock_common", member, size);
+    let (cb, cb_size) = btf.member("sk_buff", "cb")?;
+    let in_cb = |member: &str, at: u32, size: u32| -> Result<u32, BtfError> {
+        if at + size > cb_size {
+            return Err(BtfError::Unexpected(format!(
+                "tcp_skb_cb.{member} at {at} is outside sk_buff.cb ({cb_size} bytes)"
+            )));
+        }
+        Ok(cb + at)
+    };
+    let skb = |member: &str, size: u32| -> Result<u32, BtfError> {
+        let at = btf.sized_member("tcp_skb_cb", member, size)?;
+        in_cb(member, at, size)
+    };
+    Ok(SegmentOffsets {
+        snd_nxt: tcp("snd_nxt")?,
+        snd_una: tcp("snd_una")?,
+        srtt_us: tcp("srtt_us")?,
+        family: sk("skc_family", 2)?,
+        num: sk("skc_num", 2)?,
+        dport: sk("skc_dport", 2)?,
+        rcv_saddr: sk("skc_rcv_saddr", 4)?,
+        daddr: sk("skc_daddr", 4)?,
+        v6_rcv_saddr: sk("skc_v6_rcv_saddr", 16)?,
+        v6_daddr: sk("skc_v6_daddr", 16)?,
+        skb_seq: skb("seq", 4)?,
+        skb_end_seq: skb("end_seq", 4)?,
+        skb_ack_seq: skb("ack_seq", 4)?,
+        skb_tcp_flags: tcp_flags(btf, in_cb)?,
+    })
+}
+
+/// Where the byte of `tcp_skb_cb.tcp_flags` with FIN and SYN lies: the
+/// member is one byte, or two since the AccECN flag joined it (6.18).
+fn tcp_flags(
+    btf: &Btf,
+    in_cb: impl Fn(&str, u32, u32) -> Result<u32, BtfError>,
+) -> Result<u32, BtfError> {
+    let (at, size) = btf.member("tcp_skb_cb", "tcp_flags")?;
+    match size {
+        1 => in_cb("tcp_flags", at, 1),
+        // The low byte: first in memory on a little-endian host.
+        2 => in_cb("tcp_flags", at, 2).map(|at| at + u32::from(cfg!(target_endian = "big"))),
+        _ => Err(BtfError::Unexpected(format!(
+            "tcp_skb_cb.tcp_flags is {size} bytes, not 1 or 2"
+        ))),
+    }
 }
 
 /// The raw tracepoints of the hot path and what their arguments must point
@@ -572,6 +649,32 @@ mod tests {
             id
         }
 
+        /// `typedef void (*btf_trace_NAME)(void *, args...)`, as the
+        /// kernel declares each tracepoint.
+        fn tracepoint(&mut self, name: &str, void_ptr: u32, args: &[u32]) {
+            let proto = self.push("", KIND_FUNC_PROTO, args.len() as u32 + 1, 0);
+            self.words(&[0, void_ptr]);
+            for &a in args {
+                self.words(&[0, a]);
+            }
+            let fn_ptr = self.push("", KIND_PTR, 0, proto);
+            self.push(&format!("btf_trace_{name}"), KIND_TYPEDEF, 0, fn_ptr);
+        }
+
+        /// `struct tcp_sock`, beginning with `sock` (through
+        /// `inet_connection_sock`), then `members`.
+        fn tcp_sock(&mut self, sock: u32, members: &[(&str, u32, u32)]) {
+            let icsk = self.record(
+                KIND_STRUCT,
+                "inet_connection_sock",
+                1496,
+                &[("icsk_inet", sock, 0)],
+            );
+            let mut all = vec![("inet_conn", icsk, 0)];
+            all.extend_from_slice(members);
+            self.record(KIND_STRUCT, "tcp_sock", 2560, &all);
+        }
+
         fn blob(&self) -> Vec<u8> {
             let mut out = Vec::new();
             out.extend_from_slice(&MAGIC.to_le_bytes());
@@ -649,30 +752,16 @@ mod tests {
         let sock_ptr = b.push("", KIND_PTR, 0, sock);
         let const_msghdr = b.push("", KIND_CONST, 0, msghdr);
         let msghdr_ptr = b.push("", KIND_PTR, 0, const_msghdr);
-        let proto = b.push("", KIND_FUNC_PROTO, 4, 0);
-        b.words(&[0, void_ptr, 0, sock_ptr, 0, msghdr_ptr, 0, int_t]);
-        let fn_ptr = b.push("", KIND_PTR, 0, proto);
-        b.push("btf_trace_tcp_sendmsg_locked", KIND_TYPEDEF, 0, fn_ptr);
-        let proto = b.push("", KIND_FUNC_PROTO, 2, 0);
-        b.words(&[0, void_ptr, 0, sock_ptr]);
-        let fn_ptr = b.push("", KIND_PTR, 0, proto);
-        b.push("btf_trace_tcp_rcv_space_adjust", KIND_TYPEDEF, 0, fn_ptr);
-        let u32_t = b.int("u32", 4);
-        let icsk = b.record(
-            KIND_STRUCT,
-            "inet_connection_sock",
-            1496,
-            &[("icsk_inet", sock, 0)],
+        b.tracepoint(
+            "tcp_sendmsg_locked",
+            void_ptr,
+            &[sock_ptr, msghdr_ptr, int_t],
         );
-        b.record(
-            KIND_STRUCT,
-            "tcp_sock",
-            2560,
-            &[
-                ("inet_conn", icsk, 0),
-                ("copied_seq", u32_t, 1588),
-                ("write_seq", u32_t, 1700),
-            ],
+        b.tracepoint("tcp_rcv_space_adjust", void_ptr, &[sock_ptr]);
+        let u32_t = b.int("u32", 4);
+        b.tcp_sock(
+            sock,
+            &[("copied_seq", u32_t, 1588), ("write_seq", u32_t, 1700)],
         );
         b.blob()
     }
@@ -803,15 +892,8 @@ mod tests {
         let task_ptr = b.push("", KIND_PTR, 0, task);
         let sock = b.record(KIND_STRUCT, "sock", 8, &[("sk_x", int_t, 0)]);
         let sock_ptr = b.push("", KIND_PTR, 0, sock);
-        let typedef = |b: &mut Builder, name: &str, args: &[u32]| {
-            let proto = b.push("", KIND_FUNC_PROTO, args.len() as u32 + 1, 0);
-            b.words(&[0, void_ptr]);
-            for &a in args {
-                b.words(&[0, a]);
-            }
-            let fn_ptr = b.push("", KIND_PTR, 0, proto);
-            b.push(&format!("btf_trace_{name}"), KIND_TYPEDEF, 0, fn_ptr);
-        };
+        let typedef =
+            |b: &mut Builder, name: &str, args: &[u32]| b.tracepoint(name, void_ptr, args);
         if with_prev_state {
             typedef(&mut b, "sched_switch", &[bool_t, task_ptr, task_ptr, int_t]);
         } else {
@@ -851,6 +933,114 @@ mod tests {
         assert!(matches!(task_offsets(&btf), Err(BtfError::Missing(_))));
     }
 
+    /// The structs `tcp_probe` reads, laid out as 6.18 has them (the
+    /// ports and addresses behind anonymous members), with the prototype
+    /// `tcp_probe(struct sock *, second)` and a `cb` of `cb_len` bytes.
+    fn tcp_probe_like(second: &str, cb_len: u32) -> Vec<u8> {
+        let mut b = Builder::new();
+        let u8_t = b.int("__u8", 1);
+        let u16_t = b.int("__u16", 2);
+        let u32_t = b.int("__u32", 4);
+        let int_t = b.int("int", 4);
+        let void_ptr = b.push("", KIND_PTR, 0, 0);
+        let v6 = b.record(KIND_STRUCT, "in6_addr", 16, &[("s6_addr32", u32_t, 0)]);
+        let addrs = b.record(
+            KIND_STRUCT,
+            "",
+            8,
+            &[("skc_daddr", u32_t, 0), ("skc_rcv_saddr", u32_t, 4)],
+        );
+        let ports = b.record(
+            KIND_STRUCT,
+            "",
+            4,
+            &[("skc_dport", u16_t, 0), ("skc_num", u16_t, 2)],
+        );
+        let common = b.record(
+            KIND_STRUCT,
+            "sock_common",
+            136,
+            &[
+                ("", addrs, 0),
+                ("", ports, 12),
+                ("skc_family", u16_t, 16),
+                ("skc_v6_daddr", v6, 56),
+                ("skc_v6_rcv_saddr", v6, 72),
+            ],
+        );
+        let sock = b.record(KIND_STRUCT, "sock", 760, &[("__sk_common", common, 0)]);
+        b.tcp_sock(
+            sock,
+            &[
+                ("snd_nxt", u32_t, 1600),
+                ("snd_una", u32_t, 1660),
+                ("srtt_us", u32_t, 1740),
+            ],
+        );
+        let cb = b.push("", KIND_ARRAY, 0, 0);
+        b.words(&[u8_t, int_t, cb_len]);
+        let skb = b.record(
+            KIND_STRUCT,
+            "sk_buff",
+            232,
+            &[("len", u32_t, 112), ("cb", cb, 40)],
+        );
+        b.record(
+            KIND_STRUCT,
+            "tcp_skb_cb",
+            48,
+            &[
+                ("seq", u32_t, 0),
+                ("end_seq", u32_t, 4),
+                ("tcp_flags", u8_t, 12),
+                ("ack_seq", u32_t, 36),
+            ],
+        );
+        let sock_ptr = b.push("", KIND_PTR, 0, sock);
+        let second = if second == "sk_buff" {
+            b.push("", KIND_PTR, 0, skb)
+        } else {
+            int_t
+        };
+        b.tracepoint("tcp_probe", void_ptr, &[sock_ptr, second]);
+        b.blob()
+    }
+
+    #[test]
+    fn segment_offsets_follow_the_prototype() {
+        let btf = Btf::parse(&tcp_probe_like("sk_buff", 48)).expect("parse");
+        assert_eq!(
+            segment_offsets(&btf).expect("offsets"),
+            SegmentOffsets {
+                snd_nxt: 1600,
+                snd_una: 1660,
+                srtt_us: 1740,
+                family: 16,
+                num: 14,
+                dport: 12,
+                rcv_saddr: 4,
+                daddr: 0,
+                v6_rcv_saddr: 72,
+                v6_daddr: 56,
+                skb_seq: 40,
+                skb_end_seq: 44,
+                skb_ack_seq: 76,
+                skb_tcp_flags: 52,
+            }
+        );
+        // A prototype the program would read wrongly: the classic one.
+        let btf = Btf::parse(&tcp_probe_like("int", 48)).expect("parse");
+        let err = segment_offsets(&btf).expect_err("not an sk_buff");
+        assert!(err.to_string().contains("tcp_probe takes"), "{err}");
+        // A control block too small for `ack_seq`.
+        let btf = Btf::parse(&tcp_probe_like("sk_buff", 32)).expect("parse");
+        let err = segment_offsets(&btf).expect_err("outside cb");
+        assert!(err.to_string().contains("outside sk_buff.cb"), "{err}");
+        // A kernel without the tracepoint's BTF.
+        let btf = Btf::parse(&kernel_like(8)).expect("parse");
+        assert!(matches!(segment_offsets(&btf), Err(BtfError::Missing(_))));
+    }
+
     #[test]
     fn rejects_what_is_not_btf() {
         assert!(Btf::parse(b"not btf at all, not btf at all").is_err());
@@ -883,6 +1073,15 @@ mod tests {
                 assert_ne!(off.iter_ubuf, off.iter_iovec);
                 assert_eq!(off.ubuf, off.iov);
                 assert!(off.count > off.ubuf && off.nr_segs > off.count);
+            }
+            Err(BtfError::Missing(what)) => eprintln!("this kernel lacks {what}"),
+            Err(e) => panic!("{e}"),
+        }
+        match segment_offsets(&btf) {
+            Ok(off) => {
+                assert!(off.snd_nxt > 1000 && off.snd_una > 1000, "{off:?}");
+                assert_eq!(off.skb_end_seq, off.skb_seq + 4, "{off:?}");
+                assert_eq!(off.num, off.dport + 2, "{off:?}");
             }
             Err(BtfError::Missing(what)) => eprintln!("this kernel lacks {what}"),
             Err(e) => panic!("{e}"),

@@ -2,8 +2,10 @@
 //! wakeup and (with the syscall send hook only) socket call on the host are
 //! attached. BTF tracepoints for the scheduler (the tracepoint's own
 //! `struct task_struct *` arguments, read in place at offsets from the
-//! kernel's BTF) and raw tracepoints for the socket lengths (`struct sock *`
-//! and two integers, no memory read) by default; the classic tracepoints,
+//! kernel's BTF), raw tracepoints for the socket lengths (`struct sock *`
+//! and two integers, no memory read) and for `tcp_probe` (the socket and
+//! the segment, read only for followed connections) by default; the
+//! classic tracepoints,
 //! which fill a perf record of every event before the program runs, where
 //! the kernel lacks BTF or the prototypes differ.
 
@@ -11,7 +13,7 @@ use aya::{
     Btf, Ebpf,
     programs::{BtfTracePoint, RawTracePoint},
 };
-use ttft_trace_common::offsets::{ABSENT, TaskOffsets};
+use ttft_trace_common::offsets::{ABSENT, SegmentOffsets, TaskOffsets};
 
 use super::{ProbeError, btf};
 
@@ -33,13 +35,14 @@ impl EventHook {
                 "BTF tracepoints sched_switch (wakeups from the task's sched_info; \
                  sched_wakeup, sched_wakeup_new on kernels without it) and, with the syscall \
                  send hook, raw tracepoints sock_send_length, sock_recv_length (the kernel's \
-                 arguments, offsets from BTF)"
+                 arguments, offsets from BTF); tcp_probe as a raw tracepoint where BTF has its \
+                 prototype"
             }
             EventHook::Tracepoints => {
-                "classic tracepoints sched:sched_switch, sched_wakeup, sched_wakeup_new and, with \
-                 the syscall send hook, sock:sock_send_length, sock_recv_length (fallback: the \
-                 kernel fills a perf record of every context switch, wakeup and socket call \
-                 first)"
+                "classic tracepoints sched:sched_switch, sched_wakeup, sched_wakeup_new, \
+                 tcp:tcp_probe and, with the syscall send hook, sock:sock_send_length, \
+                 sock_recv_length (fallback: the kernel fills a perf record of every context \
+                 switch, wakeup, TCP segment and socket call first)"
             }
         }
     }
@@ -94,16 +97,8 @@ const HOT: &[(&str, &str, Kind, &str)] = &[
         Kind::Raw,
         "sock_recv_length",
     ),
+    ("tcp_probe", "raw_tcp_probe", Kind::Raw, "tcp_probe"),
 ];
-
-fn is_wakeup(program: &str) -> bool {
-    matches!(program, "sched_wakeup" | "sched_wakeup_new")
-}
-
-/// Whether `program` is a classic program that the default hook replaces.
-pub(super) fn is_hot(program: &str) -> bool {
-    HOT.iter().any(|&(classic, _, _, _)| classic == program)
-}
 
 /// The event hook this host gets, with the BTF offsets it needs, or why the
 /// fallback is used.
@@ -123,31 +118,68 @@ pub fn event_hook_plan() -> Result<TaskOffsets, String> {
     Ok(offsets)
 }
 
+/// The BTF offsets the raw `tcp:tcp_probe` program needs, or why the
+/// classic tracepoint is used for segments (also when the event hook is
+/// forced to the classic tracepoints).
+pub fn segment_plan() -> Result<SegmentOffsets, String> {
+    if std::env::var(EVENT_HOOK_ENV).as_deref() == Ok("tracepoints") {
+        return Err(format!("{EVENT_HOOK_ENV}=tracepoints"));
+    }
+    let btf = btf::Btf::vmlinux().map_err(|e| e.to_string())?;
+    btf::segment_offsets(&btf).map_err(|e| e.to_string())
+}
+
+/// Which of the default programs [`attach_default`] attaches.
+pub(super) struct Wanted {
+    /// The socket lengths: the syscall send hook's.
+    pub socket_lengths: bool,
+    /// The wakeups: on kernels without `sched_info`.
+    pub wakeups: bool,
+    /// `tcp_probe`: where its BTF offsets were read.
+    pub segments: bool,
+}
+
+impl Wanted {
+    /// Whether the default hook stands in for the classic `program`: all
+    /// but `tcp_probe` without its offsets (the wakeups without their
+    /// programs are read from `sched_info`; the socket lengths not wanted
+    /// are not needed at all).
+    fn covers(&self, classic: &str) -> bool {
+        classic != "tcp_probe" || self.segments
+    }
+
+    fn wants(&self, classic: &str) -> bool {
+        match classic {
+            "sock_send_length" | "sock_recv_length" => self.socket_lengths,
+            "sched_wakeup" | "sched_wakeup_new" => self.wakeups,
+            "tcp_probe" => self.segments,
+            _ => true,
+        }
+    }
+}
+
 /// An attached program of the default hook.
 enum Link {
     Btf(aya::programs::tp_btf::BtfTracePointLinkId),
     Raw(aya::programs::raw_trace_point::RawTracePointLinkId),
 }
 
-/// Loads and attaches every default program of [`HOT`] (the socket
-/// lengths only when `socket_lengths`: the syscall send hook's; the wakeups
-/// only when `wakeups`: without `sched_info`), or none: on a failure the ones
-/// attached are detached again, so that the classic programs can take over
-/// without an event counted twice. Returns how many it attached.
+/// Loads and attaches every default program of [`HOT`] that `wanted`
+/// asks for, or none: on a failure the ones attached are detached again, so
+/// that the classic programs can take over without an event counted twice.
+/// Returns how many it attached, and the classic programs the hook stands
+/// in for.
 pub(super) fn attach_default(
     ebpf: &mut Ebpf,
-    socket_lengths: bool,
-    wakeups: bool,
-) -> Result<usize, ProbeError> {
+    wanted: &Wanted,
+) -> Result<(usize, Vec<&'static str>), ProbeError> {
     let btf = Btf::from_sys_fs().map_err(|e| {
         ProbeError::Program("btf_sched_switch", aya::programs::ProgramError::Btf(e))
     })?;
     let mut links = Vec::new();
     let mut result = Ok(());
     for &(classic, name, kind, tracepoint) in HOT {
-        if (!socket_lengths && super::send_hook::is_socket_length(classic))
-            || (!wakeups && is_wakeup(classic))
-        {
+        if !wanted.wants(classic) {
             continue;
         }
         match attach_one(ebpf, &btf, name, kind, tracepoint) {
@@ -167,7 +199,12 @@ pub(super) fn attach_default(
         }
         return Err(e);
     }
-    Ok(links.len())
+    let covered = HOT
+        .iter()
+        .map(|&(classic, _, _, _)| classic)
+        .filter(|classic| wanted.covers(classic))
+        .collect();
+    Ok((links.len(), covered))
 }
 
 fn program<'a, P>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut P, ProbeError>

@@ -11,7 +11,7 @@ pub mod symbols;
 mod traced_ids;
 
 pub use detach::detach_in_background;
-pub use event_hook::{EVENT_HOOK_ENV, EventHook, event_hook_plan};
+pub use event_hook::{EVENT_HOOK_ENV, EventHook, event_hook_plan, segment_plan};
 pub use send_hook::{SEND_HOOK_ENV, SendHook, send_hook_plan, syscall_offsets};
 use send_hook::{SYSCALL_SEND_TRACEPOINTS, attach_tcp, is_socket_length};
 
@@ -31,7 +31,7 @@ use aya::{
 use thiserror::Error;
 use ttft_trace_common::{
     SendOffsets, TracepointOffsets,
-    offsets::{ABSENT, TaskOffsets},
+    offsets::{ABSENT, SegmentOffsets, TaskOffsets},
 };
 
 use crate::tracefs::{self, Format, TracefsError};
@@ -131,6 +131,8 @@ pub struct Probes {
     ebpf: Ebpf,
     send_hook: SendHook,
     event_hook: EventHook,
+    /// Segments seen by the raw `tcp_probe` program, not the classic one.
+    raw_segments: bool,
     /// Tracepoints attached (classic, raw and BTF).
     tracepoints: usize,
     /// Ids the per-event programs may look up (see `traced_ids`).
@@ -303,6 +305,7 @@ impl Probes {
         }
         let send_offsets = send_hook_plan();
         let task_offsets = event_hook_plan();
+        let segment_offsets = segment_plan();
         let syscalls_ready = match &send_offsets {
             Ok(_) => syscall_offsets(&mut offsets).is_ok(),
             Err(why) => {
@@ -316,6 +319,7 @@ impl Probes {
         let wakeup_bytes = u64::from(ringbuf_bytes / 8);
         let no_send_offsets = SendOffsets::default();
         let no_task_offsets = TaskOffsets::default();
+        let no_segment_offsets = SegmentOffsets::default();
         let discover = u32::from(cfg.discover);
         let mut loader = EbpfLoader::new();
         loader
@@ -328,6 +332,11 @@ impl Probes {
             .override_global(
                 "TASK_OFFSETS",
                 task_offsets.as_ref().unwrap_or(&no_task_offsets),
+                true,
+            )
+            .override_global(
+                "SEGMENT_OFFSETS",
+                segment_offsets.as_ref().unwrap_or(&no_segment_offsets),
                 true,
             )
             .override_global("WAKEUP_BYTES", &wakeup_bytes, true)
@@ -369,12 +378,18 @@ impl Probes {
             Err(_) => SendHook::Syscalls,
         };
         let socket_lengths = send_hook == SendHook::Syscalls;
+        let mut replaced = Vec::new();
         let event_hook = match task_offsets {
             Ok(task) => {
-                match event_hook::attach_default(&mut ebpf, socket_lengths, !task.has_sched_info())
-                {
-                    Ok(n) => {
-                        tracepoints += n;
+                let wanted = event_hook::Wanted {
+                    socket_lengths,
+                    wakeups: !task.has_sched_info(),
+                    segments: segment_offsets.is_ok(),
+                };
+                match event_hook::attach_default(&mut ebpf, &wanted) {
+                    Ok((attached, covered)) => {
+                        tracepoints += attached;
+                        replaced = covered;
                         log::info!(
                             "wakeups: {}",
                             if task.has_sched_info() {
@@ -398,9 +413,20 @@ impl Probes {
                 EventHook::Tracepoints
             }
         };
+        let raw_segments = replaced.contains(&"tcp_probe");
+        match (&segment_offsets, raw_segments) {
+            (_, true) => log::info!(
+                "segments: raw tracepoint tcp:tcp_probe (the socket and segment, read only for \
+                 followed connections)"
+            ),
+            (Err(why), false) => log::info!(
+                "segments: classic tracepoint tcp:tcp_probe ({why}): the kernel fills a perf \
+                 record of every TCP segment on the host first"
+            ),
+            (Ok(_), false) => log::info!("segments: classic tracepoint tcp:tcp_probe"),
+        }
         for &(name, category, tracepoint) in TRACEPOINTS {
-            let replaced = event_hook == EventHook::Raw && event_hook::is_hot(name);
-            if replaced || (!socket_lengths && is_socket_length(name)) {
+            if replaced.contains(&name) || (!socket_lengths && is_socket_length(name)) {
                 continue;
             }
             attach_tracepoint(&mut ebpf, name, category, tracepoint)?;
@@ -428,6 +454,7 @@ impl Probes {
             ebpf,
             send_hook,
             event_hook,
+            raw_segments,
             tracepoints,
             traced_ids,
             netns_known: offsets.sk_net != ABSENT,
@@ -450,6 +477,12 @@ impl Probes {
     /// How the per-event (scheduler, socket length) programs are attached.
     pub fn event_hook(&self) -> EventHook {
         self.event_hook
+    }
+
+    /// Whether segments are seen by the raw `tcp_probe` program (else by
+    /// the classic tracepoint's).
+    pub fn raw_segments(&self) -> bool {
+        self.raw_segments
     }
 
     /// Attaches the probes to one library for `reach`, once per file and
