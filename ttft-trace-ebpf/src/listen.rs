@@ -22,6 +22,13 @@ fn netns_of(sk: u64) -> Option<u32> {
     unsafe { bpf_probe_read_kernel((net + u64::from(off.net_inum)) as *const u32) }.ok()
 }
 
+/// Whether `port` is followed in some network namespace: one lookup.
+#[inline(always)]
+pub fn port_followed(port: u16) -> bool {
+    // SAFETY: only the presence is read.
+    unsafe { LISTEN_PORTS.get(port) }.is_some()
+}
+
 /// Whether a connection of socket `sk` on local port `port` was accepted on
 /// a followed listening port. Every other port costs one lookup.
 #[inline(always)]

@@ -3,10 +3,10 @@
 //! the first token reached the client (see
 //! [`ttft_trace_common::SegmentEvent`]).
 //!
-//! Thin by design: one map lookup for every segment on the host, and an
-//! event only for a followed connection's segment that carries data (a
-//! request) or acknowledges something new. Pure duplicate ACKs and window
-//! updates stay in the kernel.
+//! Thin by design: a read of the local port and one map lookup for every
+//! segment on the host, and an event only for a followed connection's
+//! segment that carries data (a request) or acknowledges something new.
+//! Pure duplicate ACKs and window updates stay in the kernel.
 //!
 //! Two programs share the logic ([`on_segment`]): the raw tracepoint
 //! (default), whose arguments are the socket and the segment, so that a
@@ -18,7 +18,8 @@
 //! A connection opened before tracing began (a gateway's keep-alive pool
 //! lives for hours) is adopted here at its next request: a segment with
 //! data for an unknown socket whose local port is a followed listening
-//! port. That costs one more lookup per data segment of other connections.
+//! port. That costs one more lookup per data segment of other connections
+//! on that port.
 
 use aya_ebpf::{
     helpers::bpf_probe_read_kernel,
@@ -111,7 +112,17 @@ pub fn tcp_probe(ctx: TracePointContext) -> u32 {
 
 #[inline(always)]
 fn on_segment<S: Segment>(sk: u64, seg: &S) {
-    let Some(state) = CONNS.get_ptr_mut(sk).or_else(|| adopt(sk, seg)) else {
+    // Every followed connection was accepted on a followed listening port
+    // (and ports are never unfollowed): the port rules out the other
+    // segments on the host with one read and one lookup, before the
+    // connection table's.
+    let Some(sport) = seg.sport() else {
+        return;
+    };
+    if !listen::port_followed(sport) {
+        return;
+    }
+    let Some(state) = CONNS.get_ptr_mut(sk).or_else(|| adopt(sk, sport, seg)) else {
         return;
     };
     let (Some(data_len), Some((snd_nxt, snd_una))) = (seg.data_len(), seg.snd_nxt_una()) else {
@@ -174,10 +185,7 @@ fn on_segment<S: Segment>(sk: u64, seg: &S) {
 /// followed from now on, announced as opened now (`CONN_OPEN` with both
 /// states `ESTABLISHED`).
 #[inline(always)]
-fn adopt<S: Segment>(sk: u64, seg: &S) -> Option<*mut ConnState> {
-    // The port first: for most segments on the host it is one read and
-    // one lookup.
-    let sport = seg.sport()?;
+fn adopt<S: Segment>(sk: u64, sport: u16, seg: &S) -> Option<*mut ConnState> {
     if !listen::is_followed(sk, sport) || seg.data_len()? == 0 {
         return None;
     }

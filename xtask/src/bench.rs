@@ -152,7 +152,11 @@ pub enum Part {
 }
 
 /// The full bench's host tax: rounds of (untraced, each setup).
-const HOSTTAX: hosttax::Plan = hosttax::Plan { rounds: 5, ms: 300 };
+const HOSTTAX: hosttax::Plan = hosttax::Plan {
+    rounds: 5,
+    ms: 300,
+    passes: 3,
+};
 
 pub fn bench(quick: bool, only: Option<Part>) -> Result<()> {
     let root = repo_root()?;
@@ -172,7 +176,11 @@ pub fn bench(quick: bool, only: Option<Part>) -> Result<()> {
         return Ok(());
     }
     if quick {
-        let plan = hosttax::Plan { rounds: 1, ms: 100 };
+        let plan = hosttax::Plan {
+            rounds: 1,
+            ms: 100,
+            passes: 1,
+        };
         let (tax, mut failures) = hosttax::run(&root, &plan)?;
         write_result(&root, "hosttax.json", &tax)?;
         let (attach, attach_failures) = attachtime::run(&root, 1)?;

@@ -18,9 +18,24 @@
 //!   onto the classic tracepoints
 //!   (`TTFT_TRACE_EVENT_HOOK=tracepoints`): the fallback on kernels without
 //!   BTF, and the default before the raw tracepoints.
+//! - `empty_raw_programs`: an empty program on each raw tracepoint of the
+//!   tracer's default path (`sched_switch`, `tcp_probe`,
+//!   `tcp_sendmsg_locked`, `tcp_rcv_space_adjust`; see `rawfloor.rs`): the
+//!   floor any program there costs, against which ours is judged.
 //! - `empty_tracepoints` (where bpftrace is installed): empty programs on
-//!   the scheduler and `tcp_probe` tracepoints the tracer uses: the floor
-//!   any program there costs, against which ours is judged.
+//!   the classic scheduler and `tcp_probe` tracepoints: the floor of the
+//!   fallback.
+//!
+//! Placement: the measured operations run on a CPU of their own (the last
+//! this bench may use), every process of an operation on it, so that a
+//! ping-pong's turns are context switches rather than wakeups of another
+//! CPU, and nothing else of the bench lands beside them; the workload, the
+//! tracer and bpftrace run on the other CPUs. What the operations pay is
+//! then what the kernel runs in their own context: the programs on their
+//! syscalls, switches and segments. (The tracer's own CPU time is the scale
+//! bench's figure.) Unpinned, the same runs spread over ±20-40 % here, as
+//! the two ends of a ping-pong landed on one CPU or two and beside the
+//! workload or not: too wide to judge +5 %.
 //!
 //! Per-event costs of the tracer's own programs come from the kernel's BPF
 //! run-time statistics (`kernel.bpf_stats_enabled`, read with bpftool):
@@ -40,7 +55,10 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use serde_json::{Value, json};
 
-use crate::demo::{interrupt, start_tracer};
+use crate::{
+    demo::{interrupt, start_tracer},
+    rawfloor,
+};
 
 /// Operations of `hosttax`, in report order.
 const CASES: &[(&str, &str)] = &[
@@ -48,16 +66,18 @@ const CASES: &[(&str, &str)] = &[
     ("sendmsg", "1-byte sendmsg() + read on a UNIX socket pair"),
     (
         "pipe",
-        "pipe ping-pong between two processes, per round trip",
+        "pipe ping-pong between two processes on one CPU, per round trip",
     ),
     (
         "tcp",
-        "loopback TCP 1-byte ping-pong (TCP_NODELAY), per round trip",
+        "loopback TCP 1-byte ping-pong (TCP_NODELAY) between two processes on one CPU, per \
+         round trip",
     ),
     ("fork", "fork() + _exit() + waitpid()"),
     (
         "ctxsw",
-        "pipe ping-pong pinned to one CPU (2 context switches), per round trip",
+        "two processes on one CPU taking turns with sched_yield() (2 context switches), per \
+         round",
     ),
 ];
 
@@ -85,6 +105,7 @@ const PROGRAMS: &[&str] = &[
     "tcp_rcv_space_adjust",
     "sys_enter_write",
     "sys_exit_send",
+    rawfloor::NAME,
 ];
 
 pub struct Plan {
@@ -92,6 +113,16 @@ pub struct Plan {
     pub rounds: usize,
     /// Milliseconds each operation runs per measurement.
     pub ms: u32,
+    /// Measurements per setup and round, and of the untraced runs before
+    /// each: more samples for the same starts and stops of the tracer.
+    pub passes: usize,
+}
+
+/// `passes` timed runs of every operation, on `cpu`.
+fn measure_passes(bin: &Path, plan: &Plan, cpu: usize) -> Result<Vec<BTreeMap<&'static str, f64>>> {
+    (0..plan.passes)
+        .map(|_| measure(bin, plan.ms, cpu))
+        .collect()
 }
 
 /// What one setup needs running while it is measured.
@@ -121,11 +152,16 @@ fn setups(bpftrace: bool) -> Vec<Setup> {
             what: "ttft-trace daemon (finds WORKLOAD itself)",
         },
     ];
+    v.push(Setup {
+        name: "empty_raw_programs",
+        what: "empty programs on the raw tracepoints sched_switch, tcp_probe, \
+               tcp_sendmsg_locked, tcp_rcv_space_adjust (the floor of the default path)",
+    });
     if bpftrace {
         v.push(Setup {
             name: "empty_tracepoints",
             what: "bpftrace, empty programs on sched_switch, sched_wakeup, sched_wakeup_new, \
-                   tcp_probe (the floor)",
+                   tcp_probe (the floor of the classic tracepoints)",
         });
     }
     v
@@ -137,12 +173,74 @@ fn median(v: &[f64]) -> f64 {
     v[v.len() / 2]
 }
 
-/// One timed run of every operation: case -> ns per operation.
-fn measure(bin: &Path, ms: u32) -> Result<BTreeMap<&'static str, f64>> {
+/// Where the bench runs: the measured operations on `measured`, the rest
+/// (this process and what it starts) on `rest`.
+struct Placement {
+    measured: usize,
+    rest: Vec<usize>,
+    /// This thread's CPUs before, restored when dropped.
+    before: libc::cpu_set_t,
+}
+
+impl Placement {
+    /// Takes the last CPU this process may use for the measured runs and
+    /// moves this thread (so what it starts from now) onto the others; with
+    /// a single CPU, both share it.
+    fn new() -> Result<Self> {
+        // SAFETY: a zeroed cpu_set_t is the empty set; the kernel fills it.
+        let mut before: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        // SAFETY: a valid set of the size passed.
+        if unsafe { libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut before) } != 0 {
+            bail!("sched_getaffinity: {}", std::io::Error::last_os_error());
+        }
+        let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
+            // SAFETY: in range of the set.
+            .filter(|&c| unsafe { libc::CPU_ISSET(c, &before) })
+            .collect();
+        let Some((&measured, others)) = cpus.split_last() else {
+            bail!("no CPU allowed");
+        };
+        let rest = if others.is_empty() {
+            vec![measured]
+        } else {
+            others.to_vec()
+        };
+        set_affinity(&rest)?;
+        Ok(Self {
+            measured,
+            rest,
+            before,
+        })
+    }
+}
+
+impl Drop for Placement {
+    fn drop(&mut self) {
+        // SAFETY: the set read in `new`.
+        unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &self.before) };
+    }
+}
+
+fn set_affinity(cpus: &[usize]) -> Result<()> {
+    // SAFETY: as in `Placement::new`.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &c in cpus {
+        // SAFETY: CPU numbers come from a set of this size.
+        unsafe { libc::CPU_SET(c, &mut set) };
+    }
+    // SAFETY: a valid set of the size passed.
+    if unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) } != 0 {
+        bail!("sched_setaffinity: {}", std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// One timed run of every operation, on `cpu`: case -> ns per operation.
+fn measure(bin: &Path, ms: u32, cpu: usize) -> Result<BTreeMap<&'static str, f64>> {
     let mut out = BTreeMap::new();
     for &(case, _) in CASES {
         let o = Command::new(bin)
-            .args([case, &ms.to_string()])
+            .args([case, &ms.to_string(), &cpu.to_string()])
             .output()
             .with_context(|| format!("running {}", bin.display()))?;
         if !o.status.success() {
@@ -157,8 +255,34 @@ fn measure(bin: &Path, ms: u32) -> Result<BTreeMap<&'static str, f64>> {
     Ok(out)
 }
 
-/// Starts what `setup` needs; the child is stopped with SIGINT after.
-fn start(root: &Path, setup: &str, workload: u32) -> Result<Child> {
+/// A setup while it is measured.
+enum Running {
+    /// A tracer, or bpftrace (`bpftrace`), stopped with SIGINT after.
+    Process { child: Child, bpftrace: bool },
+    /// Empty programs this process holds.
+    Floor(rawfloor::Floor),
+}
+
+/// Starts what `setup` needs.
+fn start(root: &Path, setup: &str, workload: u32) -> Result<Running> {
+    match setup {
+        "empty_raw_programs" => Ok(Running::Floor(rawfloor::attach()?)),
+        "empty_tracepoints" => Ok(Running::Process {
+            child: start_bpftrace(
+                "tracepoint:sched:sched_switch {} tracepoint:sched:sched_wakeup {} \
+                 tracepoint:sched:sched_wakeup_new {} tracepoint:tcp:tcp_probe {}",
+            )?,
+            bpftrace: true,
+        }),
+        tracer => Ok(Running::Process {
+            child: start_ttft_trace(root, tracer, workload)?,
+            bpftrace: false,
+        }),
+    }
+}
+
+/// Starts the tracer as `setup` runs it.
+fn start_ttft_trace(root: &Path, setup: &str, workload: u32) -> Result<Child> {
     let attach_args = vec![
         "--pid".to_string(),
         workload.to_string(),
@@ -190,10 +314,6 @@ fn start(root: &Path, setup: &str, workload: u32) -> Result<Child> {
             ],
             "attached",
         ),
-        "empty_tracepoints" => start_bpftrace(
-            "tracepoint:sched:sched_switch {} tracepoint:sched:sched_wakeup {} \
-             tracepoint:sched:sched_wakeup_new {} tracepoint:tcp:tcp_probe {}",
-        ),
         other => bail!("unknown setup {other}"),
     }
 }
@@ -217,9 +337,20 @@ pub fn start_bpftrace(program: &str) -> Result<Child> {
 /// Stops a setup, and waits until the kernel has removed its uprobes (its
 /// `ttft-detach` child is gone): removing a uprobe holds up every fork on
 /// the host (the kernel's `dup_mmap_sem`), which the next rows would pay.
-fn stop(mut child: Child, bpftrace: bool) -> Result<()> {
-    interrupt(&mut child, bpftrace, Duration::from_secs(60))?;
-    crate::attachtime::wait_for_detaches()
+fn stop(running: Running) -> Result<()> {
+    match running {
+        Running::Process {
+            mut child,
+            bpftrace,
+        } => {
+            interrupt(&mut child, bpftrace, Duration::from_secs(60))?;
+            crate::attachtime::wait_for_detaches()
+        }
+        Running::Floor(floor) => {
+            drop(floor);
+            Ok(())
+        }
+    }
 }
 
 /// The BPF programs loaded now (bpftool's JSON objects).
@@ -338,6 +469,12 @@ pub fn run(root: &Path, plan: &Plan) -> Result<(Value, Vec<String>)> {
         .output()
         .is_ok_and(|o| o.status.success());
     let setups = setups(bpftrace);
+    let place = Placement::new()?;
+    let cpu = place.measured;
+    eprintln!(
+        "bench: host tax: measured operations on CPU {cpu}; workload, tracer and bpftrace on CPUs {:?}",
+        place.rest
+    );
     let mut workload = start_workload(root)?;
     let result = (|| -> Result<_> {
         let stats = BpfStats::new()?;
@@ -360,23 +497,23 @@ pub fn run(root: &Path, plan: &Plan) -> Result<(Value, Vec<String>)> {
                     plan.rounds,
                     setup.name
                 );
-                for (case, ns) in measure(&bin, plan.ms)? {
+                for (case, ns) in measure_passes(&bin, plan, cpu)?.into_iter().flatten() {
                     untraced.entry(case).or_default().push(ns);
                 }
                 let before = tracer_like_ids()?;
-                let child = start(root, setup.name, workload.id())?;
+                let running = start(root, setup.name, workload.id())?;
                 let own: BTreeSet<u64> = tracer_like_ids()?.difference(&before).copied().collect();
                 other |= other_tracer(&own, Duration::ZERO)?;
-                let got = measure(&bin, plan.ms);
+                let got = measure_passes(&bin, plan, cpu);
                 if setup.name != "empty_tracepoints" && round + 1 == plan.rounds && got.is_ok() {
                     stats.set(true)?;
-                    let pass = measure(&bin, plan.ms);
+                    let pass = measure(&bin, plan.ms, cpu);
                     stats.set(false)?;
                     pass?;
                     costs.insert(setup.name, program_costs(&before)?);
                 }
-                stop(child, setup.name == "empty_tracepoints")?;
-                for (case, ns) in got? {
+                stop(running)?;
+                for (case, ns) in got?.into_iter().flatten() {
                     traced.entry((setup.name, case)).or_default().push(ns);
                 }
             }
@@ -385,6 +522,8 @@ pub fn run(root: &Path, plan: &Plan) -> Result<(Value, Vec<String>)> {
     })();
     let _ = workload.kill();
     let _ = workload.wait();
+    let placement = json!({"measured_cpu": place.measured, "other_cpus": place.rest});
+    drop(place);
     let (untraced, traced, costs, other) = result?;
 
     if other {
@@ -395,8 +534,9 @@ pub fn run(root: &Path, plan: &Plan) -> Result<(Value, Vec<String>)> {
     let mut rows = Vec::new();
     let mut failures = Vec::new();
     println!(
-        "host tax: untraced processes, ns per operation (median of {} alternating runs of {} ms each)",
-        plan.rounds, plan.ms
+        "host tax: untraced processes on CPU {} (the workload and tracer on the others), ns per \
+         operation (median of {} rounds x {} runs of {} ms each, alternating untraced and traced)",
+        placement["measured_cpu"], plan.rounds, plan.passes, plan.ms
     );
     for &(case, what) in CASES {
         let base = median(&untraced[case]);
@@ -424,8 +564,8 @@ pub fn run(root: &Path, plan: &Plan) -> Result<(Value, Vec<String>)> {
         println!("{line}");
         rows.push(row);
     }
-    // The pinned ping-pong is two context switches (and two wakeups) a
-    // round trip: the added time per switch, the floor's included.
+    // A round of the yielding pair is two context switches: the added
+    // time per switch, the floor's included.
     let per_switch: BTreeMap<&str, f64> = setups
         .iter()
         .map(|s| {
@@ -460,7 +600,9 @@ pub fn run(root: &Path, plan: &Plan) -> Result<(Value, Vec<String>)> {
         .collect();
     let results = json!({
         "rounds": plan.rounds,
+        "passes": plan.passes,
         "ms_per_run": plan.ms,
+        "placement": placement,
         "threshold_ratio": THRESHOLD,
         "judged_setups": JUDGED,
         "setups": setups_json,

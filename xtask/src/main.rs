@@ -8,6 +8,7 @@ mod hosttax;
 mod launchtrap;
 mod neighbour;
 mod process;
+mod rawfloor;
 mod run;
 mod scale;
 mod setup;

@@ -460,7 +460,7 @@ fn segment_hook_item(raw: bool) -> Item {
         return Item::ok(
             "segment hook",
             "raw tracepoint tcp:tcp_probe: a segment of a connection not followed runs a \
-             program that returns after a hash lookup and a read of its local port",
+             program that returns after a read of its local port and one hash lookup",
         );
     }
     let why = match probes::segment_plan() {
