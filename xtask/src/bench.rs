@@ -137,7 +137,7 @@ fn verdict(failures: &[String]) -> bool {
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Part {
     /// The host tax alone, 5 rounds of 300 ms runs as in the full bench
-    /// (see [`crate::hosttax`]), about 4 minutes.
+    /// (see [`crate::hosttax`]), about 9 minutes.
     Hosttax,
     /// Attach and detach on the real runtime, 3 runs (see
     /// [`crate::attachtime`]).
