@@ -134,7 +134,10 @@ impl TraceOutput {
 impl Tracer {
     /// Starts `ttft-trace attach` with `args` (plus --jsonl and --no-listen
     /// unless a --listen is given) and waits until it reports `ready_after`
-    /// "attached" lines (0: do not wait).
+    /// "attached" lines (0: do not wait): one per library, when its uprobes
+    /// are in place. No other line of the tracer's may say "attached" (the
+    /// load line did: a workload continued on it ran before its uprobes,
+    /// and the first episodes were missed).
     pub fn start(args: &[String], ready_after: usize) -> Result<Self> {
         Self::start_with_env(args, ready_after, &[])
     }

@@ -491,7 +491,16 @@ fn library_loaded_after_attach_wait() -> Result<()> {
         .cloned()
         .collect();
     let truth_after: Vec<TruthEpisode> = after.into_iter().cloned().collect();
-    report("dlopen --wait", compare(&traced_after, &truth_after));
+    // The stub runtime's launches reach its driver: once they showed it,
+    // the runtime's launch probes are detached, which rewrites the
+    // runtime's code pages, and a thread inside a launch may wait on the
+    // kernel before the driver's probe stamps it (as in
+    // `launches_move_to_the_driver_once_the_runtime_shows_it_reaches_it`;
+    // CI saw one episode start 650 µs late here).
+    report(
+        "dlopen --wait",
+        compare_except(&traced_after, &truth_after, 3),
+    );
     Ok(())
 }
 

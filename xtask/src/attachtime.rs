@@ -146,7 +146,7 @@ fn once(root: &std::path::Path) -> Result<Value> {
         "load_ms": number_after(&loaded, "probes loaded in "),
         "layouts_ms": number_after(&loaded, "(tracefs, BTF) "),
         "verify_ms": number_after(&loaded, "verified "),
-        "tracepoints_ms": number_after(&loaded, "tracepoints attached "),
+        "tracepoints_ms": number_after(&loaded, "tracepoint links "),
         "uprobes_ms": uprobes,
         "exit_ms": exit_ms,
         "perf_events": events,

@@ -444,7 +444,7 @@ impl Probes {
         let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
         log::info!(
             "probes loaded in {:.0} ms: kernel layouts (tracefs, BTF) {:.0} ms, maps and \
-             programs loaded and verified {:.0} ms, tracepoints attached {:.0} ms",
+             programs loaded and verified {:.0} ms, tracepoint links {:.0} ms",
             ms(started.elapsed()),
             ms(layouts),
             ms(verified - layouts),
