@@ -133,19 +133,22 @@ fn has_fault(name: &'static str) -> impl Fn(&ClientRequest) -> bool {
 
 const BASE: &[&str] = &["--output-tokens", "32"];
 
-fn load(fault: &str) -> Vec<&str> {
+/// 12 requests of 32 tokens, `concurrency` at a time.
+fn twelve_at(concurrency: &str) -> Vec<&str> {
     vec![
         "--concurrency",
-        "1",
+        concurrency,
         "--requests",
         "12",
         "--output-tokens",
         "32",
-        "--fault",
-        fault,
-        "--fault-share",
-        "0.5",
     ]
+}
+
+fn load(fault: &str) -> Vec<&str> {
+    let mut v = twelve_at("1");
+    v.extend(["--fault", fault, "--fault-share", "0.5"]);
+    v
 }
 
 fn no_setup(_: &DemoServer) -> Result<Guard> {
@@ -180,27 +183,13 @@ fn each_injected_cause_is_named() -> Result<()> {
     // two thirds of the CPU makes requests slow (~460 ms). Alone it is not
     // slow.
     let cpu_args = ["--output-tokens", "32", "--tokenize-us-per-token", "300"];
-    let cpu_load = [
-        "--concurrency",
-        "2",
-        "--requests",
-        "12",
-        "--output-tokens",
-        "32",
-    ];
+    let cpu_load = twelve_at("2");
     // Alone, one request at a time: at 2 the second waits for the first's
     // tokens (~310 ms of the 350 ms objective), and CI saw 2 of 12 reach
     // 367-386 ms while the load generator and tracer took their share of
     // the 2 cores (named `cpu`, rightly: the server's threads were
     // runnable and not running).
-    let alone_load = [
-        "--concurrency",
-        "1",
-        "--requests",
-        "12",
-        "--output-tokens",
-        "32",
-    ];
+    let alone_load = twelve_at("1");
     let alone = scenario("cpu", &cpu_args, &alone_load, no_setup, |_| false)?;
     assert_eq!(
         alone.false_positives, 0,

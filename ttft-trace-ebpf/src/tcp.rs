@@ -89,8 +89,6 @@ pub fn raw_tcp_probe(ctx: RawTracePointContext) -> i32 {
     let seg = Raw {
         sk: ctx.arg(0),
         skb: ctx.arg(1),
-        // SAFETY: reading a static we own; userspace rewrites it before load.
-        off: unsafe { core::ptr::read_volatile(&SEGMENT_OFFSETS) },
     };
     on_segment(seg.sk, &seg);
     0
@@ -212,11 +210,19 @@ fn adopt<S: Segment>(sk: u64, sport: u16, seg: &S) -> Option<*mut ConnState> {
     CONNS.get_ptr_mut(sk)
 }
 
-/// The raw tracepoint's arguments and the kernel's struct offsets.
+/// One field of [`SEGMENT_OFFSETS`]: each read where it is used, so that a
+/// segment of a connection not followed reads only the port's.
+macro_rules! seg_offset {
+    ($field:ident) => {
+        // SAFETY: reading a static we own; userspace rewrites it before load.
+        unsafe { core::ptr::read_volatile(&SEGMENT_OFFSETS.$field) }
+    };
+}
+
+/// The raw tracepoint's arguments.
 struct Raw {
     sk: u64,
     skb: u64,
-    off: SegmentOffsets,
 }
 
 impl Raw {
@@ -234,45 +240,52 @@ impl Raw {
 impl Segment for Raw {
     #[inline(always)]
     fn data_len(&self) -> Option<u32> {
-        let seq = self.skb::<u32>(self.off.skb_seq)?;
-        let end = self.skb::<u32>(self.off.skb_end_seq)?;
-        let flags = self.skb::<u8>(self.off.skb_tcp_flags)?;
+        let seq = self.skb::<u32>(seg_offset!(skb_seq))?;
+        let end = self.skb::<u32>(seg_offset!(skb_end_seq))?;
+        let flags = self.skb::<u8>(seg_offset!(skb_tcp_flags))?;
         let control = u32::from(flags & TCPHDR_FIN != 0) + u32::from(flags & TCPHDR_SYN != 0);
         Some(end.wrapping_sub(seq).saturating_sub(control))
     }
 
     #[inline(always)]
     fn snd_nxt_una(&self) -> Option<(u32, u32)> {
-        Some((self.sock(self.off.snd_nxt)?, self.sock(self.off.snd_una)?))
+        Some((
+            self.sock(seg_offset!(snd_nxt))?,
+            self.sock(seg_offset!(snd_una))?,
+        ))
     }
 
     #[inline(always)]
     fn srtt_us(&self) -> u32 {
         // The kernel keeps it shifted left by 3 (the classic record is not).
-        self.sock::<u32>(self.off.srtt_us).unwrap_or(0) >> 3
+        self.sock::<u32>(seg_offset!(srtt_us)).unwrap_or(0) >> 3
     }
 
     #[inline(always)]
     fn ack_seq(&self) -> Option<u32> {
-        self.skb(self.off.skb_ack_seq)
+        self.skb(seg_offset!(skb_ack_seq))
     }
 
     #[inline(always)]
     fn sport(&self) -> Option<u16> {
-        self.sock(self.off.num)
+        self.sock(seg_offset!(num))
     }
 
     #[inline(always)]
     fn fill_peer(&self, ev: &mut ConnEvent) {
-        ev.family = self.sock::<u16>(self.off.family).unwrap_or(0);
-        ev.dport = u16::from_be(self.sock::<u16>(self.off.dport).unwrap_or(0));
+        ev.family = self.sock::<u16>(seg_offset!(family)).unwrap_or(0);
+        ev.dport = u16::from_be(self.sock::<u16>(seg_offset!(dport)).unwrap_or(0));
         if ev.family == AF_INET {
-            ev.saddr[..4]
-                .copy_from_slice(&self.sock::<[u8; 4]>(self.off.rcv_saddr).unwrap_or([0; 4]));
-            ev.daddr[..4].copy_from_slice(&self.sock::<[u8; 4]>(self.off.daddr).unwrap_or([0; 4]));
+            ev.saddr[..4].copy_from_slice(
+                &self
+                    .sock::<[u8; 4]>(seg_offset!(rcv_saddr))
+                    .unwrap_or([0; 4]),
+            );
+            ev.daddr[..4]
+                .copy_from_slice(&self.sock::<[u8; 4]>(seg_offset!(daddr)).unwrap_or([0; 4]));
         } else {
-            ev.saddr = self.sock(self.off.v6_rcv_saddr).unwrap_or([0; 16]);
-            ev.daddr = self.sock(self.off.v6_daddr).unwrap_or([0; 16]);
+            ev.saddr = self.sock(seg_offset!(v6_rcv_saddr)).unwrap_or([0; 16]);
+            ev.daddr = self.sock(seg_offset!(v6_daddr)).unwrap_or([0; 16]);
         }
     }
 }
