@@ -14,6 +14,7 @@ import collections
 import json
 import os
 import subprocess
+import sys
 import tempfile
 import time
 from datetime import datetime
@@ -103,13 +104,28 @@ class CurlClient:
     def request(self, n: int) -> dict:
         with tempfile.TemporaryDirectory() as d:
             trace, body = os.path.join(d, "trace"), os.path.join(d, "body")
-            out = subprocess.run(
-                ["curl", "-sS", "-N", "--trace-ascii", trace, "--trace-time", "-o", body,
-                 "-w", "%{local_port}", "-H", "Content-Type: application/json", "-d",
-                 json.dumps({"model": "stack", "prompt": PROMPT, "max_tokens": n,
-                             "stream": True}),
-                 self.base + "/v1/completions"],
-                capture_output=True, text=True, check=True, timeout=30)
+            cmd = ["curl", "-sS", "-N", "--trace-ascii", trace, "--trace-time", "-o", body,
+                   "-w", "%{local_port}", "-H", "Content-Type: application/json", "-d",
+                   json.dumps({"model": "stack", "prompt": PROMPT, "max_tokens": n,
+                               "stream": True}),
+                   self.base + "/v1/completions"]
+            with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True) as curl:
+                try:
+                    stdout, stderr = curl.communicate(timeout=30)
+                except subprocess.TimeoutExpired:
+                    # Say where the exchange stopped, while curl still holds its socket.
+                    port = self.base.rsplit(":", 1)[1]
+                    ss = subprocess.run(
+                        ["ss", "-tinoe", f"( sport = :{port} or dport = :{port} )"],
+                        capture_output=True, text=True)
+                    curl.kill()
+                    sys.stderr.write("curl timed out; the end of its trace:\n")
+                    sys.stderr.writelines(ln + "\n" for ln in open(trace).read().splitlines()[-40:])
+                    sys.stderr.write(ss.stdout)
+                    raise
+            if curl.returncode != 0:
+                raise subprocess.CalledProcessError(curl.returncode, cmd, stdout, stderr)
             lines = open(trace).read().splitlines()
             # The request goes out right after "Connected": curl's stamp of its own send
             # comes after send() returned, and on loopback the server, woken by the
@@ -117,7 +133,7 @@ class CurlClient:
             sent = next(curl_time(ln) for ln in lines if "== Info: Connected to" in ln)
             first = next(curl_time(ln) for ln in lines if "<= Recv data" in ln)
             chunks, done = sse_tokens(open(body).read())
-        return {"path": "/v1/completions", "client_port": int(out.stdout), "t_send": None,
+        return {"path": "/v1/completions", "client_port": int(stdout), "t_send": None,
                 "t_first_token": None, "ttft_s": (first - sent) / 1e9, "chunks": chunks,
                 "outcome": "ok" if done and chunks == n else "short"}
 

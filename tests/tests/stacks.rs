@@ -38,20 +38,25 @@ const TOKENS: u64 = 8;
 const LOSS_BATCH: usize = 15;
 const LOSS_LEAST_SLOW: usize = 3;
 const LOSS_MAX_REQUESTS: usize = 90;
-/// Client TTFT minus traced TTFT, over the compared requests: the client's
-/// own time to send and to read its first token on loopback (openai's client
-/// parses each chunk into pydantic objects first).
+/// Client TTFT minus traced TTFT, over the compared requests, less the two
+/// parts the tracer measures apart (the request's unread wait in the
+/// server's socket, and, where the client stamps its send on the tracer's
+/// clock, its own start up to the request's first segment): the client's
+/// time to read its first token on loopback (openai's client parses each
+/// chunk into pydantic objects first), and curl's to send.
 const P50_TOLERANCE_MS: f64 = 3.0;
 const P99_TOLERANCE_MS: f64 = 10.0;
 /// The tracer's client TTFT estimate (`client_ttft_estimate_ns`: the
 /// client's ACK of the first token minus the request's segment) against the
-/// client's own TTFT, per compared request: on loopback the two differ by
-/// the client's time to send and to read (as above; the estimate reads
-/// late the other way when a client delays its ACK). Measured in four runs
-/// (10:16, 10:27, 10:35 and 10:42 UTC, 2026-12-01): every request of every
-/// stack had an estimate, client − estimate P50 0.27-1.15 ms, the largest
-/// 3.9 ms (gunicorn, httpx). Another connection's ACK (the bug of reused
-/// socket addresses) was 88 ms off.
+/// client's own TTFT less its start (both then begin at the segment), per
+/// compared request: on loopback the two differ by the client's time to
+/// read (as above; the estimate reads late the other way when a client
+/// delays its ACK). Measured at 00:48 UTC, 2026-12-02: every request of
+/// every stack had an estimate, client − start − estimate P50 0.18-0.87
+/// ms, the largest 3.2 ms (uvicorn-httptools, httpx); with the start left
+/// in (00:46), three stacks had one openai request each 5.4-8.8 ms over.
+/// Another connection's ACK (the bug of reused socket addresses) was 88 ms
+/// off.
 const ESTIMATE_TOLERANCE_MS: f64 = 5.0;
 /// Requests of a stack allowed without an estimate, and compared requests
 /// allowed further than [`ESTIMATE_TOLERANCE_MS`] from the client's TTFT:
@@ -241,6 +246,10 @@ struct ClientRecord {
     client_port: u16,
     req_on_conn: u64,
     ttft_s: Option<f64>,
+    /// The client's own CLOCK_MONOTONIC stamps (the tracer's clock), where
+    /// it gives them (openai, httpx; curl stamps the time of day).
+    t_send: Option<u64>,
+    t_first_token: Option<u64>,
     chunks: u64,
     outcome: String,
     warmup: bool,
@@ -323,6 +332,9 @@ struct Run {
     clients: Vec<ClientRecord>,
     traced: HashMap<(u64, u64), Value>,
     upstream_note: String,
+    /// The tracer's totals (what it dropped or could not route) and last
+    /// lines, printed when a stack fails.
+    tracer_tail: String,
 }
 
 /// Runs `stack` under the tracer with `load`; `None` when it is not
@@ -444,10 +456,18 @@ fn traced_run(stack: &str, cudart: &Path, load: &Load) -> Result<Option<Run>> {
     } else {
         String::new()
     };
+    let totals = trace.lines.iter().filter(|l| l["type"] == "totals");
+    let tail = trace.stderr.lines().rev().take(4).collect::<Vec<_>>();
+    let tracer_tail = totals
+        .map(Value::to_string)
+        .chain(tail.into_iter().rev().map(str::to_string))
+        .collect::<Vec<_>>()
+        .join("\n");
     Ok(Some(Run {
         clients,
         traced,
         upstream_note,
+        tracer_tail,
     }))
 }
 
@@ -456,6 +476,7 @@ fn judge(stack: &str, run: Run) -> Result<()> {
         clients,
         traced,
         upstream_note,
+        ..
     } = run;
     ensure!(
         clients.len() == REQUESTS,
@@ -564,15 +585,37 @@ fn judge(stack: &str, run: Run) -> Result<()> {
             (Some(a), Some(seg)) if seg <= a => (a - seg) as f64 / 1e6,
             _ => 0.0,
         };
+        // On one clock with the client's own stamps: the request's segment
+        // comes after the client began to send, the first token's send
+        // before the client read it. Between the client's stamp and the
+        // segment lies the client's own start (a new connection per request
+        // against gunicorn's sync workers: the Python client's connect).
+        let client_start = match (c.t_send, t["t_request_segment_ns"].as_u64()) {
+            (Some(sent), Some(seg)) if seg >= sent => (seg - sent) as f64 / 1e6,
+            (Some(sent), Some(seg)) => {
+                problems.push(format!(
+                    "segment {seg} before the client's send {sent}: {t}"
+                ));
+                0.0
+            }
+            _ => 0.0,
+        };
+        if let (Some(read), Some(sent)) = (c.t_first_token, t["t_first_token_ns"].as_u64())
+            && read < sent
+        {
+            problems.push(format!("first token read at {read}, sent at {sent}: {t}"));
+        }
         if !c.warmup {
             client.push(ct);
             tracedv.push(tt);
-            let d = ct - tt - unread;
+            let d = ct - tt - unread - client_start;
             diff.push(d);
             if d > row.worst.0 {
                 row.worst = (d, c.client.clone());
             }
             row.est_close.1 += 1;
+            // The estimate starts at the request's segment too.
+            let ct = ct - client_start;
             match est {
                 Some(e) if (ct - e).abs() <= ESTIMATE_TOLERANCE_MS => {
                     row.est_close.0 += 1;
@@ -581,7 +624,7 @@ fn judge(stack: &str, run: Run) -> Result<()> {
                 Some(e) => {
                     est_diff.push(ct - e);
                     eprintln!(
-                        "{stack}: estimate {e:.3} ms, client {ct:.3} ms ({}): {t}",
+                        "{stack}: estimate {e:.3} ms, client less its start {ct:.3} ms ({}): {t}",
                         c.client
                     );
                 }
@@ -613,7 +656,7 @@ fn judge(stack: &str, run: Run) -> Result<()> {
     row.notes = notes.join(", ");
     if row.diff.0 >= P50_TOLERANCE_MS || row.diff.1 >= P99_TOLERANCE_MS {
         problems.push(format!(
-            "client - traced TTFT - unread wait P50 {:.3} / P99 {:.3} ms (tolerance {P50_TOLERANCE_MS} / \
+            "client - traced TTFT - unread wait - client start P50 {:.3} / P99 {:.3} ms (tolerance {P50_TOLERANCE_MS} / \
              {P99_TOLERANCE_MS} ms)",
             row.diff.0, row.diff.1
         ));
@@ -635,7 +678,7 @@ fn judge(stack: &str, run: Run) -> Result<()> {
 fn print_header() {
     eprintln!(
         "| stack | seen / sent | `ok` | client TTFT P50 / P99 | traced TTFT P50 / P99 | \
-         client − traced − unread P50 / P99 | largest (client) | estimate / seen | client − estimate P50 / P99 \
+         client − traced − unread − start P50 / P99 | largest (client) | estimate / seen | client − start − estimate P50 / P99 \
          (largest) | within tolerance | E2E + TPOT | GPU joined | chunks | notes |"
     );
     eprintln!(
@@ -779,6 +822,14 @@ fn network_loss_on_real_stacks() -> Result<()> {
                 recalled += usize::from(classes.contains(&"network"));
                 if !classes.contains(&"network") {
                     eprintln!("{stack}: slow request not named network: client {c:?}, traced {t}");
+                    // Other connections on the same socket (a reused address).
+                    for o in run
+                        .traced
+                        .values()
+                        .filter(|o| o["conn"] == t["conn"] && *o != t)
+                    {
+                        eprintln!("  same socket: {o}");
+                    }
                 }
             } else {
                 clean += 1;
@@ -796,6 +847,7 @@ fn network_loss_on_real_stacks() -> Result<()> {
         // No clean request blamed, and at least the stack's share of the
         // slow ones named network.
         if faulty == 0 || (recalled as f64) < min_recall(stack) * faulty as f64 || false_pos > 0 {
+            eprintln!("{stack}: the tracer's last lines:\n{}", run.tracer_tail);
             failed.push(stack);
         }
     }
