@@ -4,7 +4,8 @@
 //! The fixture `hosttax` times six operations of an untraced process (see
 //! `tests/fixtures/hosttax.c`). Each round runs them untraced, then under
 //! each tracer setup in turn, untraced again between setups, so that drift
-//! of the machine falls on both sides; the figure per setup and operation
+//! of the machine falls on both sides (the order of the setups rotates by
+//! one each round); the figure per setup and operation
 //! is the median over rounds, and the ratio is against the median of every
 //! untraced run. Setups:
 //! - `attach`, `daemon`: the tracer as shipped, `attach --pid` tracing a
@@ -490,7 +491,10 @@ pub fn run(root: &Path, plan: &Plan) -> Result<(Value, Vec<String>)> {
             );
         }
         for round in 0..plan.rounds {
-            for setup in &setups {
+            // Each round starts one setup further on: a setup's place in
+            // the round (after which other setup's stop) is not its own.
+            let turn = setups.iter().cycle().skip(round % setups.len());
+            for setup in turn.take(setups.len()) {
                 eprintln!(
                     "bench: host tax round {}/{}: untraced, then {}",
                     round + 1,
