@@ -195,9 +195,13 @@ fn traced_ttft_agrees_with_the_clients_own() -> Result<()> {
             // its own (the tracer measures it apart); and it cannot read
             // the first token before the server sent it.
             let sent = cl.t_send.context("t_send")?;
-            let start = tr["t_request_segment_ns"]
-                .as_u64()
-                .map_or(0.0, |seg| seg.saturating_sub(sent) as f64 / 1e6);
+            let start = match tr["t_request_segment_ns"].as_u64() {
+                Some(seg) => {
+                    assert!(seg >= sent, "segment before the client's send {sent}: {tr}");
+                    (seg - sent) as f64 / 1e6
+                }
+                None => 0.0,
+            };
             if let (Some(read), Some(ft)) = (cl.t_first_token, tr["t_first_token_ns"].as_u64()) {
                 assert!(read >= ft, "first token read at {read}, sent at {ft}: {tr}");
             }
