@@ -26,6 +26,7 @@ pub mod report;
 pub mod requests;
 pub mod rootfs;
 pub mod routing;
+pub mod schedstat;
 pub mod session;
 pub mod signals;
 pub mod targets;

@@ -377,6 +377,7 @@ fn load_and_fire(tracefs_ok: bool) -> Vec<Item> {
         large_copy_bytes: 1 << 20,
         discover: false,
         map_entries: Vec::new(),
+        sched_programs: true,
     };
     let mut probes = match Probes::load(&cfg) {
         Ok(p) => p,

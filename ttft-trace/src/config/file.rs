@@ -20,6 +20,10 @@ pub struct DaemonConfig {
     pub slo_ms: u64,
     /// Scheduler intervals at least this long are kept for attribution.
     pub sched_min_us: u64,
+    /// Where the scheduler intervals come from (see [`SchedSource`]).
+    pub sched: SchedSource,
+    /// Period of the `sampled` source, in milliseconds.
+    pub sched_sample_ms: u64,
     pub ringbuf_bytes: u32,
     /// Seconds between terminal summary lines.
     pub interval_s: f64,
@@ -77,6 +81,21 @@ impl KernelMaps {
         }
         Ok(all)
     }
+}
+
+/// Where the traced threads' scheduler intervals (on-CPU, run-queue and
+/// blocked spells) come from.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum SchedSource {
+    /// A program on `sched_switch`: every spell, to the nanosecond; every
+    /// context switch on the host runs it (about one BPF dispatch each).
+    #[default]
+    Exact,
+    /// No scheduler program: the traced threads' counters in
+    /// `/proc/PID/task/TID/schedstat`, read every `sched_sample_ms`; spells
+    /// placed to the sampling period. Other tasks' switches pay nothing.
+    Sampled,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -154,6 +173,8 @@ impl Default for DaemonConfig {
             jsonl: None,
             slo_ms: 350,
             sched_min_us: 1000,
+            sched: SchedSource::Exact,
+            sched_sample_ms: 10,
             ringbuf_bytes: 1 << 22,
             interval_s: 60.0,
             discovery: Discovery::default(),

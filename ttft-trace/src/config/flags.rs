@@ -4,7 +4,8 @@
 use std::{net::SocketAddr, path::PathBuf};
 
 use super::{
-    AttachConfig, ConfigError, DaemonConfig, DaemonOptions, Labels, Nvml, seconds, trace_config,
+    AttachConfig, ConfigError, DaemonConfig, DaemonOptions, Labels, Nvml, SchedSource, seconds,
+    trace_config,
 };
 
 /// `ttft-trace attach`: one process tree.
@@ -115,6 +116,16 @@ pub struct DaemonArgs {
 /// Options both modes take with the same meaning.
 #[derive(clap::Args)]
 pub struct CommonArgs {
+    /// Where the traced threads' scheduler intervals come from: `exact` (a
+    /// program on every context switch of the host) or `sampled` (their
+    /// `/proc` schedstat counters every --sched-sample-ms; no program on
+    /// switches, so other tasks pay nothing). Default: the settings file's
+    /// `sched`, else exact.
+    #[arg(long, value_name = "SOURCE")]
+    pub sched: Option<SchedSource>,
+    /// Period of `--sched sampled`, in milliseconds (default 10).
+    #[arg(long, value_name = "MS")]
+    pub sched_sample_ms: Option<u64>,
     /// Stop after this many seconds.
     #[arg(long, value_name = "SECONDS")]
     pub duration: Option<f64>,

@@ -15,7 +15,7 @@ use std::{
 
 use thiserror::Error;
 
-pub use file::{DaemonConfig, Discovery, Labels, Nvml, Otlp};
+pub use file::{DaemonConfig, Discovery, Labels, Nvml, Otlp, SchedSource};
 
 use crate::{
     causes::CauseConfig,
@@ -45,6 +45,8 @@ pub enum ConfigError {
     SampleRatio(f64),
     #[error("{what} must be a positive number of seconds, not {value}")]
     Duration { what: &'static str, value: f64 },
+    #[error("sched_sample_ms must be between 1 and 1000, not {0}")]
+    SchedPeriod(u64),
     #[error("kernel_maps: {0} needs at least one entry")]
     MapEntries(&'static str),
 }
@@ -62,6 +64,8 @@ pub struct TraceConfig {
     pub ports: Vec<u16>,
     /// Scheduler intervals at least this long are kept for attribution.
     pub sched_min_ns: u64,
+    /// Where the scheduler intervals come from.
+    pub sched: SchedSignals,
     /// Thresholds of the cause attribution.
     pub causes: CauseConfig,
     /// NVML sampling; None: off.
@@ -69,6 +73,15 @@ pub struct TraceConfig {
     pub labels: LabelConfig,
     /// Traces over OTLP; None: off.
     pub otlp: Option<OtlpConfig>,
+}
+
+/// Where the scheduler intervals come from, as configured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SchedSignals {
+    /// The `sched_switch` program.
+    Exact,
+    /// The threads' `/proc` counters, read every `period`.
+    Sampled { period: Duration },
 }
 
 /// `ttft-trace attach`.
@@ -104,6 +117,19 @@ pub fn seconds(what: &'static str, value: f64) -> Result<Duration, ConfigError> 
     Duration::try_from_secs_f64(value).map_err(|_| ConfigError::Duration { what, value })
 }
 
+/// The scheduler source; a sampling period of zero is refused (the loop
+/// would spin), and one over a second would place spells too coarsely to
+/// explain a request.
+fn sched_signals(source: SchedSource, period_ms: u64) -> Result<SchedSignals, ConfigError> {
+    match source {
+        SchedSource::Exact => Ok(SchedSignals::Exact),
+        SchedSource::Sampled if (1..=1000).contains(&period_ms) => Ok(SchedSignals::Sampled {
+            period: Duration::from_millis(period_ms),
+        }),
+        SchedSource::Sampled => Err(ConfigError::SchedPeriod(period_ms)),
+    }
+}
+
 /// The settings file merged with the flags both modes take.
 fn trace_config(
     file: &DaemonConfig,
@@ -121,6 +147,10 @@ fn trace_config(
         map_entries: file.kernel_maps.entries()?,
         ports: common.ports.clone(),
         sched_min_ns: file.sched_min_us.saturating_mul(1000),
+        sched: sched_signals(
+            common.sched.unwrap_or(file.sched),
+            common.sched_sample_ms.unwrap_or(file.sched_sample_ms),
+        )?,
         causes: causes_config(
             file.causes.clone(),
             common.causes_config.as_deref(),
@@ -231,6 +261,30 @@ mod tests {
     }
 
     #[test]
+    fn the_sampled_scheduler_source_needs_a_sane_period() {
+        assert_eq!(
+            sched_signals(SchedSource::Exact, 0).expect("exact"),
+            SchedSignals::Exact
+        );
+        assert_eq!(
+            sched_signals(SchedSource::Sampled, 10).expect("sampled"),
+            SchedSignals::Sampled {
+                period: Duration::from_millis(10)
+            }
+        );
+        for bad in [0, 1001] {
+            let err = sched_signals(SchedSource::Sampled, bad).expect_err("refused");
+            assert!(err.to_string().contains("sched_sample_ms"), "{err}");
+        }
+        let file: DaemonConfig =
+            toml::from_str("sched = \"sampled\"\nsched_sample_ms = 20").expect("parse");
+        assert_eq!(
+            (file.sched, file.sched_sample_ms),
+            (SchedSource::Sampled, 20)
+        );
+    }
+
+    #[test]
     fn the_slo_overrides_the_thresholds_file() {
         let dir = std::env::temp_dir().join(format!("ttft-causes-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("dir");
@@ -254,6 +308,8 @@ mod tests {
             nvml_lib: None,
             otlp_endpoint: endpoint.map(str::to_string),
             otlp_sample_ratio: ratio,
+            sched: None,
+            sched_sample_ms: None,
         };
         let no_env = |_: &str| None;
         let file = Otlp::default();

@@ -133,6 +133,8 @@ pub fn segment_plan() -> Result<SegmentOffsets, String> {
 pub(super) struct Wanted {
     /// The socket lengths: the syscall send hook's.
     pub socket_lengths: bool,
+    /// The context switches: not with `--sched sampled`.
+    pub switches: bool,
     /// The wakeups: on kernels without `sched_info`.
     pub wakeups: bool,
     /// `tcp_probe`: where its BTF offsets were read.
@@ -152,6 +154,7 @@ impl Wanted {
         match classic {
             "sock_send_length" | "sock_recv_length" => self.socket_lengths,
             "sched_wakeup" | "sched_wakeup_new" => self.wakeups,
+            "sched_switch" => self.switches,
             "tcp_probe" => self.segments,
             _ => true,
         }

@@ -90,6 +90,10 @@ pub struct LoadConfig {
     pub discover: bool,
     /// (map, entries) replacing the sizes compiled into the probes.
     pub map_entries: Vec<(&'static str, u32)>,
+    /// Attach the scheduler programs (`sched_switch`, and the wakeups
+    /// where they are needed); off with `--sched sampled`, where the
+    /// intervals come from `/proc` and no context switch runs a program.
+    pub sched_programs: bool,
 }
 
 /// What attaching one library did.
@@ -165,6 +169,12 @@ pub const TRACEPOINTS: &[(&str, &str, &str)] = &[
     ("tcp_send_reset", "tcp", "tcp_send_reset"),
     ("tcp_probe", "tcp", "tcp_probe"),
 ];
+
+/// The programs that run for every context switch and wakeup of the host
+/// (classic names), which `--sched sampled` leaves out.
+fn is_scheduler_program(name: &str) -> bool {
+    matches!(name, "sched_switch" | "sched_wakeup" | "sched_wakeup_new")
+}
 
 /// Kernel struct offsets the socket probes read, from the kernel's BTF, or
 /// why each cannot be had.
@@ -383,7 +393,8 @@ impl Probes {
             Ok(task) => {
                 let wanted = event_hook::Wanted {
                     socket_lengths,
-                    wakeups: !task.has_sched_info(),
+                    switches: cfg.sched_programs,
+                    wakeups: cfg.sched_programs && !task.has_sched_info(),
                     segments: segment_offsets.is_ok(),
                 };
                 match event_hook::attach_default(&mut ebpf, &wanted) {
@@ -426,7 +437,10 @@ impl Probes {
             (Ok(_), false) => log::info!("segments: classic tracepoint tcp:tcp_probe"),
         }
         for &(name, category, tracepoint) in TRACEPOINTS {
-            if replaced.contains(&name) || (!socket_lengths && is_socket_length(name)) {
+            if replaced.contains(&name)
+                || (!socket_lengths && is_socket_length(name))
+                || (!cfg.sched_programs && is_scheduler_program(name))
+            {
                 continue;
             }
             attach_tracepoint(&mut ebpf, name, category, tracepoint)?;

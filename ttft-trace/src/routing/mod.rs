@@ -5,7 +5,7 @@
 
 mod workloads;
 
-use ttft_trace_common::{CONN_OPEN, EpisodeEvent};
+use ttft_trace_common::{CONN_OPEN, EpisodeEvent, signals::SchedEvent};
 
 pub use workloads::{Unbound, Workload, Workloads};
 
@@ -73,11 +73,7 @@ impl Router {
                     w.correlator.on_segment(&ev);
                 }
             }
-            Ok(Event::Sched(ev)) => {
-                if let Some(w) = ws.of_process(ev.tgid, lookup) {
-                    w.signals.on_sched(&ev);
-                }
-            }
+            Ok(Event::Sched(ev)) => self.route_sched(&ev, lookup),
             Ok(Event::Tcp(ev)) => {
                 self.out.push(Routed::Tcp { what: ev.what });
                 if let Some(w) = ws.of_socket(ev.sk, false) {
@@ -104,6 +100,14 @@ impl Router {
                 self.decode_errors += 1;
                 log::debug!("undecodable record: {e}");
             }
+        }
+    }
+
+    /// Routes one scheduler spell, from the kernel or from `/proc`
+    /// (`--sched sampled`).
+    pub fn route_sched(&mut self, ev: &SchedEvent, lookup: impl Fn(u32) -> Option<u32>) {
+        if let Some(w) = self.workloads.of_process(ev.tgid, lookup) {
+            w.signals.on_sched(ev);
         }
     }
 

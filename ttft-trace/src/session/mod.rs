@@ -29,6 +29,7 @@ use crate::{
     judging::Judge,
     probes,
     routing::{Routed, Router, Workload},
+    schedstat::SchedSampler,
     tracking::{Change, Tracking},
 };
 
@@ -71,6 +72,9 @@ struct Session {
     /// A record copied out of the ring buffer: reused, not one allocation
     /// per event.
     record: Vec<u8>,
+    /// `--sched sampled`: the traced threads' `/proc` counters, and how
+    /// often they are read.
+    sched_sampler: Option<(SchedSampler, Duration)>,
 }
 
 /// The signals the loop answers: SIGTERM and SIGINT stop, SIGHUP reopens
@@ -109,6 +113,18 @@ impl Session {
                 Change::Detached(a) => self.sinks.library_detached(&a),
             }
         }
+    }
+
+    /// Reads the sampled threads' counters (`--sched sampled`) and routes
+    /// the spells they tell.
+    fn sample_sched(&mut self) {
+        let Some((sampler, _)) = &mut self.sched_sampler else {
+            return;
+        };
+        let (router, tracking) = (&mut self.router, &self.tracking);
+        sampler.sample(monotonic_ns(), |ev| {
+            router.route_sched(ev, |tgid| tracking.workload_of(tgid));
+        });
     }
 
     /// Judges what routing queued and hands it to the sinks.
@@ -165,6 +181,12 @@ impl Session {
     fn rescan(&mut self, ring: &mut RingBuf<MapData>) -> Result<usize> {
         let scan = self.tracking.rescan()?;
         self.apply_changes();
+        if let Some((sampler, _)) = &mut self.sched_sampler {
+            sampler.track(scan.live.iter().map(|(pid, _)| *pid), monotonic_ns());
+            self.sinks
+                .series
+                .evictions("sampled_threads", sampler.dropped);
+        }
         let ws = &mut self.router.workloads;
         for (pid, root) in &scan.live {
             ws.learn(*pid, *root);
@@ -196,7 +218,17 @@ impl Session {
 
     /// The kernel's counters into each workload's series.
     fn read_kernel(&mut self, live: &[(u32, u32)]) -> Result<()> {
-        let reading = self.tracking.read_kernel(live)?;
+        let mut reading = self.tracking.read_kernel(live)?;
+        if let Some((sampler, _)) = &self.sched_sampler {
+            // No scheduler program ran: the sums are the sampler's.
+            let stats = &mut reading.stats;
+            stats.sched.add(&sampler.totals());
+            let (buckets, sum) = sampler.histogram();
+            for (into, n) in stats.runq_buckets.iter_mut().zip(buckets) {
+                *into += n;
+            }
+            stats.runq_sum_ns = stats.runq_sum_ns.wrapping_add(sum);
+        }
         let ws = &mut self.router.workloads;
         for (tgid, delta) in &reading.deltas {
             match ws.root_of(*tgid).and_then(|r| ws.by_root.get(&r)) {
@@ -239,6 +271,9 @@ impl Session {
         let discovery = self.tracking.discovery_period();
         let mut discover = tokio::time::interval(discovery.unwrap_or(Duration::from_secs(3600)));
         discover.tick().await;
+        let sample_period = self.sched_sampler.as_ref().map(|(_, p)| *p);
+        let mut sample = tokio::time::interval(sample_period.unwrap_or(Duration::from_secs(3600)));
+        sample.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut signals = match self.signals.take() {
             Some(s) => s,
             None => Signals::install()?,
@@ -263,6 +298,7 @@ impl Session {
                         break Stop::TargetExited;
                     }
                 }
+                _ = sample.tick(), if sample_period.is_some() => self.sample_sched(),
                 _ = discover.tick(), if discovery.is_some() => {
                     self.tracking.discover()?;
                     self.apply_changes();
@@ -278,6 +314,7 @@ impl Session {
             }
         };
         log::info!("stopping ({stop:?}): reading what the kernel sent before");
+        self.sample_sched();
         // Whatever the kernel sent before the stop still counts.
         for _ in 0..FINAL_DRAIN_TURNS {
             if self.drain(ring.get_mut())? {

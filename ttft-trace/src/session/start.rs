@@ -7,12 +7,13 @@ use anyhow::{Result, bail};
 
 use super::{LARGE_COPY_BYTES, Session, Signals, Stop};
 use crate::{
-    config::{AttachConfig, DaemonOptions, TraceConfig},
+    config::{AttachConfig, DaemonOptions, SchedSignals, TraceConfig},
     export::{Sinks, prometheus},
     judging::Judge,
     nvml::{self, Sampler},
     probes::{LoadConfig, Probes},
     routing::Router,
+    schedstat::SchedSampler,
     targets,
     tracking::{Discovery, Mode, Tracking, WaitFor},
 };
@@ -82,6 +83,7 @@ impl Session {
             large_copy_bytes: LARGE_COPY_BYTES,
             discover: matches!(mode, Mode::Daemon(_)),
             map_entries: cfg.map_entries.to_vec(),
+            sched_programs: cfg.sched == SchedSignals::Exact,
         })?;
         if let Some(path) = &cfg.jsonl {
             sinks.open_jsonl(path)?;
@@ -101,6 +103,16 @@ impl Session {
             started: Instant::now(),
             signals: Some(signals),
             record: Vec::new(),
+            sched_sampler: match cfg.sched {
+                SchedSignals::Exact => None,
+                SchedSignals::Sampled { period } => {
+                    log::info!(
+                        "scheduler spells: sampled from the traced threads' /proc schedstat \
+                         every {period:?} (no program on sched_switch)"
+                    );
+                    Some((SchedSampler::new(cfg.sched_min_ns), period))
+                }
+            },
         };
         Ok((s, listener))
     }
