@@ -33,6 +33,7 @@ type Guard = Option<Box<dyn std::any::Any>>;
 /// attribution of `class` on the requests `is_faulty` selects.
 fn scenario(
     class: &str,
+    tracer_args: &[&str],
     server_args: &[&str],
     load: &[&str],
     setup: impl FnOnce(&DemoServer) -> Result<Guard>,
@@ -44,7 +45,10 @@ fn scenario(
         server.pid.to_string(),
         "--interval".into(),
         "60".into(),
-    ];
+    ]
+    .into_iter()
+    .chain(tracer_args.iter().map(|a| a.to_string()))
+    .collect::<Vec<String>>();
     let mut tracer = Tracer::start(&args, 0)?;
     tracer.wait_for_stderr("following requests on port", 1, Duration::from_secs(30))?;
     let guard = setup(&server)?;
@@ -174,39 +178,11 @@ fn each_injected_cause_is_named() -> Result<()> {
     ] {
         let mut args = BASE.to_vec();
         args.extend(extra);
-        let s = scenario(class, &args, &load(fault), no_setup, has_fault(fault))?;
+        let s = scenario(class, &[], &args, &load(fault), no_setup, has_fault(fault))?;
         results.push((class, s));
     }
 
-    // CPU contention: the server shares one CPU with two busy processes; its
-    // tokenizer is CPU-bound (300 µs a token, ~155 ms a request), so losing
-    // two thirds of the CPU makes requests slow (~460 ms). Alone it is not
-    // slow.
-    let cpu_args = ["--output-tokens", "32", "--tokenize-us-per-token", "300"];
-    let cpu_load = twelve_at("2");
-    // Alone, one request at a time: at 2 the second waits for the first's
-    // tokens (~310 ms of the 350 ms objective), and CI saw 2 of 12 reach
-    // 367-386 ms while the load generator and tracer took their share of
-    // the 2 cores (named `cpu`, rightly: the server's threads were
-    // runnable and not running).
-    let alone_load = twelve_at("1");
-    let alone = scenario("cpu", &cpu_args, &alone_load, no_setup, |_| false)?;
-    assert_eq!(
-        alone.false_positives, 0,
-        "the CPU-bound server alone is not slow"
-    );
-    let hogged = scenario(
-        "cpu",
-        &cpu_args,
-        &cpu_load,
-        |server| {
-            let cpu = *faults::server_cpus()?.last().unwrap_or(&0);
-            faults::pin(server.pid, &[cpu])?;
-            Ok(Some(Box::new(CpuHog::start(&[cpu], 2)?)))
-        },
-        |c| c.ttft_s.is_some_and(|t| t > 0.35),
-    )?;
-    results.push(("cpu (hog)", hogged));
+    results.push(("cpu (hog)", cpu_contention(&[])?));
 
     // A clean run: no request is named slow, none sees retransmits.
     let clean_load = [
@@ -217,7 +193,7 @@ fn each_injected_cause_is_named() -> Result<()> {
         "--output-tokens",
         "32",
     ];
-    let clean = scenario("none", BASE, &clean_load, no_setup, |_| false)?;
+    let clean = scenario("none", &[], BASE, &clean_load, no_setup, |_| false)?;
     assert_eq!(
         clean.false_positives, 0,
         "clean run: no cause on any request"
@@ -227,6 +203,67 @@ fn each_injected_cause_is_named() -> Result<()> {
     for (class, s) in &results {
         assert_scored(class, s);
     }
+    Ok(())
+}
+
+/// CPU contention: the server shares one CPU with two busy processes; its
+/// tokenizer is CPU-bound (300 µs a token, ~155 ms a request), so losing
+/// two thirds of the CPU makes requests slow (~460 ms). Alone it is not
+/// slow (asserted here); returns the contended run's score.
+fn cpu_contention(tracer_args: &[&str]) -> Result<Scored> {
+    let cpu_args = ["--output-tokens", "32", "--tokenize-us-per-token", "300"];
+    let cpu_load = twelve_at("2");
+    // Alone, one request at a time: at 2 the second waits for the first's
+    // tokens (~310 ms of the 350 ms objective), and CI saw 2 of 12 reach
+    // 367-386 ms while the load generator and tracer took their share of
+    // the 2 cores (named `cpu`, rightly: the server's threads were
+    // runnable and not running).
+    let alone_load = twelve_at("1");
+    let alone = scenario("cpu", tracer_args, &cpu_args, &alone_load, no_setup, |_| {
+        false
+    })?;
+    assert_eq!(
+        alone.false_positives, 0,
+        "the CPU-bound server alone is not slow"
+    );
+    scenario(
+        "cpu",
+        tracer_args,
+        &cpu_args,
+        &cpu_load,
+        |server| {
+            let cpu = *faults::server_cpus()?.last().unwrap_or(&0);
+            faults::pin(server.pid, &[cpu])?;
+            Ok(Some(Box::new(CpuHog::start(&[cpu], 2)?)))
+        },
+        |c| c.ttft_s.is_some_and(|t| t > 0.35),
+    )
+}
+
+/// The `cpu` cause with no scheduler program at all (`--sched sampled`: the
+/// traced threads' /proc counters every 10 ms): the stalled tokenizer and
+/// the contended CPU are named from the sampled spells, as from the exact
+/// ones.
+#[test]
+fn cpu_is_named_from_the_sampled_scheduler_counters() -> Result<()> {
+    let Some(_g) = root_test("cpu_is_named_from_the_sampled_scheduler_counters") else {
+        return Ok(());
+    };
+    let sampled = ["--sched", "sampled"];
+    let mut args = BASE.to_vec();
+    args.extend(["--stall-ms", "400"]);
+    let fault = "tokenizer_stall";
+    let stall = scenario(
+        "cpu",
+        &sampled,
+        &args,
+        &load(fault),
+        no_setup,
+        has_fault(fault),
+    )?;
+    let hogged = cpu_contention(&sampled)?;
+    assert_scored("cpu (sampled)", &stall);
+    assert_scored("cpu (hog, sampled)", &hogged);
     Ok(())
 }
 
@@ -305,6 +342,7 @@ fn network_loss(timing: &[&str], server_extra: &[&str]) -> Result<()> {
     eprintln!("| --- | --- | --- | --- | --- |");
     let lossy = scenario(
         "network",
+        &[],
         &server,
         &load,
         |server| {

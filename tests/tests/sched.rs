@@ -2,8 +2,9 @@
 //! process agree with the kernel's own account of its threads
 //! (`/proc/PID/task/*/schedstat`), with each event hook: the default (the
 //! BTF switch program, wakeups read from the task's `sched_info`), the BTF
-//! programs with wakeup programs (kernels without `sched_info`), and the
-//! classic tracepoints.
+//! programs with wakeup programs (kernels without `sched_info`), the
+//! classic tracepoints, and with no scheduler program at all
+//! (`--sched sampled`: the threads' own counters, read every 10 ms).
 //!
 //! The process sleeps 10 ms and spins 5 ms in rounds, pinned to a CPU it
 //! shares with a busy process: every spin and every wakeup waits on the run
@@ -34,6 +35,19 @@ const ROUNDS: u32 = 100;
 /// reads of schedstat and the line printed after them).
 const SHARE: f64 = 0.02;
 const SLACK_NS: f64 = 2_000_000.0;
+/// The sampled source's line when it starts counting a process.
+const SAMPLING: &str = "scheduler counters: sampling";
+
+/// CLOCK_MONOTONIC, the tracer's clock, in ns.
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
 
 /// The kernel's account of the rounds, and the tracer's of the same time.
 struct Run {
@@ -41,6 +55,9 @@ struct Run {
     oncpu_ns: f64,
     runq_ns: f64,
     blocked_ns: f64,
+    /// From the tracer's start to the rounds' (the fixture asleep): the
+    /// sampled source counts that sleep from its first reading.
+    before_rounds_ns: f64,
     stderr: String,
 }
 
@@ -52,7 +69,7 @@ fn counter_ns(metrics: &str, name: &str) -> Option<f64> {
     })
 }
 
-fn run(event_hook: &str, cpu: usize) -> Result<Run> {
+fn run(event_hook: &str, extra: &[&str], cpu: usize) -> Result<Run> {
     let mut child = Command::new("python3")
         .arg(concat!(
             env!("CARGO_MANIFEST_DIR"),
@@ -88,13 +105,20 @@ fn run(event_hook: &str, cpu: usize) -> Result<Run> {
             "1".into(),
             "--listen".into(),
             listen.clone(),
-        ],
+        ]
+        .into_iter()
+        .chain(extra.iter().map(|a| a.to_string()))
+        .collect::<Vec<String>>(),
         1,
     );
     // SAFETY: as above.
     unsafe { std::env::remove_var(EVENT_HOOK_ENV) };
-    let tracer = tracer?;
-
+    let mut tracer = tracer?;
+    let sampled = extra.contains(&"sampled");
+    if sampled {
+        tracer.wait_for_stderr(SAMPLING, 1, Duration::from_secs(10))?;
+    }
+    let go_ns = monotonic_ns();
     stdin.write_all(b"go\n")?;
     line.clear();
     out.read_line(&mut line)?;
@@ -110,11 +134,25 @@ fn run(event_hook: &str, cpu: usize) -> Result<Run> {
     drop(stdin);
     let trace = tracer.interrupt(Duration::from_secs(30))?;
     assert!(trace.success, "{}", trace.stderr);
+    // The sampled source counts the fixture's sleep before the rounds from
+    // its first reading, which its log line dates.
+    let before_rounds_ns = if sampled {
+        let from: u64 = trace
+            .stderr
+            .lines()
+            .find(|l| l.contains(SAMPLING) && l.contains(&format!("process {pid} ")))
+            .and_then(|l| l.split(" from ").nth(1)?.split(' ').next()?.parse().ok())
+            .with_context(|| format!("no sampling line for {pid}:\n{}", trace.stderr))?;
+        go_ns.saturating_sub(from) as f64
+    } else {
+        0.0
+    };
     Ok(Run {
         truth,
         oncpu_ns,
         runq_ns,
         blocked_ns,
+        before_rounds_ns,
         stderr: trace.stderr,
     })
 }
@@ -154,8 +192,15 @@ fn check(hook: &str, run: &Run) {
         ("blocked", run.blocked_ns, blocked),
     ] {
         let bound = SHARE * kernel + SLACK_NS;
+        // The sampled source knows the sleep before the rounds from its
+        // first reading (the others from the thread's first switch).
+        let early = if what == "blocked" && hook == "sampled" {
+            run.before_rounds_ns
+        } else {
+            0.0
+        };
         assert!(
-            (traced - kernel).abs() <= bound,
+            traced - kernel <= bound + early && kernel - traced <= bound,
             "{hook}: {what} {:.2} ms traced, {:.2} ms by the kernel (at most {:.2} ms apart)\n{}",
             ms(traced),
             ms(kernel),
@@ -171,12 +216,33 @@ fn scheduler_times_agree_with_the_kernels_schedstat() -> Result<()> {
         return Ok(());
     };
     let cpu = *faults::server_cpus()?.last().unwrap_or(&0);
-    for (hook, log) in [
-        ("btf", "wakeups: read from the woken task's sched_info"),
-        ("btf-wakeups", "wakeups: BTF tracepoints sched_wakeup"),
-        ("tracepoints", "event hook: classic tracepoints"),
+    for (hook, env, extra, log) in [
+        (
+            "btf",
+            "btf",
+            &[][..],
+            "wakeups: read from the woken task's sched_info",
+        ),
+        (
+            "btf-wakeups",
+            "btf-wakeups",
+            &[],
+            "wakeups: BTF tracepoints sched_wakeup",
+        ),
+        (
+            "tracepoints",
+            "tracepoints",
+            &[],
+            "event hook: classic tracepoints",
+        ),
+        (
+            "sampled",
+            "btf",
+            &["--sched", "sampled"],
+            "scheduler spells: sampled from the traced threads' /proc schedstat",
+        ),
     ] {
-        let run = run(hook, cpu)?;
+        let run = run(env, extra, cpu)?;
         assert!(run.stderr.contains(log), "{hook}: {}", run.stderr);
         check(hook, &run);
     }

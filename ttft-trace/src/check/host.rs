@@ -420,7 +420,33 @@ fn load_and_fire(tracefs_ok: bool) -> Vec<Item> {
             format!("run as root, or grant {CAP_SYS_ADMIN} ({UNIT_HINT})"),
         ),
     };
-    vec![load, hook, events, segments, fire]
+    vec![load, hook, events, segments, sched_source_item(), fire]
+}
+
+/// The two scheduler sources and what each costs the host; whether this
+/// kernel shows the counters the sampled one reads.
+fn sched_source_item() -> Item {
+    let own = format!("/proc/self/task/{}/schedstat", std::process::id());
+    let readable = std::fs::read(&own)
+        .ok()
+        .and_then(|b| crate::schedstat::parse(&b))
+        .is_some();
+    let text = "--sched exact (default): every context switch on the host runs the switch \
+                program (about one BPF dispatch each, the README's cost table); --sched \
+                sampled: no program on any switch, the traced threads' /proc schedstat read \
+                every --sched-sample-ms";
+    if readable {
+        Item::ok(
+            "scheduler source",
+            format!("{text} (readable on this kernel)"),
+        )
+    } else {
+        Item::warn(
+            "scheduler source",
+            format!("{text}: {own} does not read here, so only exact is available"),
+            "a kernel with CONFIG_SCHED_INFO (CONFIG_SCHEDSTATS or CONFIG_TASK_DELAY_ACCT)",
+        )
+    }
 }
 
 /// How the per-event programs are attached, and what that costs tasks the

@@ -446,7 +446,15 @@ impl Probes {
             attach_tracepoint(&mut ebpf, name, category, tracepoint)?;
             tracepoints += 1;
         }
-        log::info!("event hook: {}", event_hook.describe());
+        if cfg.sched_programs {
+            log::info!("event hook: {}", event_hook.describe());
+        } else {
+            log::info!(
+                "event hook: no scheduler program (--sched sampled: sched_switch and the wakeups \
+                 are not attached); the others as in: {}",
+                event_hook.describe()
+            );
+        }
         if send_hook == SendHook::Syscalls {
             for &(name, tracepoint) in SYSCALL_SEND_TRACEPOINTS {
                 attach_tracepoint(&mut ebpf, name, "syscalls", tracepoint)?;

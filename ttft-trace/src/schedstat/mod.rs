@@ -102,6 +102,7 @@ impl SchedSampler {
             let Ok(dir) = std::fs::read_dir(format!("/proc/{tgid}/task")) else {
                 continue;
             };
+            let before = self.threads.len();
             for entry in dir.flatten() {
                 let Some(tid) = entry.file_name().to_str().and_then(|s| s.parse().ok()) else {
                     continue;
@@ -109,6 +110,15 @@ impl SchedSampler {
                 if !self.threads.contains_key(&tid) {
                     self.open(tgid, tid, known, now_ns);
                 }
+            }
+            if !known {
+                // The moment its spells are counted from, on the tracer's
+                // clock (tests compare it with the target's own account).
+                log::info!(
+                    "scheduler counters: sampling {} threads of process {tgid} from {now_ns} ns \
+                     (CLOCK_MONOTONIC)",
+                    self.threads.len() - before
+                );
             }
         }
     }

@@ -52,6 +52,11 @@ pub struct ThreadSpells {
     /// End of the last spell placed (the first reading at first): no spell
     /// starts before it.
     placed_to: u64,
+    /// Time the counters showed beyond the room between readings (a
+    /// reading taken a little after its time stamp, a wait counted as
+    /// sleep until the kernel added it at the arrival): taken off the next
+    /// sleep, so that the sums stay the kernel's.
+    debt: u64,
 }
 
 impl ThreadSpells {
@@ -62,6 +67,7 @@ impl ThreadSpells {
             tid,
             last: first,
             placed_to: first.t_ns,
+            debt: 0,
         }
     }
 
@@ -90,24 +96,6 @@ impl ThreadSpells {
         }
         let t = now.t_ns;
         let from = self.placed_to.min(t);
-        let on_start = t.saturating_sub(ran).max(from);
-        let (runq_start, blocked_to) = if arrivals == 0 {
-            // Ran on since it last got the CPU (a wait without a new
-            // arrival is one moved between run queues: it ends now).
-            if ran == 0 {
-                (t.saturating_sub(waited).max(from), from)
-            } else {
-                (on_start, on_start)
-            }
-        } else {
-            let s = on_start.saturating_sub(waited).max(from);
-            (s, s)
-        };
-        let runq_end = if arrivals == 0 && ran == 0 {
-            t
-        } else {
-            on_start
-        };
         let switches = arrivals.max(1);
         let mut push = |what: u32, start: u64, end: u64| {
             if end > start && (end - start) / switches >= min_ns {
@@ -121,15 +109,46 @@ impl ThreadSpells {
                 });
             }
         };
-        let blocked = if arrivals > 0 {
-            blocked_to.saturating_sub(from)
+        let room = t - from;
+        let blocked;
+        if arrivals == 0 && waited == 0 {
+            // No arrival, no wait: it was on the CPU as the period began
+            // and ran on from there; what follows its run is told at its
+            // next arrival (asleep, or waiting: the kernel adds a wait
+            // then).
+            self.debt += ran.saturating_sub(room);
+            let on_end = from + ran.min(room);
+            push(SCHED_ONCPU, from, on_end);
+            self.placed_to = on_end;
+            blocked = 0;
         } else {
-            0
-        };
-        push(SCHED_BLOCKED, from, from + blocked);
-        push(SCHED_RUNQ, runq_start, runq_end);
-        push(SCHED_ONCPU, on_start, if ran > 0 { t } else { on_start });
-        self.placed_to = t;
+            // Off the CPU at some point: the room not run nor waited is
+            // sleep, less what earlier readings overran.
+            let slept = room.saturating_sub(ran + waited);
+            self.debt += (ran + waited).saturating_sub(room);
+            blocked = slept.saturating_sub(self.debt);
+            self.debt -= slept - blocked;
+            if arrivals == 0 {
+                // A wait without an arrival: one that ended off the CPU
+                // (moved to another run queue, or a sleeper the kernel kept
+                // queued and took off): ran on first, asleep, then the
+                // wait up to now.
+                let on_end = from + ran.min(room);
+                let runq_start = t.saturating_sub(waited).max(on_end);
+                push(SCHED_ONCPU, from, on_end);
+                push(SCHED_BLOCKED, on_end, on_end + blocked);
+                push(SCHED_RUNQ, runq_start, t);
+            } else {
+                // Asleep, woken and waiting, then on the CPU up to the
+                // reading.
+                let on_start = t - ran.min(room);
+                let runq_start = on_start.saturating_sub(waited).max(from + blocked);
+                push(SCHED_BLOCKED, from, from + blocked);
+                push(SCHED_RUNQ, runq_start, on_start);
+                push(SCHED_ONCPU, on_start, t);
+            }
+            self.placed_to = t;
+        }
         step.totals = SchedTotals {
             oncpu_ns: ran,
             runq_ns: waited,
@@ -215,10 +234,35 @@ mod tests {
             spells(&t.advance(r(10, 10, 0, 1), MS)),
             vec![(SCHED_ONCPU, 0, 10)]
         );
-        // The kernel adds run time at ticks: 6 of 10 ms shown, placed last.
+        // Ran 6 ms on, then slept (or waits): the run comes first...
         assert_eq!(
             spells(&t.advance(r(20, 16, 0, 1), MS)),
-            vec![(SCHED_ONCPU, 14, 20)]
+            vec![(SCHED_ONCPU, 10, 16)]
+        );
+        // ...and the sleep is told at its wakeup: 16 to 27, then 1 ms of
+        // waiting and 2 ms on the CPU.
+        assert_eq!(
+            spells(&t.advance(r(30, 18, 1, 2), MS)),
+            vec![
+                (SCHED_BLOCKED, 16, 27),
+                (SCHED_RUNQ, 27, 28),
+                (SCHED_ONCPU, 28, 30)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_reading_that_overran_its_stamp_is_taken_off_the_next_sleep() {
+        let mut t = ThreadSpells::new(1, 2, r(0, 0, 0, 0));
+        // Stamped at 10, read at 11: 11 ms of run and wait in 10 ms.
+        let step = t.advance(r(10, 6, 5, 1), MS);
+        assert_eq!(step.totals.blocked_ns, 0);
+        // The next: 10 ms, 2 of them run, 8 off (1 of it the overrun).
+        let step = t.advance(r(20, 8, 5, 2), MS);
+        assert_eq!(step.totals.blocked_ns, 7 * MS);
+        assert_eq!(
+            spells(&step),
+            vec![(SCHED_BLOCKED, 10, 17), (SCHED_ONCPU, 18, 20)]
         );
     }
 
@@ -247,17 +291,33 @@ mod tests {
         assert_eq!(t.advance(r(10, 1, 1, 1), MS), Step::default());
         assert_eq!(
             spells(&t.advance(r(20, 3, 1, 1), MS)),
-            vec![(SCHED_ONCPU, 18, 20)]
+            vec![(SCHED_ONCPU, 10, 12)]
         );
         // An earlier time is refused the same way.
         assert_eq!(t.advance(r(5, 4, 1, 1), MS), Step::default());
     }
 
     #[test]
-    fn a_wait_moved_between_run_queues_ends_at_the_reading() {
+    fn a_wait_without_an_arrival_ends_at_the_reading_after_a_sleep() {
         let mut t = ThreadSpells::new(1, 2, r(0, 0, 0, 0));
         let step = t.advance(r(10, 0, 4, 0), MS);
-        assert_eq!(spells(&step), vec![(SCHED_RUNQ, 6, 10)]);
-        assert_eq!(step.totals.runq_count, 0);
+        assert_eq!(
+            spells(&step),
+            vec![(SCHED_BLOCKED, 0, 6), (SCHED_RUNQ, 6, 10)]
+        );
+        assert_eq!(
+            (step.totals.runq_count, step.totals.blocked_ns),
+            (0, 6 * MS)
+        );
+        // Ran 2 ms first, then slept, then the wait.
+        let step = t.advance(r(20, 2, 7, 0), MS);
+        assert_eq!(
+            spells(&step),
+            vec![
+                (SCHED_ONCPU, 10, 12),
+                (SCHED_BLOCKED, 12, 17),
+                (SCHED_RUNQ, 17, 20)
+            ]
+        );
     }
 }
