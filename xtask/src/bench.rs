@@ -14,6 +14,8 @@
 //! - what a process outside the traced tree that maps the same CUDA
 //!   libraries pays per launch (see [`crate::neighbour`]), checked against
 //!   the host tax's +5 %;
+//! - the daemon's cost of `--sched sampled` per traced thread (the
+//!   `schedstat` bench of the ttft-trace crate);
 //! - the tracer's RSS and CPU with 10 000 followed streaming connections
 //!   (see [`crate::scale`]), checked against 64 MiB and no event lost; also
 //!   alone with `--only scale`.
@@ -246,6 +248,22 @@ pub fn bench(quick: bool, only: Option<Part>) -> Result<()> {
             .unwrap_or(f64::NAN),
         discovery["cold_pass_ms"].as_f64().unwrap_or(f64::NAN),
     );
+    let sampler = output(Command::new("cargo").current_dir(&root).args([
+        "bench",
+        "-q",
+        "-p",
+        "ttft-trace",
+        "--bench",
+        "schedstat",
+    ]))?;
+    let sampler: Value = serde_json::from_str(sampler.lines().last().unwrap_or("{}"))?;
+    println!(
+        "--sched sampled: {} ns per traced thread and reading ({} threads: {:.2} % of a core at \
+         the 10 ms period)",
+        sampler["ns_per_thread_read"],
+        sampler["threads"],
+        sampler["core_share_at_10ms"].as_f64().unwrap_or(f64::NAN) * 100.0
+    );
     let (scale, scale_failures) = scale::run(&root, &scale::FULL)?;
     write_result(&root, "scale.json", &scale)?;
     tax_failures.extend(scale_failures);
@@ -256,6 +274,7 @@ pub fn bench(quick: bool, only: Option<Part>) -> Result<()> {
         "neighbour_launch": neighbour,
         "userspace_pipeline": pipeline,
         "daemon_discovery": discovery,
+        "sched_sampler": sampler,
         "launch_traps": launch_traps, "event_rate": rates,
     });
     write_result(&root, "results.json", &results)?;
