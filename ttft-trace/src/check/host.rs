@@ -431,10 +431,10 @@ fn sched_source_item() -> Item {
         .ok()
         .and_then(|b| crate::schedstat::parse(&b))
         .is_some();
-    let text = "--sched sampled (default): no program on any context switch, the traced \
-                threads' /proc schedstat read every --sched-sample-ms; --sched exact: every \
-                context switch on the host runs the switch program (about one BPF dispatch \
-                each, the README's cost table)";
+    let text = "--sched exact (default): every context switch on the host runs the switch \
+                program (about one BPF dispatch each, the README's cost table); --sched \
+                sampled: no program on any switch, the traced threads' /proc schedstat read \
+                every --sched-sample-ms";
     if readable {
         Item::ok(
             "scheduler source",
@@ -443,9 +443,8 @@ fn sched_source_item() -> Item {
     } else {
         Item::warn(
             "scheduler source",
-            format!("{text}: {own} does not read here, so run with --sched exact"),
-            "a kernel with CONFIG_SCHED_INFO (CONFIG_SCHEDSTATS or CONFIG_TASK_DELAY_ACCT), or \
-             --sched exact",
+            format!("{text}: {own} does not read here, so only exact is available"),
+            "a kernel with CONFIG_SCHED_INFO (CONFIG_SCHEDSTATS or CONFIG_TASK_DELAY_ACCT)",
         )
     }
 }
