@@ -373,7 +373,8 @@ fn a_gpu_worker_started_after_attach_is_followed() -> Result<()> {
 }
 
 /// Accuracy of the client-TTFT estimate (first token acknowledged − request
-/// segment arrived) against the client's own TTFT, without and with 20 % of
+/// segment arrived) against the client's own TTFT (less its start: its send
+/// stamp to the request's segment), without and with 20 % of
 /// the server's packets lost. The estimate stands for the client's two
 /// one-way trips with the server's (request in, ACK out) and for the
 /// client's read with its ACK: within 2 ms + 2 % of the client's TTFT per
@@ -420,10 +421,24 @@ fn client_ttft_estimate_agrees_with_the_clients_own() -> Result<()> {
                 continue;
             };
             let est = est as f64 / 1e6;
+            // The estimate begins at the request's segment; the client's
+            // own start, from its send stamp (CLOCK_MONOTONIC, the tracer's
+            // clock) to that segment, is taken out as in the other client
+            // comparisons (CI saw 3.8 ms of it in one request).
+            let sent = c.t_send.context("t_send")?;
+            let start = match t["t_request_segment_ns"].as_u64() {
+                Some(seg) => {
+                    assert!(seg >= sent, "segment before the client's send {sent}: {t}");
+                    (seg - sent) as f64 / 1e6
+                }
+                None => 0.0,
+            };
+            let ct = ct - start;
             let bound = 2.0 + 0.02 * ct;
             assert!(
                 (est - ct).abs() <= bound,
-                "estimate {est:.3} ms vs client {ct:.3} ms (bound {bound:.3}): {t}"
+                "estimate {est:.3} ms vs client {ct:.3} ms less its start {start:.3} ms (bound \
+                 {bound:.3}): {t}"
             );
             client.push(ct);
             err.push(est - ct);
