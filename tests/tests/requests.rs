@@ -194,14 +194,7 @@ fn traced_ttft_agrees_with_the_clients_own() -> Result<()> {
             // its start, from its send stamp to the request's segment, is
             // its own (the tracer measures it apart); and it cannot read
             // the first token before the server sent it.
-            let sent = cl.t_send.context("t_send")?;
-            let start = match tr["t_request_segment_ns"].as_u64() {
-                Some(seg) => {
-                    assert!(seg >= sent, "segment before the client's send {sent}: {tr}");
-                    (seg - sent) as f64 / 1e6
-                }
-                None => 0.0,
-            };
+            let start = client_start_ms(cl.t_send.context("t_send")?, tr);
             if let (Some(read), Some(ft)) = (cl.t_first_token, tr["t_first_token_ns"].as_u64()) {
                 assert!(read >= ft, "first token read at {read}, sent at {ft}: {tr}");
             }
@@ -372,6 +365,22 @@ fn a_gpu_worker_started_after_attach_is_followed() -> Result<()> {
     Ok(())
 }
 
+/// The client's start, in ms: from its send stamp `sent` (CLOCK_MONOTONIC,
+/// the tracer's clock) to the request's first segment at the server, which
+/// cannot come before it; 0 without a segment.
+fn client_start_ms(sent: u64, traced: &Value) -> f64 {
+    match traced["t_request_segment_ns"].as_u64() {
+        Some(seg) => {
+            assert!(
+                seg >= sent,
+                "segment before the client's send {sent}: {traced}"
+            );
+            (seg - sent) as f64 / 1e6
+        }
+        None => 0.0,
+    }
+}
+
 /// Accuracy of the client-TTFT estimate (first token acknowledged − request
 /// segment arrived) against the client's own TTFT (less its start: its send
 /// stamp to the request's segment), without and with 20 % of
@@ -425,14 +434,7 @@ fn client_ttft_estimate_agrees_with_the_clients_own() -> Result<()> {
             // own start, from its send stamp (CLOCK_MONOTONIC, the tracer's
             // clock) to that segment, is taken out as in the other client
             // comparisons (CI saw 3.8 ms of it in one request).
-            let sent = c.t_send.context("t_send")?;
-            let start = match t["t_request_segment_ns"].as_u64() {
-                Some(seg) => {
-                    assert!(seg >= sent, "segment before the client's send {sent}: {t}");
-                    (seg - sent) as f64 / 1e6
-                }
-                None => 0.0,
-            };
+            let start = client_start_ms(c.t_send.context("t_send")?, t);
             let ct = ct - start;
             let bound = 2.0 + 0.02 * ct;
             assert!(
