@@ -14,6 +14,14 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use serde::Deserialize;
 
+/// What the tracer's line for a library whose uprobes are in place holds
+/// ("[INFO  ttft_trace::export] attached 11 probes to PATH"): the message
+/// begins with it. A bare "attached" also matched other lines (the probe
+/// log's "... are not attached" under `--sched sampled` did): a workload
+/// continued on one ran before its uprobes, and its first episodes, or the
+/// whole of a short one, were missed.
+pub const ATTACHED: &str = "] attached ";
+
 /// Tracer tests run one at a time: they measure timing on a 2-core machine.
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -134,10 +142,8 @@ impl TraceOutput {
 impl Tracer {
     /// Starts `ttft-trace attach` with `args` (plus --jsonl and --no-listen
     /// unless a --listen is given) and waits until it reports `ready_after`
-    /// "attached" lines (0: do not wait): one per library, when its uprobes
-    /// are in place. No other line of the tracer's may say "attached" (the
-    /// load line did: a workload continued on it ran before its uprobes,
-    /// and the first episodes were missed).
+    /// [`ATTACHED`] lines (0: do not wait): one per library, when its
+    /// uprobes are in place.
     pub fn start(args: &[String], ready_after: usize) -> Result<Self> {
         Self::start_with_env(args, ready_after, &[])
     }
@@ -151,7 +157,7 @@ impl Tracer {
     ) -> Result<Self> {
         let mut t = Self::spawn("attach", args, env)?;
         if ready_after > 0 {
-            t.wait_for_stderr("attached", ready_after, Duration::from_secs(30))?;
+            t.wait_for_stderr(ATTACHED, ready_after, Duration::from_secs(30))?;
             // Attach lines are logged as each library is done; give the last
             // one's uprobes a moment to be installed in the target.
             thread::sleep(Duration::from_millis(50));

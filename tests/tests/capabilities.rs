@@ -13,7 +13,7 @@ use std::{
 use anyhow::{Result, bail};
 use ttft_trace_tests::{
     fixtures::{self, Style, Workload},
-    tracer::{root_test, spawn_piped, tracer_bin},
+    tracer::{ATTACHED, root_test, spawn_piped, tracer_bin},
 };
 
 const UNIT: &str = include_str!("../../deploy/systemd/ttft-trace.service");
@@ -79,7 +79,7 @@ fn attach_under(caps: &[String], uid: Option<u32>) -> Result<(bool, String, u64)
     let deadline = Instant::now() + Duration::from_secs(30);
     while stderr
         .iter()
-        .filter(|l: &&String| l.contains("attached"))
+        .filter(|l: &&String| l.contains(ATTACHED))
         .count()
         < 2
         && tracer.try_wait()?.is_none()

@@ -448,10 +448,14 @@ fn library_loaded_after_attach_wait() -> Result<()> {
         .episodes(60)
         .gap_us(5000)
         .truth(&truth_path)
-        .spawn_guarded()?;
+        .spawn_stopped()?;
     let args = vec!["--pid".to_string(), child.id().to_string(), "--wait".into()];
     let mut tracer = Tracer::start(&args, 0)?;
-    tracer.wait_for_stderr("waiting for pid", 1, Duration::from_secs(10))?;
+    // Held until the tracer waits: its start-up (about 0.9 s of probe
+    // loading here, more under load) could otherwise outlast the delay,
+    // and the library be mapped before the tracer looked.
+    tracer.wait_for_stderr("waiting for pid", 1, Duration::from_secs(30))?;
+    fixtures::cont(child.id())?;
     child.wait_timeout(Duration::from_secs(30))?;
     let out = tracer.finish(Duration::from_secs(20))?;
     assert!(out.success, "{}", out.stderr);

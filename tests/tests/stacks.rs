@@ -24,7 +24,7 @@ use ttft_trace_tests::{
     demo::read_jsonl,
     faults::{self, PacketLoss},
     fixtures::{self, cache_dir},
-    tracer::{Tracer, root_test},
+    tracer::{ATTACHED, Tracer, root_test},
 };
 
 /// Requests per stack (a third per client kind) and tokens per response.
@@ -370,7 +370,7 @@ fn traced_run(stack: &str, cudart: &Path, load: &Load) -> Result<Option<Run>> {
     let mut tracer = Tracer::start(&args, 0)?;
     tracer.wait_for_stderr("following requests on port", 1, Duration::from_secs(30))?;
     // The stub runtime and its driver.
-    tracer.wait_for_stderr("attached", 2, Duration::from_secs(30))?;
+    tracer.wait_for_stderr(ATTACHED, 2, Duration::from_secs(30))?;
     let port_s = port.to_string();
     ensure!(
         tracer

@@ -451,7 +451,7 @@ impl Probes {
         } else {
             log::info!(
                 "event hook: no scheduler program (--sched sampled: sched_switch and the wakeups \
-                 are not attached); the others as in: {}",
+                 get none); the others as in: {}",
                 event_hook.describe()
             );
         }
