@@ -240,30 +240,29 @@ fn cpu_contention(tracer_args: &[&str]) -> Result<Scored> {
     )
 }
 
-/// The `cpu` cause with no scheduler program at all (`--sched sampled`: the
-/// traced threads' /proc counters every 10 ms): the stalled tokenizer and
-/// the contended CPU are named from the sampled spells, as from the exact
-/// ones.
+/// The `cpu` cause from the exact scheduler source (`--sched exact`: the
+/// switch program's spells, to the nanosecond) as from the default sampled
+/// one: the stalled tokenizer and the contended CPU are named.
 #[test]
-fn cpu_is_named_from_the_sampled_scheduler_counters() -> Result<()> {
-    let Some(_g) = root_test("cpu_is_named_from_the_sampled_scheduler_counters") else {
+fn cpu_is_named_from_the_exact_scheduler_source() -> Result<()> {
+    let Some(_g) = root_test("cpu_is_named_from_the_exact_scheduler_source") else {
         return Ok(());
     };
-    let sampled = ["--sched", "sampled"];
+    let exact = ["--sched", "exact"];
     let mut args = BASE.to_vec();
     args.extend(["--stall-ms", "400"]);
     let fault = "tokenizer_stall";
     let stall = scenario(
         "cpu",
-        &sampled,
+        &exact,
         &args,
         &load(fault),
         no_setup,
         has_fault(fault),
     )?;
-    let hogged = cpu_contention(&sampled)?;
-    assert_scored("cpu (sampled)", &stall);
-    assert_scored("cpu (hog, sampled)", &hogged);
+    let hogged = cpu_contention(&exact)?;
+    assert_scored("cpu (exact)", &stall);
+    assert_scored("cpu (hog, exact)", &hogged);
     Ok(())
 }
 

@@ -1,10 +1,11 @@
 //! Root-only: the tracer's on-CPU, run-queue and blocked time of a traced
 //! process agree with the kernel's own account of its threads
-//! (`/proc/PID/task/*/schedstat`), with each event hook: the default (the
-//! BTF switch program, wakeups read from the task's `sched_info`), the BTF
-//! programs with wakeup programs (kernels without `sched_info`), the
-//! classic tracepoints, and with no scheduler program at all
-//! (`--sched sampled`: the threads' own counters, read every 10 ms).
+//! (`/proc/PID/task/*/schedstat`), from each scheduler source: the default
+//! (`--sched sampled`, no scheduler program: the threads' own counters,
+//! read every 10 ms), and `--sched exact` with each event hook: the BTF
+//! switch program (wakeups read from the task's `sched_info`), the BTF
+//! programs with wakeup programs (kernels without `sched_info`), and the
+//! classic tracepoints.
 //!
 //! The process sleeps 10 ms and spins 5 ms in rounds, pinned to a CPU it
 //! shares with a busy process: every spin and every wakeup waits on the run
@@ -114,7 +115,7 @@ fn run(event_hook: &str, extra: &[&str], cpu: usize) -> Result<Run> {
     // SAFETY: as above.
     unsafe { std::env::remove_var(EVENT_HOOK_ENV) };
     let mut tracer = tracer?;
-    let sampled = extra.contains(&"sampled");
+    let sampled = !extra.contains(&"exact");
     if sampled {
         tracer.wait_for_stderr(SAMPLING, 1, Duration::from_secs(10))?;
     }
@@ -220,25 +221,25 @@ fn scheduler_times_agree_with_the_kernels_schedstat() -> Result<()> {
         (
             "btf",
             "btf",
-            &[][..],
+            &["--sched", "exact"][..],
             "wakeups: read from the woken task's sched_info",
         ),
         (
             "btf-wakeups",
             "btf-wakeups",
-            &[],
+            &["--sched", "exact"],
             "wakeups: BTF tracepoints sched_wakeup",
         ),
         (
             "tracepoints",
             "tracepoints",
-            &[],
+            &["--sched", "exact"],
             "event hook: classic tracepoints",
         ),
         (
             "sampled",
             "btf",
-            &["--sched", "sampled"],
+            &[],
             "scheduler spells: sampled from the traced threads' /proc schedstat",
         ),
     ] {

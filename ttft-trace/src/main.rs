@@ -64,9 +64,12 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
+    // One thread: the session is one loop, and /metrics is served between
+    // its turns (each a few milliseconds at most). A second worker only
+    // added hand-offs to every timer wakeup (four futex calls a tick):
+    // 20 % of the tracer's own CPU (see README, "Scheduler spells, sampled").
     let rt = || {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
+        tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
     };

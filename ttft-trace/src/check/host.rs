@@ -426,15 +426,12 @@ fn load_and_fire(tracefs_ok: bool) -> Vec<Item> {
 /// The two scheduler sources and what each costs the host; whether this
 /// kernel shows the counters the sampled one reads.
 fn sched_source_item() -> Item {
-    let own = format!("/proc/self/task/{}/schedstat", std::process::id());
-    let readable = std::fs::read(&own)
-        .ok()
-        .and_then(|b| crate::schedstat::parse(&b))
-        .is_some();
-    let text = "--sched exact (default): every context switch on the host runs the switch \
-                program (about one BPF dispatch each, the README's cost table); --sched \
-                sampled: no program on any switch, the traced threads' /proc schedstat read \
-                every --sched-sample-ms";
+    let own = crate::schedstat::own_file();
+    let readable = crate::schedstat::readable();
+    let text = "--sched sampled (default): no program on any context switch, the traced \
+                threads' /proc schedstat read every --sched-sample-ms; --sched exact: every \
+                context switch on the host runs the switch program (about one BPF dispatch \
+                each, the README's cost table)";
     if readable {
         Item::ok(
             "scheduler source",
@@ -443,8 +440,9 @@ fn sched_source_item() -> Item {
     } else {
         Item::warn(
             "scheduler source",
-            format!("{text}: {own} does not read here, so only exact is available"),
-            "a kernel with CONFIG_SCHED_INFO (CONFIG_SCHEDSTATS or CONFIG_TASK_DELAY_ACCT)",
+            format!("{text}: {own} does not read here, so the tracer falls back to --sched exact"),
+            "a kernel with CONFIG_SCHED_INFO (CONFIG_SCHEDSTATS or CONFIG_TASK_DELAY_ACCT), or \
+             --sched exact",
         )
     }
 }

@@ -90,11 +90,12 @@ impl KernelMaps {
 pub enum SchedSource {
     /// A program on `sched_switch`: every spell, to the nanosecond; every
     /// context switch on the host runs it (about one BPF dispatch each).
-    #[default]
     Exact,
     /// No scheduler program: the traced threads' counters in
     /// `/proc/PID/task/TID/schedstat`, read every `sched_sample_ms`; spells
     /// placed to the sampling period. Other tasks' switches pay nothing.
+    /// The default: a root daemon on a shared host taxes no one else.
+    #[default]
     Sampled,
 }
 
@@ -173,7 +174,7 @@ impl Default for DaemonConfig {
             jsonl: None,
             slo_ms: 350,
             sched_min_us: 1000,
-            sched: SchedSource::Exact,
+            sched: SchedSource::Sampled,
             sched_sample_ms: 10,
             ringbuf_bytes: 1 << 22,
             interval_s: 60.0,

@@ -116,11 +116,11 @@ pub struct DaemonArgs {
 /// Options both modes take with the same meaning.
 #[derive(clap::Args)]
 pub struct CommonArgs {
-    /// Where the traced threads' scheduler intervals come from: `exact` (a
-    /// program on every context switch of the host) or `sampled` (their
-    /// `/proc` schedstat counters every --sched-sample-ms; no program on
-    /// switches, so other tasks pay nothing). Default: the settings file's
-    /// `sched`, else exact.
+    /// Where the traced threads' scheduler intervals come from: `sampled`
+    /// (their `/proc` schedstat counters every --sched-sample-ms; no
+    /// program on switches, so other tasks pay nothing) or `exact` (a
+    /// program on every context switch of the host: spells to the
+    /// nanosecond). Default: the settings file's `sched`, else sampled.
     #[arg(long, value_name = "SOURCE")]
     pub sched: Option<SchedSource>,
     /// Period of `--sched sampled`, in milliseconds (default 10).

@@ -61,6 +61,22 @@ pub fn parse(line: &[u8]) -> Option<(u64, u64, u64)> {
     Some((it.next()??, it.next()??, it.next()??))
 }
 
+/// This thread's own counters file: whether it reads tells whether the
+/// kernel keeps the counters (CONFIG_SCHED_INFO).
+pub fn own_file() -> String {
+    // SAFETY: gettid takes no arguments and cannot fail.
+    let tid = unsafe { libc::gettid() };
+    format!("/proc/self/task/{tid}/schedstat")
+}
+
+/// Whether this kernel shows the counters the sampler reads.
+pub fn readable() -> bool {
+    std::fs::read(own_file())
+        .ok()
+        .and_then(|b| parse(&b))
+        .is_some()
+}
+
 impl SchedSampler {
     /// Spells shorter than `min_ns` are summed only (as the exact source does).
     pub fn new(min_ns: u64) -> Self {
@@ -227,7 +243,7 @@ fn raise_file_limit() {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::monotonic_ns;
+    use crate::clock::{monotonic_ns, thread_cpu_ns};
 
     #[test]
     fn schedstat_lines_parse_and_junk_is_refused() {
@@ -245,22 +261,33 @@ mod tests {
         let mut s = SchedSampler::new(1_000_000);
         s.track([me], monotonic_ns());
         assert!(s.threads() >= 1);
-        let busy = std::thread::spawn(|| {
-            let end = std::time::Instant::now() + std::time::Duration::from_millis(30);
-            let mut x = 0u64;
-            while std::time::Instant::now() < end {
-                x = x.wrapping_add(1);
+        // Spins for 30 ms of its own CPU time (not of wall time: on a
+        // loaded machine it waits for the CPU too), then sleeps, so that
+        // its spin is read before it exits.
+        let spun = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let busy = std::thread::spawn({
+            let spun = spun.clone();
+            move || {
+                let mut x = 0u64;
+                while thread_cpu_ns() < 30_000_000 {
+                    x = x.wrapping_add(1);
+                }
+                std::hint::black_box(x);
+                spun.store(true, std::sync::atomic::Ordering::SeqCst);
+                std::thread::sleep(std::time::Duration::from_millis(50));
             }
-            std::hint::black_box(x);
-            std::thread::sleep(std::time::Duration::from_millis(20));
         });
         // Born after the first listing: counted from its birth.
         std::thread::sleep(std::time::Duration::from_millis(5));
         s.track([me], monotonic_ns());
         let mut spells = Vec::new();
-        for _ in 0..8 {
+        let mut after = 0;
+        while after < 2 {
             std::thread::sleep(std::time::Duration::from_millis(10));
             s.sample(monotonic_ns(), |e| spells.push(*e));
+            if spun.load(std::sync::atomic::Ordering::SeqCst) {
+                after += 1;
+            }
         }
         busy.join().expect("join");
         assert!(

@@ -72,9 +72,15 @@ struct Session {
     /// A record copied out of the ring buffer: reused, not one allocation
     /// per event.
     record: Vec<u8>,
-    /// `--sched sampled`: the traced threads' `/proc` counters, and how
-    /// often they are read.
-    sched_sampler: Option<(SchedSampler, Duration)>,
+    /// `--sched sampled`: the traced threads' `/proc` counters.
+    sched_sampler: Option<Sampling>,
+}
+
+/// `--sched sampled`: the sampler, how often it reads, and when it last did.
+struct Sampling {
+    sampler: SchedSampler,
+    period: Duration,
+    last: tokio::time::Instant,
 }
 
 /// The signals the loop answers: SIGTERM and SIGINT stop, SIGHUP reopens
@@ -116,15 +122,32 @@ impl Session {
     }
 
     /// Reads the sampled threads' counters (`--sched sampled`) and routes
-    /// the spells they tell.
-    fn sample_sched(&mut self) {
-        let Some((sampler, _)) = &mut self.sched_sampler else {
+    /// the spells they tell: always when `force`, else when a period has
+    /// passed since the last reading. Every drain asks first, so that a
+    /// busy workload's counters are read on the wakeups its events cause
+    /// anyway (a wakeup of its own costs the daemon about 30 µs on a VM),
+    /// and before the requests those events finish are judged.
+    fn sample_sched(&mut self, force: bool) {
+        let Some(s) = &mut self.sched_sampler else {
             return;
         };
+        let now = tokio::time::Instant::now();
+        if !force && now < s.last + s.period {
+            return;
+        }
+        s.last = now;
         let (router, tracking) = (&mut self.router, &self.tracking);
-        sampler.sample(monotonic_ns(), |ev| {
+        s.sampler.sample(monotonic_ns(), |ev| {
             router.route_sched(ev, |tgid| tracking.workload_of(tgid));
         });
+    }
+
+    /// When the sampler is next due (far away without one).
+    fn next_sample(&self) -> tokio::time::Instant {
+        match &self.sched_sampler {
+            Some(s) => s.last + s.period,
+            None => tokio::time::Instant::now() + Duration::from_secs(3600),
+        }
     }
 
     /// Judges what routing queued and hands it to the sinks.
@@ -155,6 +178,7 @@ impl Session {
     /// considers the processes the kernel announced (daemon mode). Returns
     /// whether the ring buffer was emptied.
     fn drain(&mut self, ring: &mut RingBuf<MapData>) -> Result<bool> {
+        self.sample_sched(false);
         let mut emptied = false;
         for _ in 0..DRAIN_BATCH {
             let Some(item) = ring.next() else {
@@ -181,7 +205,7 @@ impl Session {
     fn rescan(&mut self, ring: &mut RingBuf<MapData>) -> Result<usize> {
         let scan = self.tracking.rescan()?;
         self.apply_changes();
-        if let Some((sampler, _)) = &mut self.sched_sampler {
+        if let Some(Sampling { sampler, .. }) = &mut self.sched_sampler {
             sampler.track(scan.live.iter().map(|(pid, _)| *pid), monotonic_ns());
             self.sinks
                 .series
@@ -219,7 +243,7 @@ impl Session {
     /// The kernel's counters into each workload's series.
     fn read_kernel(&mut self, live: &[(u32, u32)]) -> Result<()> {
         let mut reading = self.tracking.read_kernel(live)?;
-        if let Some((sampler, _)) = &self.sched_sampler {
+        if let Some(Sampling { sampler, .. }) = &self.sched_sampler {
             // No scheduler program ran: the sums are the sampler's.
             let stats = &mut reading.stats;
             stats.sched.add(&sampler.totals());
@@ -271,9 +295,7 @@ impl Session {
         let discovery = self.tracking.discovery_period();
         let mut discover = tokio::time::interval(discovery.unwrap_or(Duration::from_secs(3600)));
         discover.tick().await;
-        let sample_period = self.sched_sampler.as_ref().map(|(_, p)| *p);
-        let mut sample = tokio::time::interval(sample_period.unwrap_or(Duration::from_secs(3600)));
-        sample.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let sampling = self.sched_sampler.is_some();
         let mut signals = match self.signals.take() {
             Some(s) => s,
             None => Signals::install()?,
@@ -298,7 +320,10 @@ impl Session {
                         break Stop::TargetExited;
                     }
                 }
-                _ = sample.tick(), if sample_period.is_some() => self.sample_sched(),
+                // Only when nothing else woke the loop for a period.
+                _ = tokio::time::sleep_until(self.next_sample()), if sampling => {
+                    self.sample_sched(true);
+                }
                 _ = discover.tick(), if discovery.is_some() => {
                     self.tracking.discover()?;
                     self.apply_changes();
@@ -314,7 +339,7 @@ impl Session {
             }
         };
         log::info!("stopping ({stop:?}): reading what the kernel sent before");
-        self.sample_sched();
+        self.sample_sched(true);
         // Whatever the kernel sent before the stop still counts.
         for _ in 0..FINAL_DRAIN_TURNS {
             if self.drain(ring.get_mut())? {

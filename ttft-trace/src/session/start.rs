@@ -5,7 +5,7 @@ use std::{net::TcpListener, time::Instant};
 
 use anyhow::{Result, bail};
 
-use super::{LARGE_COPY_BYTES, Session, Signals, Stop};
+use super::{LARGE_COPY_BYTES, Sampling, Session, Signals, Stop};
 use crate::{
     config::{AttachConfig, DaemonOptions, SchedSignals, TraceConfig},
     export::{Sinks, prometheus},
@@ -13,7 +13,7 @@ use crate::{
     nvml::{self, Sampler},
     probes::{LoadConfig, Probes},
     routing::Router,
-    schedstat::SchedSampler,
+    schedstat::{self, SchedSampler},
     targets,
     tracking::{Discovery, Mode, Tracking, WaitFor},
 };
@@ -75,6 +75,7 @@ impl Session {
     /// loaded), loads the probes, opens the JSONL file, starts NVML.
     fn start(cfg: &TraceConfig, mode: Mode) -> Result<(Self, Option<TcpListener>)> {
         let signals = Signals::install()?;
+        let sched = sched_source(cfg.sched);
         let mut sinks = Sinks::new(&cfg.labels)?;
         let listener = cfg.listen.map(prometheus::bind).transpose()?;
         let probes = Probes::load(&LoadConfig {
@@ -83,7 +84,7 @@ impl Session {
             large_copy_bytes: LARGE_COPY_BYTES,
             discover: matches!(mode, Mode::Daemon(_)),
             map_entries: cfg.map_entries.to_vec(),
-            sched_programs: cfg.sched == SchedSignals::Exact,
+            sched_programs: sched == SchedSignals::Exact,
         })?;
         if let Some(path) = &cfg.jsonl {
             sinks.open_jsonl(path)?;
@@ -103,19 +104,39 @@ impl Session {
             started: Instant::now(),
             signals: Some(signals),
             record: Vec::new(),
-            sched_sampler: match cfg.sched {
+            sched_sampler: match sched {
                 SchedSignals::Exact => None,
                 SchedSignals::Sampled { period } => {
                     log::info!(
                         "scheduler spells: sampled from the traced threads' /proc schedstat \
                          every {period:?} (no program on sched_switch)"
                     );
-                    Some((SchedSampler::new(cfg.sched_min_ns), period))
+                    Some(Sampling {
+                        sampler: SchedSampler::new(cfg.sched_min_ns),
+                        period,
+                        last: tokio::time::Instant::now(),
+                    })
                 }
             },
         };
         Ok((s, listener))
     }
+}
+
+/// The scheduler source asked for, or the exact one where this kernel
+/// keeps no per-thread counters to sample (no CONFIG_SCHED_INFO): spells
+/// from the switch program rather than none.
+fn sched_source(asked: SchedSignals) -> SchedSignals {
+    if matches!(asked, SchedSignals::Sampled { .. }) && !schedstat::readable() {
+        log::warn!(
+            "scheduler spells: {} does not read on this kernel (no CONFIG_SCHED_INFO), so they \
+             come from a program on sched_switch (--sched exact), which every context switch of \
+             the host runs",
+            schedstat::own_file()
+        );
+        return SchedSignals::Exact;
+    }
+    asked
 }
 
 /// GPU readings through NVML, or None (said in the log) where it is absent.
