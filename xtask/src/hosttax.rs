@@ -20,11 +20,13 @@
 //! Setups:
 //! - `attach`, `daemon`: the tracer as shipped, `attach --pid` tracing a
 //!   busy workload (the stub runtime launching in a loop) and `daemon`
-//!   finding that workload itself. These must stay within +5 %.
-//! - `attach_sampled_sched`, `daemon_sampled_sched`: the same with
-//!   `--sched sampled` (no program on `sched_switch` or the wakeups; the
-//!   traced threads' spells from `/proc/PID/task/TID/schedstat` every
-//!   10 ms). Also judged against +5 %.
+//!   finding that workload itself, with the default `--sched sampled` (no
+//!   program on `sched_switch` or the wakeups; the traced threads' spells
+//!   from `/proc/PID/task/TID/schedstat` every 10 ms). These must stay
+//!   within +5 %.
+//! - `attach_exact_sched`, `daemon_exact_sched`: the same with the opt-in
+//!   `--sched exact` (a program on every context switch of the host):
+//!   reported beside them, not judged.
 //! - `attach_syscall_hook`: `attach` with the send hook forced to the
 //!   syscall tracepoints and socket lengths (`TTFT_TRACE_SEND_HOOK=syscalls`):
 //!   the fallback on kernels without BTF or the TCP tracepoints, and what
@@ -76,7 +78,7 @@ use crate::{
 };
 
 /// Operations of `hosttax`, in report order.
-const CASES: &[(&str, &str)] = &[
+pub(crate) const CASES: &[(&str, &str)] = &[
     ("write", "1-byte write() to /dev/null"),
     ("sendmsg", "1-byte sendmsg() + read on a UNIX socket pair"),
     (
@@ -100,12 +102,7 @@ const CASES: &[(&str, &str)] = &[
 pub const THRESHOLD: f64 = 1.05;
 
 /// Setups judged against [`THRESHOLD`].
-pub const JUDGED: &[&str] = &[
-    "attach",
-    "daemon",
-    "attach_sampled_sched",
-    "daemon_sampled_sched",
-];
+pub const JUDGED: &[&str] = &["attach", "daemon"];
 
 /// The tracer's programs whose per-run cost is reported.
 const PROGRAMS: &[&str] = &[
@@ -172,14 +169,14 @@ fn setups(bpftrace: bool) -> Vec<Setup> {
             what: "ttft-trace daemon (finds WORKLOAD itself)",
         },
         Setup {
-            name: "attach_sampled_sched",
-            what: "ttft-trace attach --pid WORKLOAD --sched sampled (no scheduler programs; \
-                   spells from /proc schedstat every 10 ms)",
+            name: "attach_exact_sched",
+            what: "ttft-trace attach --pid WORKLOAD --sched exact (a program on every context \
+                   switch of the host; opt-in)",
         },
         Setup {
-            name: "daemon_sampled_sched",
-            what: "ttft-trace daemon --sched sampled (finds WORKLOAD itself; no scheduler \
-                   programs)",
+            name: "daemon_exact_sched",
+            what: "ttft-trace daemon --sched exact (finds WORKLOAD itself; a program on every \
+                   context switch)",
         },
     ];
     v.push(Setup {
@@ -205,7 +202,7 @@ fn median(v: &[f64]) -> f64 {
 
 /// The `q` quantile of `v` (0..=1), interpolated between the two nearest
 /// values (0.5: the median, the mean of the middle two of an even count).
-fn quantile(v: &[f64], q: f64) -> f64 {
+pub(crate) fn quantile(v: &[f64], q: f64) -> f64 {
     let mut v = v.to_vec();
     v.sort_by(f64::total_cmp);
     let at = q * (v.len() - 1) as f64;
@@ -239,9 +236,9 @@ fn paired(
 
 /// Where the bench runs: the measured operations on `measured`, the rest
 /// (this process and what it starts) on `rest`.
-struct Placement {
-    measured: usize,
-    rest: Vec<usize>,
+pub(crate) struct Placement {
+    pub(crate) measured: usize,
+    pub(crate) rest: Vec<usize>,
     /// This thread's CPUs before, restored when dropped.
     before: libc::cpu_set_t,
 }
@@ -250,7 +247,7 @@ impl Placement {
     /// Takes the last CPU this process may use for the measured runs and
     /// moves this thread (so what it starts from now) onto the others; with
     /// a single CPU, both share it.
-    fn new() -> Result<Self> {
+    pub(crate) fn new() -> Result<Self> {
         // SAFETY: a zeroed cpu_set_t is the empty set; the kernel fills it.
         let mut before: libc::cpu_set_t = unsafe { std::mem::zeroed() };
         // SAFETY: a valid set of the size passed.
@@ -299,28 +296,35 @@ fn set_affinity(cpus: &[usize]) -> Result<()> {
     Ok(())
 }
 
+/// Runs the fixture `bin` with `args` (the case first); its stdout.
+pub(crate) fn run_fixture(bin: &Path, args: &[&str]) -> Result<String> {
+    let o = Command::new(bin)
+        .args(args)
+        .output()
+        .with_context(|| format!("running {}", bin.display()))?;
+    if !o.status.success() {
+        bail!(
+            "hosttax {} failed: {}",
+            args.first().unwrap_or(&""),
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&o.stdout).into_owned())
+}
+
 /// One timed run of every operation, on `cpu`: case -> ns per operation.
 fn measure(bin: &Path, ms: u32, cpu: usize) -> Result<BTreeMap<&'static str, f64>> {
     let mut out = BTreeMap::new();
     for &(case, _) in CASES {
-        let o = Command::new(bin)
-            .args([case, &ms.to_string(), &cpu.to_string()])
-            .output()
-            .with_context(|| format!("running {}", bin.display()))?;
-        if !o.status.success() {
-            bail!(
-                "hosttax {case} failed: {}",
-                String::from_utf8_lossy(&o.stderr)
-            );
-        }
-        let v: Value = serde_json::from_slice(&o.stdout)?;
+        let o = run_fixture(bin, &[case, &ms.to_string(), &cpu.to_string()])?;
+        let v: Value = serde_json::from_str(&o)?;
         out.insert(case, v["ns_per_op"].as_f64().context("no ns_per_op")?);
     }
     Ok(out)
 }
 
 /// A setup while it is measured.
-enum Running {
+pub(crate) enum Running {
     /// A tracer, or bpftrace (`bpftrace`), stopped with SIGINT after.
     Process { child: Child, bpftrace: bool },
     /// Empty programs this process holds.
@@ -328,7 +332,7 @@ enum Running {
 }
 
 /// Starts what `setup` needs.
-fn start(root: &Path, setup: &str, workload: u32) -> Result<Running> {
+pub(crate) fn start(root: &Path, setup: &str, workload: u32) -> Result<Running> {
     match setup {
         "empty_raw_programs" => Ok(Running::Floor(rawfloor::attach()?)),
         "empty_tracepoints" => Ok(Running::Process {
@@ -360,9 +364,11 @@ fn start_ttft_trace(root: &Path, setup: &str, workload: u32) -> Result<Child> {
         "--interval".into(),
         "3600".into(),
     ];
-    let sampled = |args: &[String]| {
+    // `--sched MODE`, whichever the default is (the toggle bench shows
+    // both sources side by side).
+    let sched = |args: &[String], mode: &str| {
         let mut args = args.to_vec();
-        args.extend(["--sched".into(), "sampled".into()]);
+        args.extend(["--sched".into(), mode.into()]);
         args
     };
     let forced = |var: &str, value: &str| {
@@ -379,8 +385,12 @@ fn start_ttft_trace(root: &Path, setup: &str, workload: u32) -> Result<Child> {
         "attach_classic_events" => forced("TTFT_TRACE_EVENT_HOOK", "tracepoints"),
         "attach" => start_tracer(root, "attach", &attach_args, "attached"),
         "daemon" => start_tracer(root, "daemon", &daemon_args, "attached"),
-        "attach_sampled_sched" => start_tracer(root, "attach", &sampled(&attach_args), "attached"),
-        "daemon_sampled_sched" => start_tracer(root, "daemon", &sampled(&daemon_args), "attached"),
+        "attach_exact_sched" => {
+            start_tracer(root, "attach", &sched(&attach_args, "exact"), "attached")
+        }
+        "daemon_exact_sched" => {
+            start_tracer(root, "daemon", &sched(&daemon_args, "exact"), "attached")
+        }
         other => bail!("unknown setup {other}"),
     }
 }
@@ -404,7 +414,7 @@ pub fn start_bpftrace(program: &str) -> Result<Child> {
 /// Stops a setup, and waits until the kernel has removed its uprobes (its
 /// `ttft-detach` child is gone): removing a uprobe holds up every fork on
 /// the host (the kernel's `dup_mmap_sem`), which the next rows would pay.
-fn stop(running: Running) -> Result<()> {
+pub(crate) fn stop(running: Running) -> Result<()> {
     match running {
         Running::Process {
             mut child,
@@ -482,19 +492,19 @@ fn program_costs(before: &BTreeSet<u64>) -> Result<BTreeMap<String, Value>> {
 /// Sets the kernel's BPF run-time statistics while alive (off for the
 /// measured runs, on for the cost pass), and restores the previous setting
 /// when dropped.
-struct BpfStats(String);
+pub(crate) struct BpfStats(String);
 
 impl BpfStats {
     const PATH: &'static str = "/proc/sys/kernel/bpf_stats_enabled";
 
-    fn new() -> Result<Self> {
+    pub(crate) fn new() -> Result<Self> {
         let old = std::fs::read_to_string(Self::PATH)?.trim().to_string();
         let stats = Self(old);
         stats.set(false)?;
         Ok(stats)
     }
 
-    fn set(&self, on: bool) -> Result<()> {
+    pub(crate) fn set(&self, on: bool) -> Result<()> {
         std::fs::write(Self::PATH, if on { "1" } else { "0" })?;
         Ok(())
     }
@@ -508,7 +518,7 @@ impl Drop for BpfStats {
 
 /// The busy traced workload: the stub runtime launching in a loop, with
 /// short sleeps between episodes (so its threads switch too).
-fn start_workload(root: &Path) -> Result<Child> {
+pub(crate) fn start_workload(root: &Path) -> Result<Child> {
     Command::new(root.join("target/fixtures/workload"))
         .args([
             "--style",

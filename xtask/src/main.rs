@@ -2,8 +2,10 @@
 
 mod attachtime;
 mod bench;
+mod bpfobj;
 mod demo;
 mod fuzz;
+mod hooktoggle;
 mod hosttax;
 mod launchtrap;
 mod neighbour;
@@ -13,6 +15,7 @@ mod run;
 mod scale;
 mod setup;
 mod soak;
+mod tracercpu;
 
 use clap::{Parser, Subcommand};
 

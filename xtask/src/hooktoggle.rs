@@ -1,0 +1,681 @@
+//! Hook toggling: what processes the tracer does not trace pay for its
+//! host-wide programs, resolved to a percent or two (`cargo xtask bench
+//! --only toggle`; also in the full bench and, shorter, in `--quick`).
+//!
+//! The host-tax bench ([`crate::hosttax`]) starts and stops the tracer
+//! between 300 ms blocks; on this VM one block's level moves by ±10-20 %,
+//! too much to judge +5 %. Here the tracer runs throughout and the hooks
+//! are switched inside one measured run instead:
+//! - the tracer's host-wide BPF links are found with the bpf() syscall
+//!   (the link ids after it started, less those before), and its programs
+//!   opened by id;
+//! - a thread on the other CPU attaches a second link of each raw-tracepoint
+//!   program (`BPF_RAW_TRACEPOINT_OPEN`: with the tracepoint's name for a
+//!   `raw_tracepoint` program, without for a `tp_btf` one, which names its
+//!   own) every ~40 ms and closes it ~40 ms later, stamping each switch on
+//!   CLOCK_MONOTONIC. The second link runs the same program on the same
+//!   maps, so it does once more exactly what the tracer's own link does for
+//!   every task it does not trace: an "on" phase pays the tracer's programs
+//!   twice, an "off" phase once, and the difference is their cost. A check
+//!   with the kernel's run counts (`kernel.bpf_stats_enabled`, on only for
+//!   it) shows the second link runs: the runs per operation double;
+//! - the fixture `hosttax` (`tests/fixtures/hosttax.c`, slice mode) runs
+//!   each operation on a CPU of its own for the whole time and prints one
+//!   line per 5 ms slice with its stamps and operations. Slices wholly
+//!   inside a phase count (those across a switch are dropped); each on
+//!   phase's ns per operation over the mean of the off phases right before
+//!   and after it is one ratio, and the median of the ratios, with their
+//!   quartiles, is the figure. Drift slower than a phase pair cancels.
+//!
+//! Beside the tracer's setups (`attach`, `attach_exact_sched` with `--sched
+//! exact`, `daemon`): `null_control`, the same schedule switching nothing,
+//! whose spread is the method's noise; `floor`, an empty program on the
+//! four raw tracepoints of the default path ([`crate::rawfloor`]) against
+//! none, what any program there costs; and `floor_second`, the same empty
+//! program switched on top of a first link of it that stays. A tracepoint
+//! with one probe calls it directly (a static call), with two or more
+//! through its iterator, an indirect call per probe: going from one
+//! program to two, as the tracer's setups do, adds that change too, so
+//! their figure is an upper bound of what their programs cost, and
+//! `floor_second` is the floor of the same step.
+//!
+//! Not covered, and left to the host-tax bench: the tracer's perf-event
+//! links (uprobes, which under `attach` are bound to the traced process and
+//! enable the perf task-context hooks every context switch then calls;
+//! the classic tracepoints left on the default path, process fork and exit,
+//! socket state, retransmits and resets, rare events), because closing a
+//! perf event takes 64-84 ms here, too slow to switch every 40 ms; and the
+//! tracer's own CPU time, on the other CPU. While a second link is on, a
+//! traced task's events also run twice; the traced workload is on the
+//! other CPU, and its events are not what is measured.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    ffi::CString,
+    os::fd::OwnedFd,
+    path::Path,
+    sync::atomic::{AtomicBool, Ordering},
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, anyhow, bail};
+use serde_json::{Value, json};
+
+use crate::{
+    bpfobj::{
+        BPF_LINK_TYPE_PERF_EVENT, BPF_LINK_TYPE_RAW_TRACEPOINT, BPF_PROG_GET_FD_BY_ID,
+        BPF_PROG_TYPE_TRACING, held_links, link, link_ids, open_id, prog_info, settled_link_ids,
+    },
+    hosttax::{self, BpfStats, CASES, Placement, quantile},
+    rawfloor,
+};
+
+pub struct Plan {
+    /// Milliseconds each operation runs under each setup.
+    pub ms_per_case: u32,
+    /// Mean length of a phase (on or off); each is drawn within ±25 %.
+    pub period_ms: u64,
+    /// Length of the fixture's slices.
+    pub slice_us: u32,
+    /// Whether `daemon` and `floor_second` run too.
+    pub all: bool,
+}
+
+/// The full bench's plan: about 50 on phases per operation and setup.
+pub const FULL: Plan = Plan {
+    ms_per_case: 4000,
+    period_ms: 40,
+    slice_us: 5000,
+    all: true,
+};
+
+/// `--quick`: a dozen phases per operation, no `daemon` or `floor_second`.
+pub const QUICK: Plan = Plan {
+    ms_per_case: 1000,
+    period_ms: 40,
+    slice_us: 5000,
+    all: false,
+};
+
+/// The tracer's setups as shipped, judged against [`hosttax::THRESHOLD`]
+/// (`attach_exact_sched`, the opt-in exact source, is reported beside them).
+pub const JUDGED: &[&str] = &["attach", "daemon"];
+
+/// Setups and what each switches, in run order.
+const SETUPS: &[(&str, &str)] = &[
+    (
+        "null_control",
+        "the same schedule switching nothing: the method's noise",
+    ),
+    (
+        "floor",
+        "an empty program on sched_switch, tcp_probe, tcp_sendmsg_locked, tcp_rcv_space_adjust, \
+         against none",
+    ),
+    (
+        "floor_second",
+        "the same empty program once more, on top of a first link of it that stays (1 -> 2 \
+         programs, as the tracer's setups)",
+    ),
+    (
+        "attach",
+        "ttft-trace attach --pid WORKLOAD: its raw-tracepoint programs once more",
+    ),
+    (
+        "attach_exact_sched",
+        "ttft-trace attach --pid WORKLOAD --sched exact: its raw-tracepoint programs once more",
+    ),
+    (
+        "daemon",
+        "ttft-trace daemon (finds WORKLOAD itself): its raw-tracepoint programs once more",
+    ),
+];
+
+/// The clock `id` in ns (CLOCK_MONOTONIC: the fixture's stamps).
+pub(crate) fn clock_ns(id: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec for the clock to fill.
+    unsafe { libc::clock_gettime(id, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn now_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC)
+}
+
+/// What a setup switches: programs, and where each gets its second link.
+#[derive(Default)]
+struct Hooks {
+    /// Name and fd of each program.
+    progs: Vec<(String, OwnedFd)>,
+    /// Index in `progs` and the tracepoint's name (`None` for a `tp_btf`
+    /// program) of each link to make.
+    links: Vec<(usize, Option<CString>)>,
+    /// "program@tracepoint" of each link, for the report.
+    labels: Vec<String>,
+    /// The tracer's links left alone, and why.
+    skipped: Vec<String>,
+    /// Links that stay on throughout (`floor_second`'s first copy).
+    _base: Vec<OwnedFd>,
+}
+
+impl Hooks {
+    /// Makes every link; closing them all undoes it.
+    fn attach(&self) -> Result<Vec<OwnedFd>> {
+        self.links
+            .iter()
+            .map(|(p, tp)| rawfloor::raw_tp_open(&self.progs[*p].1, tp.as_deref()))
+            .collect()
+    }
+
+    /// The empty program, on each of the floor's tracepoints; with
+    /// `second`, on top of a first link of it there that stays.
+    fn floor(second: bool) -> Result<Self> {
+        let mut hooks = Self::default();
+        hooks.progs.push((rawfloor::NAME.into(), rawfloor::load()?));
+        for tp in rawfloor::TRACEPOINTS {
+            hooks.links.push((0, Some(CString::new(*tp)?)));
+            hooks.labels.push(format!("{}@{tp}", rawfloor::NAME));
+        }
+        if second {
+            hooks._base = hooks.attach()?;
+        }
+        Ok(hooks)
+    }
+
+    /// The raw-tracepoint programs of the links made since `before` that
+    /// process `pid` holds (the tracer's: another tracer may start
+    /// meanwhile, a test's).
+    fn tracer(before: &BTreeSet<u32>, pid: u32) -> Result<Self> {
+        let mut hooks = Self::default();
+        let mut by_id: BTreeMap<u32, (usize, bool)> = BTreeMap::new();
+        let (mut uprobes, mut tracepoints) = (0, Vec::new());
+        let held = held_links(pid)?;
+        let new: BTreeSet<u32> = link_ids()?.difference(before).copied().collect();
+        let others = new.difference(&held).count();
+        if others > 0 {
+            hooks.skipped.push(format!(
+                "{others} links made meanwhile by other processes (another tracer?)"
+            ));
+        }
+        for &id in new.intersection(&held) {
+            let Some(l) = link(id)? else { continue };
+            match l.kind {
+                BPF_LINK_TYPE_RAW_TRACEPOINT => {
+                    let (p, btf) = match by_id.get(&l.prog_id) {
+                        Some(&p) => p,
+                        None => {
+                            let Some(fd) = open_id(BPF_PROG_GET_FD_BY_ID, l.prog_id)? else {
+                                continue;
+                            };
+                            let (kind, name, _) = prog_info(&fd)?;
+                            hooks.progs.push((name, fd));
+                            let p = (hooks.progs.len() - 1, kind == BPF_PROG_TYPE_TRACING);
+                            by_id.insert(l.prog_id, p);
+                            p
+                        }
+                    };
+                    hooks
+                        .labels
+                        .push(format!("{}@{}", hooks.progs[p].0, l.name));
+                    let tp = if btf {
+                        None
+                    } else {
+                        Some(CString::new(l.name)?)
+                    };
+                    hooks.links.push((p, tp));
+                }
+                // enum bpf_perf_event_type: 1 uprobe, 2 uretprobe, 5
+                // tracepoint.
+                BPF_LINK_TYPE_PERF_EVENT if matches!(l.perf_kind, 1 | 2) => uprobes += 1,
+                BPF_LINK_TYPE_PERF_EVENT if l.perf_kind == 5 => tracepoints.push(l.name),
+                kind => hooks.skipped.push(format!(
+                    "link {id} of type {kind} ({}): not a raw tracepoint",
+                    l.name
+                )),
+            }
+        }
+        if uprobes > 0 {
+            hooks.skipped.push(format!(
+                "{uprobes} uprobes and uretprobes (perf-event links: closing one takes 64-84 ms \
+                 here, too slow to switch)"
+            ));
+        }
+        if !tracepoints.is_empty() {
+            hooks.skipped.push(format!(
+                "classic tracepoints {} (perf-event links, too slow to switch; rare events)",
+                tracepoints.join(", ")
+            ));
+        }
+        Ok(hooks)
+    }
+}
+
+/// One switch: CLOCK_MONOTONIC before and after its bpf() calls, and
+/// whether the second links are on after it.
+#[derive(Clone, Copy)]
+struct Toggle {
+    before: u64,
+    after: u64,
+    on: bool,
+}
+
+/// Switches `hooks` on and off until `stop`, each phase `period` ± 25 %
+/// (drawn, so that nothing periodic on the host, timer ticks or the
+/// tracer's 10 ms sampling, keeps step with the phases).
+fn toggler(hooks: &Hooks, period: Duration, stop: &AtomicBool) -> Result<Vec<Toggle>> {
+    let mut toggles = Vec::new();
+    let mut held = Vec::new();
+    let mut on = false;
+    let mut seed = now_ns() | 1;
+    let mut next = Instant::now();
+    while !stop.load(Ordering::Relaxed) {
+        on = !on;
+        let before = now_ns();
+        if on {
+            held = hooks.attach()?;
+        } else {
+            held.clear();
+        }
+        toggles.push(Toggle {
+            before,
+            after: now_ns(),
+            on,
+        });
+        // xorshift64: a uniform draw in [0.75, 1.25) periods.
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        next += period.mul_f64(0.75 + (seed >> 11) as f64 / (1u64 << 53) as f64 / 2.0);
+        thread::sleep(next.saturating_duration_since(Instant::now()));
+    }
+    drop(held);
+    Ok(toggles)
+}
+
+/// One slice of the fixture's run: stamps and operations.
+struct Slice {
+    start: u64,
+    end: u64,
+    ops: u64,
+}
+
+/// Runs the fixture's `case` for `ms` on `cpu` in slices of `slice_us`:
+/// its slices and its operations in all.
+fn fixture(
+    bin: &Path,
+    case: &str,
+    ms: u32,
+    cpu: usize,
+    slice_us: u32,
+) -> Result<(Vec<Slice>, u64)> {
+    let text = hosttax::run_fixture(
+        bin,
+        &[
+            case,
+            &ms.to_string(),
+            &cpu.to_string(),
+            &slice_us.to_string(),
+        ],
+    )?;
+    let mut slices = Vec::new();
+    let mut ops = None;
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("slice ") {
+            let n: Vec<u64> = rest
+                .split(' ')
+                .map(str::parse)
+                .collect::<Result<_, _>>()
+                .with_context(|| format!("hosttax slice line {line:?}"))?;
+            let [start, end, o] = n[..] else {
+                bail!("hosttax slice line {line:?}");
+            };
+            slices.push(Slice { start, end, ops: o });
+        } else {
+            let v: Value = serde_json::from_str(line)?;
+            ops = v["ops"].as_u64();
+        }
+    }
+    Ok((slices, ops.context("no ops in hosttax's output")?))
+}
+
+/// Per phase (between two switches): whether the hooks were on, and the ns
+/// and operations of the slices wholly inside it.
+fn phases(slices: &[Slice], toggles: &[Toggle]) -> Vec<(bool, u64, u64)> {
+    let spans: Vec<(u64, u64, bool)> = toggles
+        .windows(2)
+        .map(|w| (w[0].after, w[1].before, w[0].on))
+        .collect();
+    let mut sums = vec![(0, 0); spans.len()];
+    for s in slices {
+        let i = spans.partition_point(|p| p.0 <= s.start);
+        if i > 0 && s.end <= spans[i - 1].1 {
+            sums[i - 1].0 += s.end - s.start;
+            sums[i - 1].1 += s.ops;
+        }
+    }
+    spans
+        .iter()
+        .zip(sums)
+        .map(|(&(_, _, on), (ns, ops))| (on, ns, ops))
+        .collect()
+}
+
+/// Each on phase's ns per operation over the mean of the off phases right
+/// before and after it (all three with whole slices).
+fn paired(phases: &[(bool, u64, u64)]) -> Vec<f64> {
+    let per_op = |&(_, ns, ops): &(bool, u64, u64)| (ops > 0).then(|| ns as f64 / ops as f64);
+    phases
+        .windows(3)
+        .filter(|w| w[1].0)
+        .filter_map(|w| {
+            let (b, on, a) = (per_op(&w[0])?, per_op(&w[1])?, per_op(&w[2])?);
+            Some(on / ((b + a) / 2.0))
+        })
+        .collect()
+}
+
+/// Mean ns per operation over the phases in state `on`.
+fn level(phases: &[(bool, u64, u64)], on: bool) -> f64 {
+    let (ns, ops) = phases
+        .iter()
+        .filter(|p| p.0 == on)
+        .fold((0, 0), |(n, o), p| (n + p.1, o + p.2));
+    ns as f64 / ops as f64
+}
+
+/// Shows that the second links run: each program's runs per round trip of
+/// the fixture's loopback TCP ping-pong (a send, a receive and two
+/// switches each way), with the tracer's links alone and with the second
+/// ones too (statistics on only for these runs).
+fn check(bin: &Path, cpu: usize, hooks: &Hooks, stats: &BpfStats) -> Result<Value> {
+    let counts = || -> Result<Vec<u64>> {
+        hooks
+            .progs
+            .iter()
+            .map(|(_, fd)| Ok(prog_info(fd)?.2))
+            .collect()
+    };
+    let mut per_op = vec![[0.0; 2]; hooks.progs.len()];
+    for (k, second) in [false, true].into_iter().enumerate() {
+        let held = if second { hooks.attach()? } else { Vec::new() };
+        let before = counts()?;
+        stats.set(true)?;
+        let run = fixture(bin, "tcp", 300, cpu, 100_000);
+        stats.set(false)?;
+        let after = counts()?;
+        drop(held);
+        let ops = run?.1 as f64;
+        for (p, (a, b)) in after.iter().zip(before).enumerate() {
+            per_op[p][k] = (a - b) as f64 / ops;
+        }
+    }
+    let list: Vec<String> = hooks
+        .progs
+        .iter()
+        .zip(&per_op)
+        .map(|((name, _), [one, two])| format!("{name} {one:.2} -> {two:.2}"))
+        .collect();
+    eprintln!(
+        "bench: toggle: runs per TCP round trip, without -> with the second links: {}",
+        list.join(", ")
+    );
+    Ok(hooks
+        .progs
+        .iter()
+        .zip(per_op)
+        .map(|((name, _), [one, two])| (name.clone(), json!({"without": one, "with": two})))
+        .collect::<serde_json::Map<_, _>>()
+        .into())
+}
+
+/// One case under one setup: the paired ratios' median and quartiles (NaN,
+/// so null, without any), ns per operation off and on, and the switches
+/// made with the longest of them (a switch held up by the kernel, as while
+/// another tracer attaches or detaches, leaves fewer phases).
+fn summary(slices: &[Slice], toggles: &[Toggle]) -> Value {
+    let ph = phases(slices, toggles);
+    let ratios = paired(&ph);
+    let q = |p| match ratios.len() {
+        0 => f64::NAN,
+        _ => quantile(&ratios, p),
+    };
+    let off = level(&ph, false);
+    let longest = toggles.iter().map(|t| t.after - t.before).max();
+    json!({
+        "paired_median": q(0.5), "paired_q1": q(0.25), "paired_q3": q(0.75),
+        "phases": ratios.len(), "off_ns_per_op": off, "on_ns_per_op": level(&ph, true),
+        "added_ns_per_op": (q(0.5) - 1.0) * off, "ratios": ratios,
+        "switches": toggles.len(), "longest_switch_us": longest.unwrap_or(0) as f64 / 1e3,
+    })
+}
+
+/// Starts what `setup` needs, finds its hooks, checks them and measures
+/// every case; stops the tracer after. Returns the setup's JSON, with
+/// `cases` (see [`summary`]).
+fn measure_setup(
+    root: &Path,
+    (setup, what): (&str, &str),
+    plan: &Plan,
+    cpu: usize,
+    workload: u32,
+    stats: &BpfStats,
+) -> Result<Value> {
+    let bin = root.join("target/fixtures/hosttax");
+    let (running, hooks) = match setup {
+        "null_control" => (None, Ok(Hooks::default())),
+        "floor" => (None, Hooks::floor(false)),
+        "floor_second" => (None, Hooks::floor(true)),
+        tracer => {
+            let before = link_ids()?;
+            let running = hosttax::start(root, tracer, workload)?;
+            let hooks = match &running {
+                hosttax::Running::Process { child, .. } => {
+                    settled_link_ids().and_then(|_| Hooks::tracer(&before, child.id()))
+                }
+                hosttax::Running::Floor(_) => Err(anyhow!("{tracer} is no tracer")),
+            };
+            (Some(running), hooks)
+        }
+    };
+    let result = hooks.and_then(|hooks| {
+        if setup != "null_control" && hooks.links.is_empty() {
+            bail!("{setup}: no raw-tracepoint link to switch");
+        }
+        let switched = match hooks.labels.len() {
+            0 => "nothing".into(),
+            _ => hooks.labels.join(", "),
+        };
+        eprintln!("bench: toggle: {setup}: switching {switched}");
+        for s in &hooks.skipped {
+            eprintln!("bench: toggle: {setup}: left alone: {s}");
+        }
+        let check = match hooks.links.len() {
+            0 => Value::Null,
+            _ => check(&bin, cpu, &hooks, stats)?,
+        };
+        let mut cases = serde_json::Map::new();
+        for &(case, _) in CASES {
+            let stop = AtomicBool::new(false);
+            let (slices, toggles) = thread::scope(|s| {
+                let period = Duration::from_millis(plan.period_ms);
+                let (hooks, stop) = (&hooks, &stop);
+                let t = s.spawn(move || toggler(hooks, period, stop));
+                let run = fixture(&bin, case, plan.ms_per_case, cpu, plan.slice_us);
+                stop.store(true, Ordering::Relaxed);
+                let toggles = t.join().map_err(|_| anyhow!("the toggler panicked"))??;
+                anyhow::Ok((run?.0, toggles))
+            })?;
+            let v = summary(&slices, &toggles);
+            // Each switch starts a phase, half of them on ones.
+            if v["phases"].as_u64().unwrap_or(0) < toggles.len() as u64 / 4 {
+                eprintln!(
+                    "bench: toggle: WARNING: {setup} {case}: {} of {} switches make a paired \
+                     phase (longest switch {} µs)",
+                    v["phases"], v["switches"], v["longest_switch_us"]
+                );
+            }
+            cases.insert(case.into(), v);
+        }
+        Ok(json!({
+            "name": setup, "what": what, "switched": hooks.labels, "left_alone": hooks.skipped,
+            "runs_per_tcp_round_trip": check, "cases": cases,
+        }))
+    });
+    if let Some(running) = running {
+        hosttax::stop(running)?;
+    }
+    result
+}
+
+/// Runs the toggling bench; returns its results and the lines that break
+/// the threshold (`--quick` prints them without failing).
+pub fn run(root: &Path, plan: &Plan) -> Result<(Value, Vec<String>)> {
+    let started = Instant::now();
+    let place = Placement::new()?;
+    let cpu = place.measured;
+    eprintln!(
+        "bench: toggle: measured operations on CPU {cpu}; workload, tracer and toggler on CPUs {:?}",
+        place.rest
+    );
+    let other = hosttax::other_tracer(&BTreeSet::new(), Duration::from_secs(60))?;
+    if other {
+        eprintln!("bench: toggle: WARNING: another tracer's programs are loaded");
+    }
+    let mut workload = hosttax::start_workload(root)?;
+    let result = (|| -> Result<_> {
+        let stats = BpfStats::new()?;
+        SETUPS
+            .iter()
+            .filter(|s| plan.all || !matches!(s.0, "daemon" | "floor_second"))
+            .map(|&setup| {
+                eprintln!("bench: toggle: {}", setup.0);
+                measure_setup(root, setup, plan, cpu, workload.id(), &stats)
+            })
+            .collect::<Result<Vec<_>>>()
+    })();
+    let _ = workload.kill();
+    let _ = workload.wait();
+    let placement = json!({"measured_cpu": place.measured, "other_cpus": place.rest});
+    drop(place);
+    let setups = result?;
+    let seconds = started.elapsed().as_secs_f64();
+
+    println!(
+        "toggle: hooks switched on and off every {} ms (± 25 %) inside one {} ms run of each \
+         operation on CPU {cpu}; per on phase, its ns per operation over the mean of the off \
+         phases beside it (slices of {} µs wholly inside a phase): median [quartiles] (on phases), \
+         ns per operation added ({seconds:.0} s in all)",
+        plan.period_ms, plan.ms_per_case, plan.slice_us
+    );
+    let names: Vec<&str> = setups.iter().filter_map(|s| s["name"].as_str()).collect();
+    println!("| operation | off ns/op | {} |", names.join(" | "));
+    println!("| --- | --- |{}", " --- |".repeat(names.len()));
+    let pct = |r: f64| (r - 1.0) * 100.0;
+    let mut failures = Vec::new();
+    for &(case, what) in CASES {
+        let off = setups[0]["cases"][case]["off_ns_per_op"].as_f64();
+        let mut line = format!("| {case} | {:.0} |", off.unwrap_or(f64::NAN));
+        for (setup, &name) in setups.iter().zip(&names) {
+            let v = &setup["cases"][case];
+            let f = |k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+            let (med, q1, q3) = (f("paired_median"), f("paired_q1"), f("paired_q3"));
+            if med.is_nan() {
+                line += " no phase |";
+                continue;
+            }
+            line += &format!(
+                " {:+.1} % [{:+.1}, {:+.1}] ({}) {:+.0} ns |",
+                pct(med),
+                pct(q1),
+                pct(q3),
+                v["phases"],
+                f("added_ns_per_op")
+            );
+            if JUDGED.contains(&name) && med > hosttax::THRESHOLD {
+                failures.push(format!(
+                    "toggle: {case} ({what}) costs {:+.1} % with {name}'s programs once more \
+                     (median of {} on phases against the off phases beside them, quartiles \
+                     {:+.1} / {:+.1} %), over +{:.0} %",
+                    pct(med),
+                    v["phases"],
+                    pct(q1),
+                    pct(q3),
+                    pct(hosttax::THRESHOLD)
+                ));
+            }
+        }
+        println!("{line}");
+    }
+    let results = json!({
+        "period_ms": plan.period_ms,
+        "period_jitter": 0.25,
+        "slice_us": plan.slice_us,
+        "ms_per_case": plan.ms_per_case,
+        "placement": placement,
+        "threshold_ratio": hosttax::THRESHOLD,
+        "judged_setups": JUDGED,
+        "judged_on": "paired_median",
+        "cases": CASES.iter().map(|&(c, w)| json!({"case": c, "what": w})).collect::<Vec<_>>(),
+        "setups": setups,
+        "failures": failures,
+        "other_tracer_seen": other,
+        "seconds": seconds,
+    });
+    Ok((results, failures))
+}
+
+/// Prints the verdict of `--only toggle`; true when the threshold holds.
+pub fn verdict(failures: &[String]) -> bool {
+    for f in failures {
+        println!("FAIL {f}");
+    }
+    if failures.is_empty() {
+        println!(
+            "toggle: every operation within +{:.0} % (paired median) under {}",
+            (hosttax::THRESHOLD - 1.0) * 100.0,
+            JUDGED.join(", ")
+        );
+    }
+    failures.is_empty()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn toggle(at: u64, on: bool) -> Toggle {
+        Toggle {
+            before: at,
+            after: at + 1,
+            on,
+        }
+    }
+
+    #[test]
+    fn slices_across_a_switch_are_dropped_and_on_phases_paired() {
+        // Off 0-100, on 101-200, off 201-300.
+        let toggles = [
+            toggle(0, false),
+            toggle(100, true),
+            toggle(200, false),
+            toggle(300, true),
+        ];
+        let slice = |start, end, ops| Slice { start, end, ops };
+        let slices = [
+            slice(1, 50, 49),    // off: 1 ns/op
+            slice(90, 110, 20),  // across a switch: dropped
+            slice(120, 180, 30), // on: 2 ns/op
+            slice(210, 290, 20), // off: 4 ns/op
+        ];
+        let ph = phases(&slices, &toggles);
+        assert_eq!(ph, vec![(false, 49, 49), (true, 60, 30), (false, 80, 20)]);
+        // 2 over the mean of 1 and 4.
+        assert_eq!(paired(&ph), vec![2.0 / 2.5]);
+        assert_eq!(level(&ph, false), 129.0 / 69.0);
+    }
+}
