@@ -66,12 +66,18 @@ fn run(hook: &str, event_hook: &str) -> Result<Run> {
         std::env::set_var(SEND_HOOK_ENV, hook);
         std::env::set_var(EVENT_HOOK_ENV, event_hook);
     }
+    // `--sched exact`: the event hook's log line then names the hook the
+    // socket lengths and the switch program share (the sampled default
+    // attaches no switch program); the default path's sends are the
+    // requests and stacks tests'.
     let tracer = Tracer::start(
         &[
             "--pid".into(),
             pid.to_string(),
             "--interval".into(),
             "60".into(),
+            "--sched".into(),
+            "exact".into(),
         ],
         0,
     );

@@ -35,9 +35,11 @@
 //! program switched on top of a first link of it that stays. A tracepoint
 //! with one probe calls it directly (a static call), with two or more
 //! through its iterator, an indirect call per probe: going from one
-//! program to two, as the tracer's setups do, adds that change too, so
-//! their figure is an upper bound of what their programs cost, and
-//! `floor_second` is the floor of the same step.
+//! program to two, as the tracer's setups do, adds that change too, and
+//! `floor_second` is the floor of the same step. `programs` (and
+//! `programs_exact`, with the switch program) take the step from none to
+//! one instead: the tracer's own programs loaded from its object with no
+//! tracer running, as an untraced task runs them ([`crate::tracerprogs`]).
 //!
 //! Not covered, and left to the host-tax bench: the tracer's perf-event
 //! links (uprobes, which under `attach` are bound to the traced process and
@@ -68,7 +70,7 @@ use crate::{
         BPF_PROG_TYPE_TRACING, held_links, link, link_ids, open_id, prog_info, settled_link_ids,
     },
     hosttax::{self, BpfStats, CASES, Placement, quantile},
-    rawfloor,
+    rawfloor, tracerprogs,
 };
 
 pub struct Plan {
@@ -78,7 +80,7 @@ pub struct Plan {
     pub period_ms: u64,
     /// Length of the fixture's slices.
     pub slice_us: u32,
-    /// Whether `daemon` and `floor_second` run too.
+    /// Whether `daemon`, `floor_second` and `programs_exact` run too.
     pub all: bool,
 }
 
@@ -90,7 +92,8 @@ pub const FULL: Plan = Plan {
     all: true,
 };
 
-/// `--quick`: a dozen phases per operation, no `daemon` or `floor_second`.
+/// `--quick`: a dozen phases per operation, no `daemon`, `floor_second` or
+/// `programs_exact`.
 pub const QUICK: Plan = Plan {
     ms_per_case: 1000,
     period_ms: 40,
@@ -98,9 +101,10 @@ pub const QUICK: Plan = Plan {
     all: false,
 };
 
-/// The tracer's setups as shipped, judged against [`hosttax::THRESHOLD`]
-/// (`attach_exact_sched`, the opt-in exact source, is reported beside them).
-pub const JUDGED: &[&str] = &["attach", "daemon"];
+/// Judged against [`hosttax::THRESHOLD`]: the default path's programs alone
+/// (none -> one) and the tracer as shipped (one -> two); the opt-in exact
+/// source is reported beside them.
+pub const JUDGED: &[&str] = &["programs", "attach", "daemon"];
 
 /// Setups and what each switches, in run order.
 const SETUPS: &[(&str, &str)] = &[
@@ -117,6 +121,15 @@ const SETUPS: &[(&str, &str)] = &[
         "floor_second",
         "the same empty program once more, on top of a first link of it that stays (1 -> 2 \
          programs, as the tracer's setups)",
+    ),
+    (
+        "programs",
+        "the tracer's TCP programs (tcp_sendmsg_locked, tcp_rcv_space_adjust, raw_tcp_probe) \
+         loaded from its object, no tracer running, as an untraced task runs them: against none",
+    ),
+    (
+        "programs_exact",
+        "the same and --sched exact's btf_sched_switch: against none",
     ),
     (
         "attach",
@@ -183,6 +196,22 @@ impl Hooks {
         }
         if second {
             hooks._base = hooks.attach()?;
+        }
+        Ok(hooks)
+    }
+
+    /// The tracer's own programs, loaded fresh from its object with no
+    /// tracer running (see [`crate::tracerprogs`]): switched from none to
+    /// one link.
+    fn programs(root: &Path, exact: bool) -> Result<Self> {
+        let mut hooks = Self::default();
+        for (name, fd, tp) in tracerprogs::load(root, exact)? {
+            let at = tp.as_ref().map_or("its BTF tracepoint".into(), |t| {
+                t.to_string_lossy().into_owned()
+            });
+            hooks.labels.push(format!("{name}@{at}"));
+            hooks.progs.push((name, fd));
+            hooks.links.push((hooks.progs.len() - 1, tp));
         }
         Ok(hooks)
     }
@@ -470,6 +499,8 @@ fn measure_setup(
         "null_control" => (None, Ok(Hooks::default())),
         "floor" => (None, Hooks::floor(false)),
         "floor_second" => (None, Hooks::floor(true)),
+        "programs" => (None, Hooks::programs(root, false)),
+        "programs_exact" => (None, Hooks::programs(root, true)),
         tracer => {
             let before = link_ids()?;
             let running = hosttax::start(root, tracer, workload)?;
@@ -551,7 +582,7 @@ pub fn run(root: &Path, plan: &Plan) -> Result<(Value, Vec<String>)> {
         let stats = BpfStats::new()?;
         SETUPS
             .iter()
-            .filter(|s| plan.all || !matches!(s.0, "daemon" | "floor_second"))
+            .filter(|s| plan.all || !matches!(s.0, "daemon" | "floor_second" | "programs_exact"))
             .map(|&setup| {
                 eprintln!("bench: toggle: {}", setup.0);
                 measure_setup(root, setup, plan, cpu, workload.id(), &stats)
@@ -597,10 +628,15 @@ pub fn run(root: &Path, plan: &Plan) -> Result<(Value, Vec<String>)> {
                 f("added_ns_per_op")
             );
             if JUDGED.contains(&name) && med > hosttax::THRESHOLD {
+                let step = if name.starts_with("programs") {
+                    "the tracer's programs, none -> one"
+                } else {
+                    "its programs once more"
+                };
                 failures.push(format!(
-                    "toggle: {case} ({what}) costs {:+.1} % with {name}'s programs once more \
-                     (median of {} on phases against the off phases beside them, quartiles \
-                     {:+.1} / {:+.1} %), over +{:.0} %",
+                    "toggle: {case} ({what}) costs {:+.1} % under {name} ({step}; median of {} on \
+                     phases against the off phases beside them, quartiles {:+.1} / {:+.1} %), over \
+                     +{:.0} %",
                     pct(med),
                     v["phases"],
                     pct(q1),

@@ -16,6 +16,7 @@ mod scale;
 mod setup;
 mod soak;
 mod tracercpu;
+mod tracerprogs;
 
 use clap::{Parser, Subcommand};
 
