@@ -11,6 +11,10 @@ client; loopback targets only (127.0.0.0/8).
   E2E   send to the end of the response (chunked terminator read)
   TPOT  (E2E - TTFT) / (content events - 1)
 All timestamps are time.monotonic_ns(), i.e. CLOCK_MONOTONIC on Linux (bpf_ktime_get_ns's clock).
+
+first_token_runq_ns: the time this client's thread spent runnable but not running (its
+schedstat run-queue delay) across the recv() that completed the first content event: part of
+its own TTFT that no event on the wire shows (null where /proc gives no schedstat).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import json
+import os
 import random
 import socket
 import sys
@@ -32,6 +37,20 @@ MAX_CONCURRENCY = 1024
 def now_ns() -> int:
     # time.monotonic_ns() is clock_gettime(CLOCK_MONOTONIC) on Linux.
     return time.monotonic_ns()
+
+
+_schedstat = threading.local()
+
+
+def runq_ns():
+    """This thread's run-queue delay so far (the second field of its schedstat), or None."""
+    fd = getattr(_schedstat, "fd", None)
+    try:
+        if fd is None:
+            fd = _schedstat.fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+        return int(os.pread(fd, 128, 0).split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def percentile(values, p: float):
@@ -242,7 +261,7 @@ def one_request(a, sock: socket.socket, idx: int):
            "requested_output_tokens": a.output_tokens, "faults": faults, "cut_after": cut,
            "stream": not a.no_stream, "t_send": None, "t_first_token": None, "t_done": None,
            "ttft_s": None, "itl_s": [], "e2e_s": None, "tpot_s": None, "chunks": 0,
-           "http_status": None, "outcome": "error", "error": None}
+           "first_token_runq_ns": None, "http_status": None, "outcome": "error", "error": None}
     r = Response()
     rbuf = bytearray(65536)
     content_times: list[int] = []
@@ -253,6 +272,7 @@ def one_request(a, sock: socket.socket, idx: int):
     try:
         sock.sendall(req)
         while not r.done:
+            q0 = runq_ns() if not content_times else None
             n = sock.recv_into(rbuf)
             t = now_ns()
             if n == 0:
@@ -261,6 +281,9 @@ def one_request(a, sock: socket.socket, idx: int):
             for ev in r.events[seen:]:
                 if ev[1] is not None:
                     content_times.append(ev[0])
+            q1 = runq_ns() if q0 is not None and content_times else None
+            if q1 is not None:
+                res["first_token_runq_ns"] = max(0, q1 - q0)
             seen = len(r.events)
             if cut is not None and len(content_times) >= cut and not r.done:
                 sock.close()  # cut mid-stream (RST if unread data is pending)

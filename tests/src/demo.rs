@@ -86,6 +86,10 @@ pub struct ClientRequest {
     pub t_send: Option<u64>,
     #[serde(default)]
     pub t_first_token: Option<u64>,
+    /// The client thread's run-queue delay across the recv that read its
+    /// first token (its own schedstat): client time no wire event shows.
+    #[serde(default)]
+    pub first_token_runq_ns: Option<u64>,
     #[serde(default)]
     pub chunks: u64,
     /// Fault switches the request asked the demo server for.

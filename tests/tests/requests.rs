@@ -387,7 +387,11 @@ fn client_start_ms(sent: u64, traced: &Value) -> f64 {
 /// the server's packets lost. The estimate stands for the client's two
 /// one-way trips with the server's (request in, ACK out) and for the
 /// client's read with its ACK: within 2 ms + 2 % of the client's TTFT per
-/// request.
+/// request. A client that waited for a CPU after its kernel acknowledged
+/// the token reads it later than any wire event shows: the client's own
+/// run-queue delay across that read (its schedstat) is allowed on top, on
+/// the client's side only (CI saw a client 5.5 ms behind its ACK once, on
+/// two busy cores).
 #[test]
 fn client_ttft_estimate_agrees_with_the_clients_own() -> Result<()> {
     let Some(_g) = root_test("client_ttft_estimate_agrees_with_the_clients_own") else {
@@ -402,9 +406,9 @@ fn client_ttft_estimate_agrees_with_the_clients_own() -> Result<()> {
         "32",
     ];
     eprintln!(
-        "| segments | loss | requests with an estimate | client TTFT P50 / max | estimate − client median / max abs | server TTFT max |"
+        "| segments | loss | requests with an estimate | client TTFT P50 / max | estimate − client median / max abs | server TTFT max | client run-queue max |"
     );
-    eprintln!("| --- | --- | --- | --- | --- | --- |");
+    eprintln!("| --- | --- | --- | --- | --- | --- | --- |");
     // The default segment program with and without loss; the classic one
     // (the fallback) without: the loss runs test the retransmit handling,
     // which both share.
@@ -423,6 +427,7 @@ fn client_ttft_estimate_agrees_with_the_clients_own() -> Result<()> {
         let mut client = Vec::new();
         let mut err = Vec::new();
         let mut server = Vec::new();
+        let mut runq_max: f64 = 0.0;
         for (c, t) in &pairs {
             let ct = c.ttft_s.context("client ttft")? * 1e3;
             server.push(t["ttft_ns"].as_u64().context("ttft")? as f64 / 1e6);
@@ -437,13 +442,15 @@ fn client_ttft_estimate_agrees_with_the_clients_own() -> Result<()> {
             let start = client_start_ms(c.t_send.context("t_send")?, t);
             let ct = ct - start;
             let bound = 2.0 + 0.02 * ct;
+            let runq = c.first_token_runq_ns.unwrap_or(0) as f64 / 1e6;
             assert!(
-                (est - ct).abs() <= bound,
+                est - ct <= bound && ct - est <= bound + runq,
                 "estimate {est:.3} ms vs client {ct:.3} ms less its start {start:.3} ms (bound \
-                 {bound:.3}): {t}"
+                 {bound:.3}, the client's run-queue delay {runq:.3} ms): {t}"
             );
             client.push(ct);
             err.push(est - ct);
+            runq_max = runq_max.max(runq);
         }
         // Each request's first segment and its first token's ACK are seen,
         // but an ACK that is the connection's last segment shows only at the
@@ -456,7 +463,7 @@ fn client_ttft_estimate_agrees_with_the_clients_own() -> Result<()> {
         );
         let abs_max = err.iter().map(|e| e.abs()).fold(0.0, f64::max);
         eprintln!(
-            "| {hook} | {}% | {}/{} | {:.2} / {:.2} ms | {:+.3} / {:.3} ms | {:.2} ms |",
+            "| {hook} | {}% | {}/{} | {:.2} / {:.2} ms | {:+.3} / {:.3} ms | {:.2} ms | {runq_max:.3} ms |",
             loss.unwrap_or(0),
             err.len(),
             pairs.len(),
