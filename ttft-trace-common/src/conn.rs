@@ -1,10 +1,32 @@
 //! Kernel-side state of the socket probes (values of their maps).
 
-/// `LISTEN_PORTS` value bits: the port is followed in every network
+/// Bytes in one element of the probes' byte arrays (`TRACED_IDS`,
+/// `LISTEN_PORTS`): a page, so that userspace can map them.
+pub const SLOT_BYTES: u32 = 4096;
+
+/// `LISTEN_PORTS` holds two bytes per port (host order), at
+/// [`listen_byte`]: whether the port is followed in every network
 /// namespace (a `--port` of the user's, or a kernel whose namespace of a
-/// socket cannot be read), or in the namespaces listed in `LISTEN_NETNS`.
-pub const LISTEN_ANY_NETNS: u32 = 1;
-pub const LISTEN_SOME_NETNS: u32 = 2;
+/// socket cannot be read), and whether in the namespaces listed in
+/// `LISTEN_NETNS`. Each writer stores its own byte whole, so that no flag a
+/// concurrent writer (the kernel's `listen()` program, userspace's scan)
+/// sets is lost.
+pub const LISTEN_ANY_NETNS: u32 = 0;
+pub const LISTEN_SOME_NETNS: u32 = 1;
+
+/// Elements of `LISTEN_PORTS`: every port, two bytes each (128 KiB).
+pub const LISTEN_PORT_SLOTS: u32 = (1 << 16) * 2 / SLOT_BYTES;
+
+/// The byte of `LISTEN_PORTS` that holds `which` ([`LISTEN_ANY_NETNS`] or
+/// [`LISTEN_SOME_NETNS`]) of `port`, counted from the array's start.
+#[inline(always)]
+pub const fn listen_byte(port: u16, which: u32) -> u32 {
+    port as u32 * 2 + which
+}
+
+const _: () = assert!(listen_byte(u16::MAX, LISTEN_SOME_NETNS) < LISTEN_PORT_SLOTS * SLOT_BYTES);
+// A port's two bytes share an element: the probes read both from one lookup.
+const _: () = assert!(SLOT_BYTES.is_multiple_of(2));
 
 /// Key of `LISTEN_NETNS`: a listening port in one network namespace (the
 /// namespace's inode number, as `/proc/PID/ns/net` shows it).

@@ -101,22 +101,18 @@ pub enum Stat {
     /// Forked children that could not be added to `TRACKED` (full): they
     /// and their descendants are not traced.
     TrackedFull = 2,
-    /// Listening ports that could not be added to `LISTEN_PORTS` (full):
-    /// connections accepted on them are not followed.
-    ListenPortsFull = 3,
     /// (namespace, port) pairs that could not be added to `LISTEN_NETNS`
     /// (full): connections accepted on them are not followed.
-    ListenNetnsFull = 4,
+    ListenNetnsFull = 3,
 }
 
 /// Number of [`Stat`] slots.
-pub const STATS: u32 = 5;
+pub const STATS: u32 = 4;
 
 /// The plain (not LRU) hash maps, which refuse inserts when full, and the
 /// statistic counting the refusals in the kernel, for
 /// `ttft_trace_map_full_total{map}`.
-pub const MAP_FULL_STATS: [(Stat, &str); 3] = [
+pub const MAP_FULL_STATS: [(Stat, &str); 2] = [
     (Stat::TrackedFull, "TRACKED"),
-    (Stat::ListenPortsFull, "LISTEN_PORTS"),
     (Stat::ListenNetnsFull, "LISTEN_NETNS"),
 ];

@@ -14,7 +14,10 @@ pub mod offsets;
 pub mod process;
 pub mod signals;
 
-pub use conn::{ConnState, LISTEN_ANY_NETNS, LISTEN_SOME_NETNS, ListenKey, SendArgs};
+pub use conn::{
+    ConnState, LISTEN_ANY_NETNS, LISTEN_PORT_SLOTS, LISTEN_SOME_NETNS, ListenKey, SLOT_BYTES,
+    SendArgs, listen_byte,
+};
 pub use counters::{Direction, GpuCounters, MAP_FULL_STATS, Stat};
 pub use episode::{Completion, ThreadState, launch_key};
 pub use event::{

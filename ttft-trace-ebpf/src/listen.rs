@@ -4,7 +4,9 @@
 //! container's server on the same port number is not ours).
 
 use aya_ebpf::helpers::bpf_probe_read_kernel;
-use ttft_trace_common::{LISTEN_ANY_NETNS, LISTEN_SOME_NETNS, ListenKey, Stat, offsets::ABSENT};
+use ttft_trace_common::{
+    LISTEN_ANY_NETNS, LISTEN_SOME_NETNS, ListenKey, SLOT_BYTES, Stat, listen_byte, offsets::ABSENT,
+};
 
 use crate::maps::{LISTEN_NETNS, LISTEN_PORTS, bump_stat, offsets};
 
@@ -22,23 +24,40 @@ fn netns_of(sk: u64) -> Option<u32> {
     unsafe { bpf_probe_read_kernel((net + u64::from(off.net_inum)) as *const u32) }.ok()
 }
 
-/// Whether `port` is followed in some network namespace: one lookup.
+/// `port`'s two bytes of `LISTEN_PORTS`: (every namespace, some), or None
+/// where the array is missing (it never is: it is sized at compile time).
+#[inline(always)]
+fn port_flags(port: u16) -> Option<(u8, u8)> {
+    let at = listen_byte(port, LISTEN_ANY_NETNS);
+    let slot = LISTEN_PORTS.get(at / SLOT_BYTES)?;
+    // Even, so both bytes are in this element (the bound is visible to the
+    // compiler and the verifier: no check is left).
+    let i = (at % SLOT_BYTES) as usize & !1;
+    Some((
+        slot[i + LISTEN_ANY_NETNS as usize],
+        slot[i + LISTEN_SOME_NETNS as usize],
+    ))
+}
+
+/// Whether `port` is followed in some network namespace: one inlined
+/// array load.
 #[inline(always)]
 pub fn port_followed(port: u16) -> bool {
-    // SAFETY: only the presence is read.
-    unsafe { LISTEN_PORTS.get(port) }.is_some()
+    port_flags(port).is_some_and(|(any, some)| any | some != 0)
 }
 
 /// Whether a connection of socket `sk` on local port `port` was accepted on
-/// a followed listening port. Every other port costs one lookup.
+/// a followed listening port. Every other port costs one array load.
 #[inline(always)]
 pub fn is_followed(sk: u64, port: u16) -> bool {
-    // SAFETY: the value is copied out of the map.
-    let Some(flags) = (unsafe { LISTEN_PORTS.get(port).copied() }) else {
+    let Some((any, some)) = port_flags(port) else {
         return false;
     };
-    if flags & LISTEN_ANY_NETNS != 0 {
+    if any != 0 {
         return true;
+    }
+    if some == 0 {
+        return false;
     }
     let Some(netns) = netns_of(sk) else {
         return true;
@@ -48,7 +67,7 @@ pub fn is_followed(sk: u64, port: u16) -> bool {
         port,
         _pad: 0,
     };
-    // SAFETY: as above.
+    // SAFETY: only the presence is read.
     unsafe { LISTEN_NETNS.get(key) }.is_some()
 }
 
@@ -56,7 +75,7 @@ pub fn is_followed(sk: u64, port: u16) -> bool {
 /// the socket's namespace (in every one where that cannot be read).
 #[inline(always)]
 pub fn add(sk: u64, port: u16) {
-    let flag = match netns_of(sk) {
+    let which = match netns_of(sk) {
         Some(netns) => {
             let key = ListenKey {
                 netns,
@@ -71,9 +90,10 @@ pub fn add(sk: u64, port: u16) {
         }
         None => LISTEN_ANY_NETNS,
     };
-    // SAFETY: as above.
-    let flags = unsafe { LISTEN_PORTS.get(port).copied() }.unwrap_or(0);
-    if LISTEN_PORTS.insert(port, flags | flag, 0).is_err() {
-        bump_stat(Stat::ListenPortsFull);
+    let at = listen_byte(port, which);
+    if let Some(slot) = LISTEN_PORTS.get_ptr_mut(at / SLOT_BYTES) {
+        // SAFETY: one byte of a live map value, stored whole (its other
+        // writer, userspace, stores the same value).
+        unsafe { (*slot)[(at % SLOT_BYTES) as usize] = 1 };
     }
 }

@@ -6,7 +6,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, LruPerCpuHashMap, PerCpuArray, RingBuf},
 };
 use ttft_trace_common::{
-    ConnState, GpuCounters, ListenKey, SendArgs, ThreadState, TracepointOffsets,
+    ConnState, GpuCounters, LISTEN_PORT_SLOTS, ListenKey, SLOT_BYTES, SendArgs, ThreadState,
+    TracepointOffsets,
     counters::STATS,
     offsets::{ABSENT, TaskOffsets},
     signals::{RUNQ_BUCKETS, SchedState, SchedTotals},
@@ -47,13 +48,16 @@ pub static EXITED: LruHashMap<u32, u32> = LruHashMap::with_max_entries(4096, 0);
 pub static ANNOUNCED: LruHashMap<u32, u64> = LruHashMap::with_max_entries(4096, 0);
 
 /// Listening ports of the traced tree (host byte order): a connection
-/// accepted on one of them is a server connection. Filled by userspace (ports
-/// listening at start, `--port`) and by `inet_sock_set_state` on `listen()`.
-/// The value says in which network namespaces
-/// ([`ttft_trace_common::LISTEN_ANY_NETNS`] or `LISTEN_SOME_NETNS`): one
-/// lookup turns away every other port before a namespace is read.
+/// accepted on one of them is a server connection. Set by userspace (ports
+/// listening at start, `--port`) and by `inet_sock_set_state` on
+/// `listen()`; two bytes per port, in which network namespaces it is
+/// followed (see [`ttft_trace_common::listen_byte`]). An array, not a hash:
+/// every TCP segment on the host is checked here, and an array lookup is a
+/// load the verifier inlines where a hash lookup is a helper call. Every
+/// port fits: nothing to refuse.
 #[map]
-pub static LISTEN_PORTS: HashMap<u16, u32> = HashMap::with_max_entries(1024, 0);
+pub static LISTEN_PORTS: Array<[u8; SLOT_BYTES as usize]> =
+    Array::with_max_entries(LISTEN_PORT_SLOTS, BPF_F_MMAPABLE);
 
 /// The (network namespace, port) pairs of `LISTEN_SOME_NETNS` ports: another
 /// namespace's server on the same port number is not followed.
@@ -76,7 +80,7 @@ pub static SEND_ARGS: LruHashMap<u32, SendArgs> = LruHashMap::with_max_entries(1
 pub static SCHED_STATE: LruHashMap<u32, SchedState> = LruHashMap::with_max_entries(65536, 0);
 
 /// Ids that may be traced: one byte per process or thread id, in elements
-/// of [`IDS_PER_SLOT`] ids, set before the id goes into [`TRACKED`] (by
+/// of [`SLOT_BYTES`] ids, set before the id goes into [`TRACKED`] (by
 /// userspace, through a shared mapping, or by the fork program) or into
 /// [`SCHED_STATE`], cleared when it exits. Every program that runs for
 /// untraced tasks too reads it before any hash lookup: an array read the
@@ -85,26 +89,24 @@ pub static SCHED_STATE: LruHashMap<u32, SchedState> = LruHashMap::with_max_entri
 /// written whole (no read-modify-write of a neighbour's flag). Userspace
 /// sizes it to `pid_max` at load; the default covers `PID_MAX_LIMIT` (4 MiB).
 #[map]
-pub static TRACED_IDS: Array<[u8; IDS_PER_SLOT as usize]> =
+pub static TRACED_IDS: Array<[u8; SLOT_BYTES as usize]> =
     Array::with_max_entries(1024, BPF_F_MMAPABLE);
-
-pub const IDS_PER_SLOT: u32 = 4096;
 
 /// Whether `id` may be traced (in TRACKED, or with scheduler state); false
 /// only when it is surely not.
 #[inline(always)]
 pub fn may_be_traced(id: u32) -> bool {
-    match TRACED_IDS.get(id / IDS_PER_SLOT) {
-        Some(slot) => slot[(id % IDS_PER_SLOT) as usize] != 0,
+    match TRACED_IDS.get(id / SLOT_BYTES) {
+        Some(slot) => slot[(id % SLOT_BYTES) as usize] != 0,
         None => true,
     }
 }
 
 #[inline(always)]
 pub fn mark_traced(id: u32, traced: bool) {
-    if let Some(slot) = TRACED_IDS.get_ptr_mut(id / IDS_PER_SLOT) {
+    if let Some(slot) = TRACED_IDS.get_ptr_mut(id / SLOT_BYTES) {
         // SAFETY: the byte of this id in a live map value.
-        unsafe { (*slot)[(id % IDS_PER_SLOT) as usize] = u8::from(traced) };
+        unsafe { (*slot)[(id % SLOT_BYTES) as usize] = u8::from(traced) };
     }
 }
 

@@ -39,17 +39,15 @@ pub struct DaemonConfig {
 }
 
 /// Entries of the kernel maps whose size bounds what is followed (the
-/// defaults are the sizes compiled into the probes). `TRACKED`,
-/// `LISTEN_PORTS` and `LISTEN_NETNS` refuse inserts when full (counted in
+/// defaults are the sizes compiled into the probes). `TRACKED` and
+/// `LISTEN_NETNS` refuse inserts when full (counted in
 /// `ttft_trace_map_full_total`); `CONNS` evicts its least recently used
-/// connection.
+/// connection. `LISTEN_PORTS` is an array with room for every port.
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
 #[serde(default, deny_unknown_fields)]
 pub struct KernelMaps {
     /// Traced processes (and threads between fork and exit).
     pub tracked: u32,
-    /// Listening ports.
-    pub listen_ports: u32,
     /// (network namespace, port) pairs.
     pub listen_netns: u32,
     /// Followed server connections.
@@ -60,7 +58,6 @@ impl Default for KernelMaps {
     fn default() -> Self {
         Self {
             tracked: 16_384,
-            listen_ports: 1024,
             listen_netns: 4096,
             conns: 65_536,
         }
@@ -69,10 +66,9 @@ impl Default for KernelMaps {
 
 impl KernelMaps {
     /// (map name, entries) for the loader; zero is refused (a map needs one).
-    pub fn entries(&self) -> Result<[(&'static str, u32); 4], ConfigError> {
+    pub fn entries(&self) -> Result<[(&'static str, u32); 3], ConfigError> {
         let all = [
             ("TRACKED", self.tracked),
-            ("LISTEN_PORTS", self.listen_ports),
             ("LISTEN_NETNS", self.listen_netns),
             ("CONNS", self.conns),
         ];

@@ -59,7 +59,7 @@ pub struct TraceConfig {
     pub jsonl: Option<PathBuf>,
     pub ringbuf_bytes: u32,
     /// (kernel map, entries) set at load time.
-    pub map_entries: [(&'static str, u32); 4],
+    pub map_entries: [(&'static str, u32); 3],
     /// Server ports to follow besides those the traced processes listen on.
     pub ports: Vec<u16>,
     /// Scheduler intervals at least this long are kept for attribution.

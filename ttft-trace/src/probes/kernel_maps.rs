@@ -10,7 +10,7 @@ use aya::{
 };
 use ttft_trace_common::signals::{RUNQ_BUCKETS, RUNQ_SUM_SLOT, SchedTotals};
 use ttft_trace_common::{
-    GpuCounters, LISTEN_ANY_NETNS, LISTEN_SOME_NETNS, ListenKey, MAP_FULL_STATS, Stat,
+    GpuCounters, LISTEN_ANY_NETNS, LISTEN_SOME_NETNS, ListenKey, MAP_FULL_STATS, Stat, listen_byte,
 };
 
 use super::{ProbeError, Probes};
@@ -24,7 +24,7 @@ impl Probes {
         // Marked first: the per-event programs look it up only when marked
         // (a mark left by a refused insert costs a lookup, and the exit
         // program clears it).
-        self.traced_ids.mark(pid);
+        self.traced_ids.set(pid);
         let mut map: BpfHashMap<_, u32, u32> = BpfHashMap::try_from(
             self.ebpf
                 .map_mut("TRACKED")
@@ -99,9 +99,10 @@ impl Probes {
     /// Marks a TCP port as a listening port of the traced tree, in network
     /// namespace `netns` (every namespace: None, or where the probes cannot
     /// read a socket's): connections accepted on it are followed as server
-    /// connections.
-    pub fn add_listen_port(&mut self, netns: Option<u32>, port: u16) -> Result<(), ProbeError> {
-        let flag = match netns.filter(|_| self.netns_known) {
+    /// connections. A full `LISTEN_NETNS` is counted and warned about;
+    /// returns whether the port is followed.
+    pub fn add_listen_port(&mut self, netns: Option<u32>, port: u16) -> Result<bool, ProbeError> {
+        let which = match netns.filter(|_| self.netns_known) {
             Some(netns) => {
                 let mut map: BpfHashMap<_, ListenKey, u32> = BpfHashMap::try_from(
                     self.ebpf
@@ -117,22 +118,14 @@ impl Probes {
                 let result = map.insert(key, 1, 0);
                 let what = || format!("port {port} in network namespace {netns}");
                 if !self.full_unless_stored("LISTEN_NETNS", result, what)? {
-                    return Ok(());
+                    return Ok(false);
                 }
                 LISTEN_SOME_NETNS
             }
             None => LISTEN_ANY_NETNS,
         };
-        let mut map: BpfHashMap<_, u16, u32> = BpfHashMap::try_from(
-            self.ebpf
-                .map_mut("LISTEN_PORTS")
-                .ok_or(ProbeError::Missing("LISTEN_PORTS"))?,
-        )
-        .map_err(|e| ProbeError::Map("LISTEN_PORTS", e))?;
-        let flags = map.get(&port, 0).unwrap_or(0);
-        let result = map.insert(port, flags | flag, 0);
-        self.full_unless_stored("LISTEN_PORTS", result, || format!("port {port}"))
-            .map(drop)
+        self.listen_ports.set(listen_byte(port, which));
+        Ok(true)
     }
 
     /// Stops tracing an id (a process that exited, or a thread's id).

@@ -1,6 +1,7 @@
 //! Loading the eBPF object, attaching its programs, and reading its maps.
 
 pub mod btf;
+mod byte_arrays;
 mod detach;
 mod event_hook;
 mod kernel_maps;
@@ -8,7 +9,6 @@ pub mod libraries;
 mod selftest;
 mod send_hook;
 pub mod symbols;
-mod traced_ids;
 
 pub use detach::detach_in_background;
 pub use event_hook::{EVENT_HOOK_ENV, EventHook, event_hook_plan, segment_plan};
@@ -139,8 +139,10 @@ pub struct Probes {
     raw_segments: bool,
     /// Tracepoints attached (classic, raw and BTF).
     tracepoints: usize,
-    /// Ids the per-event programs may look up (see `traced_ids`).
-    traced_ids: traced_ids::TracedIds,
+    /// Ids the per-event programs may look up (see `byte_arrays`).
+    traced_ids: byte_arrays::SharedBytes,
+    /// Followed listening ports (see `byte_arrays`).
+    listen_ports: byte_arrays::SharedBytes,
     /// Libraries attached, by the file they land on: uprobes attach to a
     /// file, and fire in the processes of their [`Reach`] that map it.
     attached: HashMap<FileId, Probed>,
@@ -354,7 +356,7 @@ impl Probes {
             .override_global("LARGE_COPY_BYTES", &cfg.large_copy_bytes, true)
             .override_global("DISCOVER", &discover, true)
             .map_max_entries("EVENTS", ringbuf_bytes)
-            .map_max_entries(traced_ids::MAP, traced_ids::slots());
+            .map_max_entries(byte_arrays::TRACED_IDS, byte_arrays::traced_id_slots());
         for &(map, entries) in &cfg.map_entries {
             loader.map_max_entries(map, entries);
         }
@@ -462,7 +464,8 @@ impl Probes {
             }
         }
         log::info!("send hook: {}", send_hook.describe());
-        let traced_ids = traced_ids::TracedIds::map(&ebpf)?;
+        let traced_ids = byte_arrays::SharedBytes::map(&ebpf, byte_arrays::TRACED_IDS)?;
+        let listen_ports = byte_arrays::SharedBytes::map(&ebpf, byte_arrays::LISTEN_PORTS)?;
         let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
         log::info!(
             "probes loaded in {:.0} ms: kernel layouts (tracefs, BTF) {:.0} ms, maps and \
@@ -479,6 +482,7 @@ impl Probes {
             raw_segments,
             tracepoints,
             traced_ids,
+            listen_ports,
             netns_known: offsets.sk_net != ABSENT,
             attached: HashMap::new(),
             map_full: BTreeMap::new(),

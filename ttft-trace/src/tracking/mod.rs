@@ -280,8 +280,11 @@ impl Tracking {
         found.extend(extra.iter().map(|&port| (None, port)));
         let mut new = Vec::new();
         for (netns, port) in found {
-            if self.listen_ports.insert((netns, port)) {
-                self.probes.add_listen_port(netns, port)?;
+            // A port refused (its map full) is tried again at the next scan.
+            if !self.listen_ports.contains(&(netns, port))
+                && self.probes.add_listen_port(netns, port)?
+            {
+                self.listen_ports.insert((netns, port));
                 new.push(port.to_string());
             }
         }
