@@ -52,9 +52,7 @@
 //! other CPU, and its events are not what is measured.
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
-    ffi::CString,
-    os::fd::OwnedFd,
+    collections::BTreeSet,
     path::Path,
     sync::atomic::{AtomicBool, Ordering},
     thread,
@@ -65,12 +63,10 @@ use anyhow::{Context as _, Result, anyhow, bail};
 use serde_json::{Value, json};
 
 use crate::{
-    bpfobj::{
-        BPF_LINK_TYPE_PERF_EVENT, BPF_LINK_TYPE_RAW_TRACEPOINT, BPF_PROG_GET_FD_BY_ID,
-        BPF_PROG_TYPE_TRACING, held_links, link, link_ids, open_id, prog_info, settled_link_ids,
-    },
-    hosttax::{self, BpfStats, CASES, Placement, quantile},
-    rawfloor, tracerprogs,
+    bpfobj::{link_ids, prog_info, settled_link_ids},
+    hosttax::{self, BpfStats, CASES, Placement},
+    togglehooks::Hooks,
+    togglephases::{Slice, Toggle, summary},
 };
 
 pub struct Plan {
@@ -160,139 +156,6 @@ fn now_ns() -> u64 {
     clock_ns(libc::CLOCK_MONOTONIC)
 }
 
-/// What a setup switches: programs, and where each gets its second link.
-#[derive(Default)]
-struct Hooks {
-    /// Name and fd of each program.
-    progs: Vec<(String, OwnedFd)>,
-    /// Index in `progs` and the tracepoint's name (`None` for a `tp_btf`
-    /// program) of each link to make.
-    links: Vec<(usize, Option<CString>)>,
-    /// "program@tracepoint" of each link, for the report.
-    labels: Vec<String>,
-    /// The tracer's links left alone, and why.
-    skipped: Vec<String>,
-    /// Links that stay on throughout (`floor_second`'s first copy).
-    _base: Vec<OwnedFd>,
-}
-
-impl Hooks {
-    /// Makes every link; closing them all undoes it.
-    fn attach(&self) -> Result<Vec<OwnedFd>> {
-        self.links
-            .iter()
-            .map(|(p, tp)| rawfloor::raw_tp_open(&self.progs[*p].1, tp.as_deref()))
-            .collect()
-    }
-
-    /// The empty program, on each of the floor's tracepoints; with
-    /// `second`, on top of a first link of it there that stays.
-    fn floor(second: bool) -> Result<Self> {
-        let mut hooks = Self::default();
-        hooks.progs.push((rawfloor::NAME.into(), rawfloor::load()?));
-        for tp in rawfloor::TRACEPOINTS {
-            hooks.links.push((0, Some(CString::new(*tp)?)));
-            hooks.labels.push(format!("{}@{tp}", rawfloor::NAME));
-        }
-        if second {
-            hooks._base = hooks.attach()?;
-        }
-        Ok(hooks)
-    }
-
-    /// The tracer's own programs, loaded fresh from its object with no
-    /// tracer running (see [`crate::tracerprogs`]): switched from none to
-    /// one link.
-    fn programs(root: &Path, exact: bool) -> Result<Self> {
-        let mut hooks = Self::default();
-        for (name, fd, tp) in tracerprogs::load(root, exact)? {
-            let at = tp.as_ref().map_or("its BTF tracepoint".into(), |t| {
-                t.to_string_lossy().into_owned()
-            });
-            hooks.labels.push(format!("{name}@{at}"));
-            hooks.progs.push((name, fd));
-            hooks.links.push((hooks.progs.len() - 1, tp));
-        }
-        Ok(hooks)
-    }
-
-    /// The raw-tracepoint programs of the links made since `before` that
-    /// process `pid` holds (the tracer's: another tracer may start
-    /// meanwhile, a test's).
-    fn tracer(before: &BTreeSet<u32>, pid: u32) -> Result<Self> {
-        let mut hooks = Self::default();
-        let mut by_id: BTreeMap<u32, (usize, bool)> = BTreeMap::new();
-        let (mut uprobes, mut tracepoints) = (0, Vec::new());
-        let held = held_links(pid)?;
-        let new: BTreeSet<u32> = link_ids()?.difference(before).copied().collect();
-        let others = new.difference(&held).count();
-        if others > 0 {
-            hooks.skipped.push(format!(
-                "{others} links made meanwhile by other processes (another tracer?)"
-            ));
-        }
-        for &id in new.intersection(&held) {
-            let Some(l) = link(id)? else { continue };
-            match l.kind {
-                BPF_LINK_TYPE_RAW_TRACEPOINT => {
-                    let (p, btf) = match by_id.get(&l.prog_id) {
-                        Some(&p) => p,
-                        None => {
-                            let Some(fd) = open_id(BPF_PROG_GET_FD_BY_ID, l.prog_id)? else {
-                                continue;
-                            };
-                            let (kind, name, _) = prog_info(&fd)?;
-                            hooks.progs.push((name, fd));
-                            let p = (hooks.progs.len() - 1, kind == BPF_PROG_TYPE_TRACING);
-                            by_id.insert(l.prog_id, p);
-                            p
-                        }
-                    };
-                    hooks
-                        .labels
-                        .push(format!("{}@{}", hooks.progs[p].0, l.name));
-                    let tp = if btf {
-                        None
-                    } else {
-                        Some(CString::new(l.name)?)
-                    };
-                    hooks.links.push((p, tp));
-                }
-                // enum bpf_perf_event_type: 1 uprobe, 2 uretprobe, 5
-                // tracepoint.
-                BPF_LINK_TYPE_PERF_EVENT if matches!(l.perf_kind, 1 | 2) => uprobes += 1,
-                BPF_LINK_TYPE_PERF_EVENT if l.perf_kind == 5 => tracepoints.push(l.name),
-                kind => hooks.skipped.push(format!(
-                    "link {id} of type {kind} ({}): not a raw tracepoint",
-                    l.name
-                )),
-            }
-        }
-        if uprobes > 0 {
-            hooks.skipped.push(format!(
-                "{uprobes} uprobes and uretprobes (perf-event links: closing one takes 64-84 ms \
-                 here, too slow to switch)"
-            ));
-        }
-        if !tracepoints.is_empty() {
-            hooks.skipped.push(format!(
-                "classic tracepoints {} (perf-event links, too slow to switch; rare events)",
-                tracepoints.join(", ")
-            ));
-        }
-        Ok(hooks)
-    }
-}
-
-/// One switch: CLOCK_MONOTONIC before and after its bpf() calls, and
-/// whether the second links are on after it.
-#[derive(Clone, Copy)]
-struct Toggle {
-    before: u64,
-    after: u64,
-    on: bool,
-}
-
 /// Switches `hooks` on and off until `stop`, each phase `period` ± 25 %
 /// (drawn, so that nothing periodic on the host, timer ticks or the
 /// tracer's 10 ms sampling, keeps step with the phases).
@@ -324,13 +187,6 @@ fn toggler(hooks: &Hooks, period: Duration, stop: &AtomicBool) -> Result<Vec<Tog
     }
     drop(held);
     Ok(toggles)
-}
-
-/// One slice of the fixture's run: stamps and operations.
-struct Slice {
-    start: u64,
-    end: u64,
-    ops: u64,
 }
 
 /// Runs the fixture's `case` for `ms` on `cpu` in slices of `slice_us`:
@@ -370,51 +226,6 @@ fn fixture(
         }
     }
     Ok((slices, ops.context("no ops in hosttax's output")?))
-}
-
-/// Per phase (between two switches): whether the hooks were on, and the ns
-/// and operations of the slices wholly inside it.
-fn phases(slices: &[Slice], toggles: &[Toggle]) -> Vec<(bool, u64, u64)> {
-    let spans: Vec<(u64, u64, bool)> = toggles
-        .windows(2)
-        .map(|w| (w[0].after, w[1].before, w[0].on))
-        .collect();
-    let mut sums = vec![(0, 0); spans.len()];
-    for s in slices {
-        let i = spans.partition_point(|p| p.0 <= s.start);
-        if i > 0 && s.end <= spans[i - 1].1 {
-            sums[i - 1].0 += s.end - s.start;
-            sums[i - 1].1 += s.ops;
-        }
-    }
-    spans
-        .iter()
-        .zip(sums)
-        .map(|(&(_, _, on), (ns, ops))| (on, ns, ops))
-        .collect()
-}
-
-/// Each on phase's ns per operation over the mean of the off phases right
-/// before and after it (all three with whole slices).
-fn paired(phases: &[(bool, u64, u64)]) -> Vec<f64> {
-    let per_op = |&(_, ns, ops): &(bool, u64, u64)| (ops > 0).then(|| ns as f64 / ops as f64);
-    phases
-        .windows(3)
-        .filter(|w| w[1].0)
-        .filter_map(|w| {
-            let (b, on, a) = (per_op(&w[0])?, per_op(&w[1])?, per_op(&w[2])?);
-            Some(on / ((b + a) / 2.0))
-        })
-        .collect()
-}
-
-/// Mean ns per operation over the phases in state `on`.
-fn level(phases: &[(bool, u64, u64)], on: bool) -> f64 {
-    let (ns, ops) = phases
-        .iter()
-        .filter(|p| p.0 == on)
-        .fold((0, 0), |(n, o), p| (n + p.1, o + p.2));
-    ns as f64 / ops as f64
 }
 
 /// Shows that the second links run: each program's runs per round trip of
@@ -460,27 +271,6 @@ fn check(bin: &Path, cpu: usize, hooks: &Hooks, stats: &BpfStats) -> Result<Valu
         .map(|((name, _), [one, two])| (name.clone(), json!({"without": one, "with": two})))
         .collect::<serde_json::Map<_, _>>()
         .into())
-}
-
-/// One case under one setup: the paired ratios' median and quartiles (NaN,
-/// so null, without any), ns per operation off and on, and the switches
-/// made with the longest of them (a switch held up by the kernel, as while
-/// another tracer attaches or detaches, leaves fewer phases).
-fn summary(slices: &[Slice], toggles: &[Toggle]) -> Value {
-    let ph = phases(slices, toggles);
-    let ratios = paired(&ph);
-    let q = |p| match ratios.len() {
-        0 => f64::NAN,
-        _ => quantile(&ratios, p),
-    };
-    let off = level(&ph, false);
-    let longest = toggles.iter().map(|t| t.after - t.before).max();
-    json!({
-        "paired_median": q(0.5), "paired_q1": q(0.25), "paired_q3": q(0.75),
-        "phases": ratios.len(), "off_ns_per_op": off, "on_ns_per_op": level(&ph, true),
-        "added_ns_per_op": (q(0.5) - 1.0) * off, "ratios": ratios,
-        "switches": toggles.len(), "longest_switch_us": longest.unwrap_or(0) as f64 / 1e3,
-    })
 }
 
 /// Starts what `setup` needs, finds its hooks, checks them and measures
@@ -678,40 +468,4 @@ pub fn verdict(failures: &[String]) -> bool {
         );
     }
     failures.is_empty()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn toggle(at: u64, on: bool) -> Toggle {
-        Toggle {
-            before: at,
-            after: at + 1,
-            on,
-        }
-    }
-
-    #[test]
-    fn slices_across_a_switch_are_dropped_and_on_phases_paired() {
-        // Off 0-100, on 101-200, off 201-300.
-        let toggles = [
-            toggle(0, false),
-            toggle(100, true),
-            toggle(200, false),
-            toggle(300, true),
-        ];
-        let slice = |start, end, ops| Slice { start, end, ops };
-        let slices = [
-            slice(1, 50, 49),    // off: 1 ns/op
-            slice(90, 110, 20),  // across a switch: dropped
-            slice(120, 180, 30), // on: 2 ns/op
-            slice(210, 290, 20), // off: 4 ns/op
-        ];
-        let ph = phases(&slices, &toggles);
-        assert_eq!(ph, vec![(false, 49, 49), (true, 60, 30), (false, 80, 20)]);
-        // 2 over the mean of 1 and 4.
-        assert_eq!(paired(&ph), vec![2.0 / 2.5]);
-        assert_eq!(level(&ph, false), 129.0 / 69.0);
-    }
 }

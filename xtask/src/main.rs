@@ -15,6 +15,8 @@ mod run;
 mod scale;
 mod setup;
 mod soak;
+mod togglehooks;
+mod togglephases;
 mod tracercpu;
 mod tracerprogs;
 
