@@ -15,6 +15,10 @@ All timestamps are time.monotonic_ns(), i.e. CLOCK_MONOTONIC on Linux (bpf_ktime
 first_token_runq_ns: the time this client's thread spent runnable but not running (its
 schedstat run-queue delay) across the recv() that completed the first content event: part of
 its own TTFT that no event on the wire shows (null where /proc gives no schedstat).
+t_first_token_arrived: when the data of that recv() reached the client's socket (the kernel's
+receive timestamp, SO_TIMESTAMPNS, of the last segment it returned; moved from CLOCK_REALTIME
+to CLOCK_MONOTONIC): its read, less this, is the client's own delay in reading (its threads
+share one GIL and two CPUs with the server in the tests). Null without a timestamp.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import json
 import os
 import random
 import socket
+import struct
 import sys
 import threading
 import time
@@ -40,6 +45,26 @@ def now_ns() -> int:
 
 
 _schedstat = threading.local()
+
+
+# Linux's SO_TIMESTAMPNS (= SCM_TIMESTAMPNS; Python names neither): a struct timespec of
+# CLOCK_REALTIME per recvmsg, for the last segment it returned.
+SO_TIMESTAMPNS = 35
+TIMESPEC = struct.Struct("@qq")
+ANCILLARY = socket.CMSG_SPACE(TIMESPEC.size)
+
+
+def recv_stamped(sock: socket.socket, buf: bytearray):
+    """recv_into(buf), and when the kernel received its last segment (CLOCK_MONOTONIC ns)."""
+    n, anc, _flags, _addr = sock.recvmsg_into([buf], ANCILLARY)
+    for level, kind, data in anc:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= TIMESPEC.size:
+            sec, nsec = TIMESPEC.unpack_from(data)
+            # The realtime clock's offset over the monotonic one, read now (both move
+            # together between NTP slews).
+            offset = time.clock_gettime_ns(time.CLOCK_REALTIME) - time.monotonic_ns()
+            return n, sec * 1_000_000_000 + nsec - offset
+    return n, None
 
 
 def runq_ns():
@@ -220,6 +245,7 @@ class Step:
                                  "outcome": "error", "error": f"connect: {e}"})
                     continue
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
                 on_conn = 0
                 conn_no += 1
             on_conn += 1
@@ -261,7 +287,8 @@ def one_request(a, sock: socket.socket, idx: int):
            "requested_output_tokens": a.output_tokens, "faults": faults, "cut_after": cut,
            "stream": not a.no_stream, "t_send": None, "t_first_token": None, "t_done": None,
            "ttft_s": None, "itl_s": [], "e2e_s": None, "tpot_s": None, "chunks": 0,
-           "first_token_runq_ns": None, "http_status": None, "outcome": "error", "error": None}
+           "first_token_runq_ns": None, "t_first_token_arrived": None, "http_status": None,
+           "outcome": "error", "error": None}
     r = Response()
     rbuf = bytearray(65536)
     content_times: list[int] = []
@@ -272,8 +299,9 @@ def one_request(a, sock: socket.socket, idx: int):
     try:
         sock.sendall(req)
         while not r.done:
-            q0 = runq_ns() if not content_times else None
-            n = sock.recv_into(rbuf)
+            first_pending = not content_times
+            q0 = runq_ns() if first_pending else None
+            n, arrived = recv_stamped(sock, rbuf)
             t = now_ns()
             if n == 0:
                 raise ResponseError("server closed the connection mid-response")
@@ -281,9 +309,11 @@ def one_request(a, sock: socket.socket, idx: int):
             for ev in r.events[seen:]:
                 if ev[1] is not None:
                     content_times.append(ev[0])
-            q1 = runq_ns() if q0 is not None and content_times else None
-            if q1 is not None:
-                res["first_token_runq_ns"] = max(0, q1 - q0)
+            if first_pending and content_times:
+                q1 = runq_ns() if q0 is not None else None
+                if q1 is not None:
+                    res["first_token_runq_ns"] = max(0, q1 - q0)
+                res["t_first_token_arrived"] = arrived
             seen = len(r.events)
             if cut is not None and len(content_times) >= cut and not r.done:
                 sock.close()  # cut mid-stream (RST if unread data is pending)

@@ -90,6 +90,11 @@ pub struct ClientRequest {
     /// first token (its own schedstat): client time no wire event shows.
     #[serde(default)]
     pub first_token_runq_ns: Option<u64>,
+    /// When the data of the recv that read the first token reached the
+    /// client's socket (the kernel's receive timestamp, CLOCK_MONOTONIC):
+    /// its read less this is the client's own delay in reading.
+    #[serde(default)]
+    pub t_first_token_arrived: Option<u64>,
     #[serde(default)]
     pub chunks: u64,
     /// Fault switches the request asked the demo server for.

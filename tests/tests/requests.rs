@@ -137,15 +137,16 @@ fn traced_ttft_agrees_with_the_clients_own() -> Result<()> {
         "every client request found in the trace"
     );
     eprintln!(
-        "| concurrency | client TTFT P50 / P99 | traced TTFT P50 / P99 | max diff | P99 diff | max unread | seen / sent |"
+        "| concurrency | client TTFT P50 / P99 | traced TTFT P50 / P99 | max diff | P99 diff | max unread | client's max delay in reading | seen / sent |"
     );
-    eprintln!("| --- | --- | --- | --- | --- | --- | --- |");
+    eprintln!("| --- | --- | --- | --- | --- | --- | --- | --- |");
     for c in [1u32, 4, 16] {
         let step: Vec<_> = pairs.iter().filter(|(cl, _)| cl.concurrency == c).collect();
         let mut client = Vec::new();
         let mut tracedv = Vec::new();
         let mut diff = Vec::new();
         let mut unread_max = 0.0f64;
+        let mut late_max = 0.0f64;
         for (cl, tr) in &step {
             let ct = cl.ttft_s.context("client ttft")? * 1e3;
             let tt = tr["ttft_ns"].as_u64().context("traced ttft")? as f64 / 1e6;
@@ -198,16 +199,34 @@ fn traced_ttft_agrees_with_the_clients_own() -> Result<()> {
             if let (Some(read), Some(ft)) = (cl.t_first_token, tr["t_first_token_ns"].as_u64()) {
                 assert!(read >= ft, "first token read at {read}, sent at {ft}: {tr}");
             }
+            // The client's own delay in reading its first token: from the
+            // kernel's receive timestamp of that data in its socket to its
+            // read (its threads share one GIL and two CPUs with the
+            // server). The data cannot arrive before the server sent it
+            // (50 µs for the realtime clock's conversion).
+            let late = match (cl.t_first_token, cl.t_first_token_arrived) {
+                (Some(read), Some(arrived)) => {
+                    if let Some(ft) = tr["t_first_token_ns"].as_u64() {
+                        assert!(
+                            arrived + 50_000 >= ft,
+                            "first token arrived at {arrived}, sent at {ft}: {tr}"
+                        );
+                    }
+                    read.saturating_sub(arrived) as f64 / 1e6
+                }
+                _ => 0.0,
+            };
             client.push(ct);
             tracedv.push(tt);
-            diff.push(ct - tt - unread - start);
+            diff.push(ct - tt - unread - start - late);
             unread_max = unread_max.max(unread);
+            late_max = late_max.max(late);
         }
         let max = diff.iter().copied().fold(0.0, f64::max);
         let client_p99 = p(client.clone(), 0.99);
         let p99 = p(diff.clone(), 0.99);
         eprintln!(
-            "| {c} | {:.2} / {:.2} ms | {:.2} / {:.2} ms | {:.3} ms | {:.3} ms | {:.3} ms | {} / {} |",
+            "| {c} | {:.2} / {:.2} ms | {:.2} / {:.2} ms | {:.3} ms | {:.3} ms | {:.3} ms | {late_max:.3} ms | {} / {} |",
             p(client.clone(), 0.5),
             client_p99,
             p(tracedv.clone(), 0.5),
@@ -218,15 +237,16 @@ fn traced_ttft_agrees_with_the_clients_own() -> Result<()> {
             step.len(),
             step.len()
         );
-        // On loopback the difference, less the request's unread wait and
-        // the client's start, is the client's delay in reading: under 1 ms
-        // at concurrency 1 (P90; the worst of 32 under 5 ms: CI saw one
-        // request 2.56 ms late on this shared 2-core machine, 2026-12-02,
-        // before the start was taken out). With up to 16 Python client
-        // threads (one GIL) beside the server on 2 cores a thread may read
-        // its token late: the P90 is bounded at 2 ms, the worst of 32 at
-        // 5 % of the client's P99 TTFT (at least 5 ms). Measured in 5
-        // runs: worst 0.21-0.33 ms at 1, 0.45-2.14 ms at 4 and 16.
+        // On loopback the difference, less the request's unread wait, the
+        // client's start and the client's own delay in reading (from its
+        // socket's receive timestamp), is the token's way from the server's
+        // send to the client's socket: near zero. Bounds: the P90 under 1 ms
+        // at concurrency 1 and 2 ms at 4 and 16, the worst of 32 under 5 ms
+        // (5 % of the client's P99 TTFT at 4 and 16, at least 5 ms). Before
+        // the client's delay in reading was measured, it was the bulk of the
+        // difference: 0.21-0.33 ms at 1 and 0.45-2.14 ms at 4 and 16 in 5
+        // runs, and a CI run (2026-12-03) failed on a P90 of 7.8 ms at 16
+        // (16 Python client threads, one GIL, beside the server on 2 cores).
         // (Before the unread wait was subtracted, the raw difference
         // reached 34 ms at 16: it was the server's, not the client's.)
         let p90 = p(diff.clone(), 0.9);
@@ -390,8 +410,10 @@ fn client_start_ms(sent: u64, traced: &Value) -> f64 {
 /// request. A client that waited for a CPU after its kernel acknowledged
 /// the token reads it later than any wire event shows: the client's own
 /// run-queue delay across that read (its schedstat) is allowed on top, on
-/// the client's side only (CI saw a client 5.5 ms behind its ACK once, on
-/// two busy cores).
+/// the client's side only, and at most 1 request in 12 may be later still
+/// (within 20 ms): its threads also wait for each other's GIL, which no
+/// counter shows (CI saw a client 5.5 ms behind its ACK once, on two busy
+/// cores, its run-queue wait nil).
 #[test]
 fn client_ttft_estimate_agrees_with_the_clients_own() -> Result<()> {
     let Some(_g) = root_test("client_ttft_estimate_agrees_with_the_clients_own") else {
@@ -428,6 +450,7 @@ fn client_ttft_estimate_agrees_with_the_clients_own() -> Result<()> {
         let mut err = Vec::new();
         let mut server = Vec::new();
         let mut runq_max: f64 = 0.0;
+        let mut late = Vec::new();
         for (c, t) in &pairs {
             let ct = c.ttft_s.context("client ttft")? * 1e3;
             server.push(t["ttft_ns"].as_u64().context("ttft")? as f64 / 1e6);
@@ -443,15 +466,38 @@ fn client_ttft_estimate_agrees_with_the_clients_own() -> Result<()> {
             let ct = ct - start;
             let bound = 2.0 + 0.02 * ct;
             let runq = c.first_token_runq_ns.unwrap_or(0) as f64 / 1e6;
-            assert!(
-                est - ct <= bound && ct - est <= bound + runq,
-                "estimate {est:.3} ms vs client {ct:.3} ms less its start {start:.3} ms (bound \
-                 {bound:.3}, the client's run-queue delay {runq:.3} ms): {t}"
-            );
+            let what = || {
+                format!(
+                    "estimate {est:.3} ms vs client {ct:.3} ms less its start {start:.3} ms \
+                     (bound {bound:.3}, the client's run-queue delay {runq:.3} ms): {t}"
+                )
+            };
+            // The estimate never runs ahead of the client's read.
+            assert!(est - ct <= bound, "{}", what());
+            // The client may read late for reasons of its own beyond its
+            // run-queue wait (its two threads share one GIL): counted
+            // below, each within 20 ms.
+            if ct - est > bound + runq {
+                assert!(ct - est <= 20.0, "{}", what());
+                eprintln!("client late: {}", what());
+                late.push(ct - est);
+            }
             client.push(ct);
             err.push(est - ct);
             runq_max = runq_max.max(runq);
         }
+        // A late read of the client's own is rare: at most 1 in 12 (a CI
+        // run saw one 5.5 ms late under loss, the client's run-queue wait
+        // nil; 3.1 and 5.2 ms here in 2 of 3 runs of the loss case, while
+        // the machine was slow); an estimate that missed the client's wait
+        // on the network would be late in many.
+        assert!(
+            late.len() * 12 <= err.len(),
+            "the client read later than the estimate beyond the bound in {} of {} requests: \
+             {late:?} ms",
+            late.len(),
+            err.len()
+        );
         // Each request's first segment and its first token's ACK are seen,
         // but an ACK that is the connection's last segment shows only at the
         // next one: allow a few without an estimate.
