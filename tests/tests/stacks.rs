@@ -24,6 +24,7 @@ use ttft_trace_tests::{
     demo::read_jsonl,
     faults::{self, PacketLoss},
     fixtures::{self, cache_dir},
+    stalls::{StallMonitor, Stalls},
     tracer::{ATTACHED, Tracer, root_test},
 };
 
@@ -43,7 +44,11 @@ const LOSS_MAX_REQUESTS: usize = 90;
 /// server's socket, and, where the client stamps its send on the tracer's
 /// clock, its own start up to the request's first segment): the client's
 /// time to read its first token on loopback (openai's client parses each
-/// chunk into pydantic objects first), and curl's to send.
+/// chunk into pydantic objects first), and curl's to send. At P99 (the
+/// largest of 9), less the CPUs' stalls between the first token's send and
+/// the client's read ([`Stalls`]): CI saw an `openai` read 25.7 ms after the
+/// client's ACK on tornado (the CI run of 473bf02), the server's own gaps
+/// between tokens stretched to 16 ms at the same time.
 const P50_TOLERANCE_MS: f64 = 3.0;
 const P99_TOLERANCE_MS: f64 = 10.0;
 /// The tracer's client TTFT estimate (`client_ttft_estimate_ns`: the
@@ -56,7 +61,7 @@ const P99_TOLERANCE_MS: f64 = 10.0;
 /// ms, the largest 3.2 ms (uvicorn-httptools, httpx); with the start left
 /// in (00:46), three stacks had one openai request each 5.4-8.8 ms over.
 /// Another connection's ACK (the bug of reused socket addresses) was 88 ms
-/// off.
+/// off. The client's side, less the CPUs' stalls, as above.
 const ESTIMATE_TOLERANCE_MS: f64 = 5.0;
 /// Requests of a stack allowed without an estimate, and compared requests
 /// allowed further than [`ESTIMATE_TOLERANCE_MS`] from the client's TTFT:
@@ -280,6 +285,9 @@ struct Row {
     est_close: (usize, usize),
     e2e_tpot: usize,
     chunks: (u64, u64),
+    /// Compared requests whose client read came after a stall of the CPUs,
+    /// and the longest stall allowed, in ms.
+    stalled: (usize, f64),
     notes: String,
 }
 
@@ -332,6 +340,12 @@ struct Run {
     clients: Vec<ClientRecord>,
     traced: HashMap<(u64, u64), Value>,
     upstream_note: String,
+    /// Behind a proxy, the chunks of the demo's own response (one send per
+    /// chunk) by the proxied request's key: the proxy joins chunks that
+    /// arrive together, so the client's side may count fewer.
+    upstream_chunks: HashMap<(u64, u64), u64>,
+    /// When the CPUs stood still during the clients' run.
+    stalls: Stalls,
     /// The tracer's totals (what it dropped or could not route) and last
     /// lines, printed when a stack fails.
     tracer_tail: String,
@@ -387,6 +401,7 @@ fn traced_run(stack: &str, cudart: &Path, load: &Load) -> Result<Option<Run>> {
         .map(|pct| PacketLoss::start_with(port, pct, faults::Direction::FromServer))
         .transpose()?;
     let mut clients: Vec<ClientRecord> = Vec::new();
+    let monitor = StallMonitor::start()?;
     loop {
         let out = fixtures::temp_path("stack-client", "jsonl");
         let status = Command::new(venv_python())
@@ -411,6 +426,7 @@ fn traced_run(stack: &str, cudart: &Path, load: &Load) -> Result<Option<Run>> {
         }
     }
     drop(loss);
+    let stalls = monitor.finish();
     // The last response's close and the server's own grace, then stop.
     thread::sleep(Duration::from_millis(300));
     let trace = tracer.interrupt(Duration::from_secs(30))?;
@@ -434,8 +450,9 @@ fn traced_run(stack: &str, cudart: &Path, load: &Load) -> Result<Option<Run>> {
     // Behind the proxy, the demo's own requests come from nginx's pool of
     // upstream connections: each one traced, on fewer connections than
     // requests (kept alive).
+    let mut upstream_chunks = HashMap::new();
     let upstream_note = if proxied {
-        let behind: Vec<&Value> = on_port(upstream).collect();
+        let mut behind: Vec<&Value> = on_port(upstream).collect();
         let conns = behind
             .iter()
             .filter(|r| r["request_index"].as_u64() == Some(0))
@@ -452,6 +469,25 @@ fn traced_run(stack: &str, cudart: &Path, load: &Load) -> Result<Option<Run>> {
                 "upstream: {r}"
             );
         }
+        // The clients ask one at a time: the n-th request to arrive at the
+        // proxy is the n-th to arrive at the demo.
+        let mut front: Vec<&Value> = on_port(port).collect();
+        ensure!(
+            front.len() == behind.len(),
+            "{stack}: {} requests at the proxy, {} behind it",
+            front.len(),
+            behind.len()
+        );
+        let arrival = |r: &&Value| r["t_arrive_ns"].as_u64().unwrap_or(0);
+        front.sort_by_key(arrival);
+        behind.sort_by_key(arrival);
+        for (f, b) in front.iter().zip(&behind) {
+            let key = (
+                f["client_port"].as_u64().unwrap_or(0),
+                f["request_index"].as_u64().unwrap_or(0) + 1,
+            );
+            upstream_chunks.insert(key, b["chunks"].as_u64().unwrap_or(0));
+        }
         format!("upstream: {} requests on {conns} connections", behind.len())
     } else {
         String::new()
@@ -467,6 +503,8 @@ fn traced_run(stack: &str, cudart: &Path, load: &Load) -> Result<Option<Run>> {
         clients,
         traced,
         upstream_note,
+        upstream_chunks,
+        stalls,
         tracer_tail,
     }))
 }
@@ -476,6 +514,8 @@ fn judge(stack: &str, run: Run) -> Result<()> {
         clients,
         traced,
         upstream_note,
+        upstream_chunks,
+        stalls,
         ..
     } = run;
     ensure!(
@@ -505,9 +545,11 @@ fn judge(stack: &str, run: Run) -> Result<()> {
         est_close: (0, 0),
         e2e_tpot: 0,
         chunks: (u64::MAX, 0),
+        stalled: (0, 0.0),
         notes: String::new(),
     };
     let (mut client, mut tracedv, mut diff) = (Vec::new(), Vec::new(), Vec::new());
+    let mut diff_less_stalls = Vec::new();
     let mut est_diff = Vec::new();
     let mut problems = Vec::new();
     let mut notes: Vec<String> = vec![upstream_note]
@@ -549,9 +591,20 @@ fn judge(stack: &str, run: Run) -> Result<()> {
         }
         row.chunks = (row.chunks.0.min(chunks), row.chunks.1.max(chunks));
         // The tokens, plus `[DONE]` / the NDJSON done line, plus the demo's
-        // role-only chunk on chat.
-        if !(TOKENS..=TOKENS + 2).contains(&chunks) {
-            problems.push(format!("{chunks} chunks: {t}"));
+        // role-only chunk on chat; behind a proxy, the demo's and at most
+        // as many on the client's side.
+        let sent = TOKENS..=TOKENS + 2;
+        match upstream_chunks.get(&(u64::from(c.client_port), c.req_on_conn)) {
+            Some(up) if !sent.contains(up) => {
+                problems.push(format!("{up} chunks behind the proxy: {t}"));
+            }
+            Some(&up) if !(1..=up).contains(&chunks) => {
+                problems.push(format!("{chunks} chunks of {up} behind the proxy: {t}"));
+            }
+            None if !sent.contains(&chunks) => {
+                problems.push(format!("{chunks} chunks: {t}"));
+            }
+            _ => {}
         }
         for n in t["notes"].as_array().into_iter().flatten() {
             let n = n.as_str().unwrap_or_default().to_string();
@@ -605,11 +658,29 @@ fn judge(stack: &str, run: Run) -> Result<()> {
         {
             problems.push(format!("first token read at {read}, sent at {sent}: {t}"));
         }
+        // The CPUs' stalls between the first token's send and the client's
+        // read (curl's read from its TTFT, which starts before the segment:
+        // a little later than the read).
+        let read = c.t_first_token.or_else(|| {
+            let seg = t["t_request_segment_ns"].as_u64()?;
+            Some(seg + ((ct - client_start) * 1e6) as u64)
+        });
+        let stalled = match (t["t_first_token_ns"].as_u64(), read) {
+            (Some(sent), Some(read)) => stalls.within(sent, read) as f64 / 1e6,
+            _ => 0.0,
+        };
         if !c.warmup {
             client.push(ct);
             tracedv.push(tt);
+            if stalled > 0.0 {
+                row.stalled = (row.stalled.0 + 1, row.stalled.1.max(stalled));
+            }
             let d = ct - tt - unread - client_start;
             diff.push(d);
+            // The stalls excuse the client's lateness only: a stall on the
+            // other CPU, or in the client's own time to read, takes off too
+            // much, which must not fail the other side.
+            diff_less_stalls.push(d - stalled);
             if d > row.worst.0 {
                 row.worst = (d, c.client.clone());
             }
@@ -617,14 +688,18 @@ fn judge(stack: &str, run: Run) -> Result<()> {
             // The estimate starts at the request's segment too.
             let ct = ct - client_start;
             match est {
-                Some(e) if (ct - e).abs() <= ESTIMATE_TOLERANCE_MS => {
+                Some(e)
+                    if ct - e >= -ESTIMATE_TOLERANCE_MS
+                        && ct - stalled - e <= ESTIMATE_TOLERANCE_MS =>
+                {
                     row.est_close.0 += 1;
                     est_diff.push(ct - e);
                 }
                 Some(e) => {
                     est_diff.push(ct - e);
                     eprintln!(
-                        "{stack}: estimate {e:.3} ms, client less its start {ct:.3} ms ({}): {t}",
+                        "{stack}: estimate {e:.3} ms, client less its start {ct:.3} ms, \
+                         {stalled:.3} ms of it CPU stalls ({}): {t}",
                         c.client
                     );
                 }
@@ -653,11 +728,18 @@ fn judge(stack: &str, run: Run) -> Result<()> {
             row.closed_at_done
         ));
     }
+    if row.stalled.0 > 0 {
+        notes.push(format!(
+            "CPU stalls before {} reads, up to {:.3} ms",
+            row.stalled.0, row.stalled.1
+        ));
+    }
     row.notes = notes.join(", ");
-    if row.diff.0 >= P50_TOLERANCE_MS || row.diff.1 >= P99_TOLERANCE_MS {
+    let p99_less_stalls = p(&diff_less_stalls, 0.99);
+    if row.diff.0 >= P50_TOLERANCE_MS || p99_less_stalls >= P99_TOLERANCE_MS {
         problems.push(format!(
-            "client - traced TTFT - unread wait - client start P50 {:.3} / P99 {:.3} ms (tolerance {P50_TOLERANCE_MS} / \
-             {P99_TOLERANCE_MS} ms)",
+            "client - traced TTFT - unread wait - client start P50 {:.3} / P99 {:.3} ms, P99 less \
+             CPU stalls {p99_less_stalls:.3} ms (tolerance {P50_TOLERANCE_MS} / {P99_TOLERANCE_MS} ms)",
             row.diff.0, row.diff.1
         ));
     }
