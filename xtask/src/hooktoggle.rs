@@ -64,7 +64,11 @@ use serde_json::{Value, json};
 
 use crate::{
     bpfobj::{link_ids, prog_info, settled_link_ids},
-    hosttax::{self, BpfStats, CASES, Placement},
+    bpfprogs::{BpfStats, other_tracer},
+    hosttax::{self, CASES},
+    placement::Placement,
+    process::clock_ns,
+    taxsetups::{self, Running},
     togglehooks::Hooks,
     togglephases::{Slice, Toggle, summary},
 };
@@ -140,17 +144,6 @@ const SETUPS: &[(&str, &str)] = &[
         "ttft-trace daemon (finds WORKLOAD itself): its raw-tracepoint programs once more",
     ),
 ];
-
-/// The clock `id` in ns (CLOCK_MONOTONIC: the fixture's stamps).
-pub(crate) fn clock_ns(id: libc::clockid_t) -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid timespec for the clock to fill.
-    unsafe { libc::clock_gettime(id, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
 
 fn now_ns() -> u64 {
     clock_ns(libc::CLOCK_MONOTONIC)
@@ -293,12 +286,12 @@ fn measure_setup(
         "programs_exact" => (None, Hooks::programs(root, true)),
         tracer => {
             let before = link_ids()?;
-            let running = hosttax::start(root, tracer, workload)?;
+            let running = taxsetups::start(root, tracer, workload)?;
             let hooks = match &running {
-                hosttax::Running::Process { child, .. } => {
+                Running::Process { child, .. } => {
                     settled_link_ids().and_then(|_| Hooks::tracer(&before, child.id()))
                 }
-                hosttax::Running::Floor(_) => Err(anyhow!("{tracer} is no tracer")),
+                Running::Floor(_) => Err(anyhow!("{tracer} is no tracer")),
             };
             (Some(running), hooks)
         }
@@ -348,7 +341,7 @@ fn measure_setup(
         }))
     });
     if let Some(running) = running {
-        hosttax::stop(running)?;
+        taxsetups::stop(running)?;
     }
     result
 }
@@ -363,11 +356,11 @@ pub fn run(root: &Path, plan: &Plan) -> Result<(Value, Vec<String>)> {
         "bench: toggle: measured operations on CPU {cpu}; workload, tracer and toggler on CPUs {:?}",
         place.rest
     );
-    let other = hosttax::other_tracer(&BTreeSet::new(), Duration::from_secs(60))?;
+    let other = other_tracer(&BTreeSet::new(), Duration::from_secs(60))?;
     if other {
         eprintln!("bench: toggle: WARNING: another tracer's programs are loaded");
     }
-    let mut workload = hosttax::start_workload(root)?;
+    let mut workload = taxsetups::start_workload(root)?;
     let result = (|| -> Result<_> {
         let stats = BpfStats::new()?;
         SETUPS

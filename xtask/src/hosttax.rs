@@ -64,8 +64,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     path::Path,
-    process::{Child, Command, Stdio},
-    thread,
+    process::Command,
     time::Duration,
 };
 
@@ -73,8 +72,9 @@ use anyhow::{Context as _, Result, bail};
 use serde_json::{Value, json};
 
 use crate::{
-    demo::{interrupt, start_tracer},
-    rawfloor,
+    bpfprogs::{BpfStats, other_tracer, program_costs, tracer_like_ids},
+    placement::Placement,
+    taxsetups::{Setup, setups, start, start_workload, stop},
 };
 
 /// Operations of `hosttax`, in report order.
@@ -104,27 +104,6 @@ pub const THRESHOLD: f64 = 1.05;
 /// Setups judged against [`THRESHOLD`].
 pub const JUDGED: &[&str] = &["attach", "daemon"];
 
-/// The tracer's programs whose per-run cost is reported.
-const PROGRAMS: &[&str] = &[
-    "btf_sched_switch",
-    "btf_sched_wakeup",
-    "btf_sched_wakeup_new",
-    "raw_sock_send_length",
-    "raw_sock_recv_length",
-    "sched_switch",
-    "sched_wakeup",
-    "sched_wakeup_new",
-    "tcp_probe",
-    "raw_tcp_probe",
-    "sock_send_length",
-    "sock_recv_length",
-    "tcp_sendmsg_locked",
-    "tcp_rcv_space_adjust",
-    "sys_enter_write",
-    "sys_exit_send",
-    rawfloor::NAME,
-];
-
 pub struct Plan {
     /// Rounds of (untraced, each setup).
     pub rounds: usize,
@@ -140,58 +119,6 @@ fn measure_passes(bin: &Path, plan: &Plan, cpu: usize) -> Result<Vec<BTreeMap<&'
     (0..plan.passes)
         .map(|_| measure(bin, plan.ms, cpu))
         .collect()
-}
-
-/// What one setup needs running while it is measured.
-struct Setup {
-    name: &'static str,
-    what: &'static str,
-}
-
-fn setups(bpftrace: bool) -> Vec<Setup> {
-    let mut v = vec![
-        Setup {
-            name: "attach_syscall_hook",
-            what: "ttft-trace attach --pid WORKLOAD, TTFT_TRACE_SEND_HOOK=syscalls (the fallback; \
-                   the default before)",
-        },
-        Setup {
-            name: "attach_classic_events",
-            what: "ttft-trace attach --pid WORKLOAD, TTFT_TRACE_EVENT_HOOK=tracepoints (the \
-                   fallback; the default before)",
-        },
-        Setup {
-            name: "attach",
-            what: "ttft-trace attach --pid WORKLOAD",
-        },
-        Setup {
-            name: "daemon",
-            what: "ttft-trace daemon (finds WORKLOAD itself)",
-        },
-        Setup {
-            name: "attach_exact_sched",
-            what: "ttft-trace attach --pid WORKLOAD --sched exact (a program on every context \
-                   switch of the host; opt-in)",
-        },
-        Setup {
-            name: "daemon_exact_sched",
-            what: "ttft-trace daemon --sched exact (finds WORKLOAD itself; a program on every \
-                   context switch)",
-        },
-    ];
-    v.push(Setup {
-        name: "empty_raw_programs",
-        what: "empty programs on the raw tracepoints sched_switch, tcp_probe, \
-               tcp_sendmsg_locked, tcp_rcv_space_adjust (the floor of the default path)",
-    });
-    if bpftrace {
-        v.push(Setup {
-            name: "empty_tracepoints",
-            what: "bpftrace, empty programs on sched_switch, sched_wakeup, sched_wakeup_new, \
-                   tcp_probe (the floor of the classic tracepoints)",
-        });
-    }
-    v
 }
 
 fn median(v: &[f64]) -> f64 {
@@ -234,68 +161,6 @@ fn paired(
         .collect()
 }
 
-/// Where the bench runs: the measured operations on `measured`, the rest
-/// (this process and what it starts) on `rest`.
-pub(crate) struct Placement {
-    pub(crate) measured: usize,
-    pub(crate) rest: Vec<usize>,
-    /// This thread's CPUs before, restored when dropped.
-    before: libc::cpu_set_t,
-}
-
-impl Placement {
-    /// Takes the last CPU this process may use for the measured runs and
-    /// moves this thread (so what it starts from now) onto the others; with
-    /// a single CPU, both share it.
-    pub(crate) fn new() -> Result<Self> {
-        // SAFETY: a zeroed cpu_set_t is the empty set; the kernel fills it.
-        let mut before: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-        // SAFETY: a valid set of the size passed.
-        if unsafe { libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut before) } != 0 {
-            bail!("sched_getaffinity: {}", std::io::Error::last_os_error());
-        }
-        let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
-            // SAFETY: in range of the set.
-            .filter(|&c| unsafe { libc::CPU_ISSET(c, &before) })
-            .collect();
-        let Some((&measured, others)) = cpus.split_last() else {
-            bail!("no CPU allowed");
-        };
-        let rest = if others.is_empty() {
-            vec![measured]
-        } else {
-            others.to_vec()
-        };
-        set_affinity(&rest)?;
-        Ok(Self {
-            measured,
-            rest,
-            before,
-        })
-    }
-}
-
-impl Drop for Placement {
-    fn drop(&mut self) {
-        // SAFETY: the set read in `new`.
-        unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &self.before) };
-    }
-}
-
-fn set_affinity(cpus: &[usize]) -> Result<()> {
-    // SAFETY: as in `Placement::new`.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    for &c in cpus {
-        // SAFETY: CPU numbers come from a set of this size.
-        unsafe { libc::CPU_SET(c, &mut set) };
-    }
-    // SAFETY: a valid set of the size passed.
-    if unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) } != 0 {
-        bail!("sched_setaffinity: {}", std::io::Error::last_os_error());
-    }
-    Ok(())
-}
-
 /// Runs the fixture `bin` with `args` (the case first); its stdout.
 pub(crate) fn run_fixture(bin: &Path, args: &[&str]) -> Result<String> {
     let o = Command::new(bin)
@@ -323,224 +188,9 @@ fn measure(bin: &Path, ms: u32, cpu: usize) -> Result<BTreeMap<&'static str, f64
     Ok(out)
 }
 
-/// A setup while it is measured.
-pub(crate) enum Running {
-    /// A tracer, or bpftrace (`bpftrace`), stopped with SIGINT after.
-    Process { child: Child, bpftrace: bool },
-    /// Empty programs this process holds.
-    Floor(rawfloor::Floor),
-}
-
-/// Starts what `setup` needs.
-pub(crate) fn start(root: &Path, setup: &str, workload: u32) -> Result<Running> {
-    match setup {
-        "empty_raw_programs" => Ok(Running::Floor(rawfloor::attach()?)),
-        "empty_tracepoints" => Ok(Running::Process {
-            child: start_bpftrace(
-                "tracepoint:sched:sched_switch {} tracepoint:sched:sched_wakeup {} \
-                 tracepoint:sched:sched_wakeup_new {} tracepoint:tcp:tcp_probe {}",
-            )?,
-            bpftrace: true,
-        }),
-        tracer => Ok(Running::Process {
-            child: start_ttft_trace(root, tracer, workload)?,
-            bpftrace: false,
-        }),
-    }
-}
-
-/// Starts the tracer as `setup` runs it.
-fn start_ttft_trace(root: &Path, setup: &str, workload: u32) -> Result<Child> {
-    let attach_args = vec![
-        "--pid".to_string(),
-        workload.to_string(),
-        "--no-listen".into(),
-        "--interval".into(),
-        "3600".into(),
-    ];
-    let daemon_args: Vec<String> = vec![
-        "--listen=".into(),
-        "--no-nvml".into(),
-        "--interval".into(),
-        "3600".into(),
-    ];
-    // `--sched MODE`, whichever the default is (the toggle bench shows
-    // both sources side by side).
-    let sched = |args: &[String], mode: &str| {
-        let mut args = args.to_vec();
-        args.extend(["--sched".into(), mode.into()]);
-        args
-    };
-    let forced = |var: &str, value: &str| {
-        // SAFETY: xtask is single-threaded here; the variable is set only
-        // for the tracer started next and removed right after.
-        unsafe { std::env::set_var(var, value) };
-        let child = start_tracer(root, "attach", &attach_args, "attached");
-        // SAFETY: as above.
-        unsafe { std::env::remove_var(var) };
-        child
-    };
-    match setup {
-        "attach_syscall_hook" => forced("TTFT_TRACE_SEND_HOOK", "syscalls"),
-        "attach_classic_events" => forced("TTFT_TRACE_EVENT_HOOK", "tracepoints"),
-        "attach" => start_tracer(root, "attach", &attach_args, "attached"),
-        "daemon" => start_tracer(root, "daemon", &daemon_args, "attached"),
-        "attach_exact_sched" => {
-            start_tracer(root, "attach", &sched(&attach_args, "exact"), "attached")
-        }
-        "daemon_exact_sched" => {
-            start_tracer(root, "daemon", &sched(&daemon_args, "exact"), "attached")
-        }
-        other => bail!("unknown setup {other}"),
-    }
-}
-
-/// Starts bpftrace on `program` and returns once its probes are live (it
-/// prints "Attaching N probes..." then).
-pub fn start_bpftrace(program: &str) -> Result<Child> {
-    let mut child = Command::new("bpftrace")
-        .args(["-e", program])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("starting bpftrace (cargo xtask setup installs it)")?;
-    let mut line = String::new();
-    let stdout = child.stdout.take().context("bpftrace stdout")?;
-    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line)?;
-    thread::sleep(Duration::from_millis(200));
-    Ok(child)
-}
-
-/// Stops a setup, and waits until the kernel has removed its uprobes (its
-/// `ttft-detach` child is gone): removing a uprobe holds up every fork on
-/// the host (the kernel's `dup_mmap_sem`), which the next rows would pay.
-pub(crate) fn stop(running: Running) -> Result<()> {
-    match running {
-        Running::Process {
-            mut child,
-            bpftrace,
-        } => {
-            interrupt(&mut child, bpftrace, Duration::from_secs(60))?;
-            crate::attachtime::wait_for_detaches()
-        }
-        Running::Floor(floor) => {
-            drop(floor);
-            Ok(())
-        }
-    }
-}
-
-/// The BPF programs loaded now (bpftool's JSON objects).
-fn programs() -> Result<Vec<Value>> {
-    let out = Command::new("bpftool")
-        .args(["prog", "show", "--json"])
-        .output()
-        .context("running bpftool (cargo xtask setup installs it)")?;
-    let progs: Value = serde_json::from_slice(&out.stdout)?;
-    Ok(progs.as_array().cloned().unwrap_or_default())
-}
-
-/// Ids of the loaded programs named like the tracer's: another tracer on the
-/// host (another ttft-trace, above all one with the syscall hook) taxes
-/// every run, so runs are made only when none is loaded.
-fn tracer_like_ids() -> Result<BTreeSet<u64>> {
-    Ok(programs()?
-        .iter()
-        .filter(|p| PROGRAMS.contains(&p["name"].as_str().unwrap_or("")))
-        .filter_map(|p| p["id"].as_u64())
-        .collect())
-}
-
-/// Whether a tracer-like program other than `own` is loaded: another
-/// tracer on the host taxes every run, untraced or not (the ratios then
-/// understate the tax). Waits up to `wait` for it to go.
-pub fn other_tracer(own: &BTreeSet<u64>, wait: Duration) -> Result<bool> {
-    let deadline = std::time::Instant::now() + wait;
-    loop {
-        if tracer_like_ids()?.is_subset(own) {
-            return Ok(false);
-        }
-        if std::time::Instant::now() >= deadline {
-            return Ok(true);
-        }
-        thread::sleep(Duration::from_secs(1));
-    }
-}
-
-/// Mean ns per run of each of the tracer's programs loaded since `before`,
-/// from the kernel's run-time statistics.
-fn program_costs(before: &BTreeSet<u64>) -> Result<BTreeMap<String, Value>> {
-    let mut costs = BTreeMap::new();
-    for p in programs()? {
-        let name = p["name"].as_str().unwrap_or("");
-        if !PROGRAMS.contains(&name) || p["id"].as_u64().is_none_or(|id| before.contains(&id)) {
-            continue;
-        }
-        let (Some(t), Some(n)) = (p["run_time_ns"].as_u64(), p["run_cnt"].as_u64()) else {
-            continue;
-        };
-        if n > 0 {
-            costs.insert(
-                name.to_string(),
-                json!({"runs": n, "ns_per_run": t as f64 / n as f64}),
-            );
-        }
-    }
-    Ok(costs)
-}
-
-/// Sets the kernel's BPF run-time statistics while alive (off for the
-/// measured runs, on for the cost pass), and restores the previous setting
-/// when dropped.
-pub(crate) struct BpfStats(String);
-
-impl BpfStats {
-    const PATH: &'static str = "/proc/sys/kernel/bpf_stats_enabled";
-
-    pub(crate) fn new() -> Result<Self> {
-        let old = std::fs::read_to_string(Self::PATH)?.trim().to_string();
-        let stats = Self(old);
-        stats.set(false)?;
-        Ok(stats)
-    }
-
-    pub(crate) fn set(&self, on: bool) -> Result<()> {
-        std::fs::write(Self::PATH, if on { "1" } else { "0" })?;
-        Ok(())
-    }
-}
-
-impl Drop for BpfStats {
-    fn drop(&mut self) {
-        let _ = std::fs::write(Self::PATH, &self.0);
-    }
-}
-
-/// The busy traced workload: the stub runtime launching in a loop, with
-/// short sleeps between episodes (so its threads switch too).
-pub(crate) fn start_workload(root: &Path) -> Result<Child> {
-    Command::new(root.join("target/fixtures/workload"))
-        .args([
-            "--style",
-            "sync",
-            "--episodes",
-            "100000000",
-            "--launches",
-            "4",
-            "--kernel-us",
-            "200",
-            "--gap-us",
-            "500",
-        ])
-        .stdout(Stdio::null())
-        .spawn()
-        .context("starting the workload fixture")
-}
-
 /// Runs the host-tax measurement; returns its results and the lines that
 /// break the threshold.
 pub fn run(root: &Path, plan: &Plan) -> Result<(Value, Vec<String>)> {
-    let bin = root.join("target/fixtures/hosttax");
     let bpftrace = Command::new("bpftrace")
         .arg("--version")
         .output()
@@ -553,79 +203,116 @@ pub fn run(root: &Path, plan: &Plan) -> Result<(Value, Vec<String>)> {
         place.rest
     );
     let mut workload = start_workload(root)?;
-    let result = (|| -> Result<_> {
-        let stats = BpfStats::new()?;
-        let mut untraced: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
-        let mut traced: BTreeMap<(&str, &str), Vec<f64>> = BTreeMap::new();
-        let mut pairs: BTreeMap<(&str, &str), Vec<f64>> = BTreeMap::new();
-        let mut costs: BTreeMap<&str, BTreeMap<String, Value>> = BTreeMap::new();
-        // Once, at the start: another tracer may be finishing.
-        let mut other = other_tracer(&BTreeSet::new(), Duration::from_secs(60))?;
-        if other {
-            eprintln!(
-                "bench: WARNING: another tracer's programs are loaded (another ttft-trace?); \
-                 every run pays their tax, so the ratios understate ours"
-            );
-        }
-        for round in 0..plan.rounds {
-            // Each round starts one setup further on: a setup's place in
-            // the round (after which other setup's stop) is not its own.
-            let turn = setups.iter().cycle().skip(round % setups.len());
-            eprintln!(
-                "bench: host tax round {}/{}: untraced",
-                round + 1,
-                plan.rounds
-            );
-            // The untraced block before the next setup: the round's first,
-            // then each setup's block after it, so every traced block has
-            // one on each side.
-            let mut base = measure_passes(&bin, plan, cpu)?;
-            for (&case, &ns) in base.iter().flatten() {
-                untraced.entry(case).or_default().push(ns);
-            }
-            for setup in turn.take(setups.len()) {
-                eprintln!(
-                    "bench: host tax round {}/{}: {}, then untraced",
-                    round + 1,
-                    plan.rounds,
-                    setup.name
-                );
-                let before = tracer_like_ids()?;
-                let running = start(root, setup.name, workload.id())?;
-                let own: BTreeSet<u64> = tracer_like_ids()?.difference(&before).copied().collect();
-                other |= other_tracer(&own, Duration::ZERO)?;
-                let got = measure_passes(&bin, plan, cpu);
-                if setup.name != "empty_tracepoints" && round + 1 == plan.rounds && got.is_ok() {
-                    stats.set(true)?;
-                    let pass = measure(&bin, plan.ms, cpu);
-                    stats.set(false)?;
-                    pass?;
-                    costs.insert(setup.name, program_costs(&before)?);
-                }
-                stop(running)?;
-                let got = got?;
-                for (&case, &ns) in got.iter().flatten() {
-                    traced.entry((setup.name, case)).or_default().push(ns);
-                }
-                let after = measure_passes(&bin, plan, cpu)?;
-                for (&case, &ns) in after.iter().flatten() {
-                    untraced.entry(case).or_default().push(ns);
-                }
-                for (case, ratios) in paired(&base, &got, &after) {
-                    pairs.entry((setup.name, case)).or_default().extend(ratios);
-                }
-                base = after;
-            }
-        }
-        Ok((untraced, traced, pairs, costs, other))
-    })();
+    let result = measure_rounds(root, plan, &setups, cpu, workload.id());
     let _ = workload.kill();
     let _ = workload.wait();
     let placement = json!({"measured_cpu": place.measured, "other_cpus": place.rest});
     drop(place);
-    let (untraced, traced, pairs, costs, other) = result?;
+    Ok(report(plan, &setups, placement, &result?))
+}
 
-    if other {
+/// What the rounds measured: ns per operation untraced (by case) and
+/// traced (by setup and case), the paired ratios, the programs' costs per
+/// run (by setup), and whether another tracer was seen.
+struct Measured {
+    untraced: BTreeMap<&'static str, Vec<f64>>,
+    traced: BTreeMap<(&'static str, &'static str), Vec<f64>>,
+    pairs: BTreeMap<(&'static str, &'static str), Vec<f64>>,
+    costs: BTreeMap<&'static str, BTreeMap<String, Value>>,
+    other: bool,
+}
+
+/// The rounds: untraced, then each setup followed by untraced again.
+fn measure_rounds(
+    root: &Path,
+    plan: &Plan,
+    setups: &[Setup],
+    cpu: usize,
+    workload: u32,
+) -> Result<Measured> {
+    let bin = root.join("target/fixtures/hosttax");
+    let stats = BpfStats::new()?;
+    let mut m = Measured {
+        untraced: BTreeMap::new(),
+        traced: BTreeMap::new(),
+        pairs: BTreeMap::new(),
+        costs: BTreeMap::new(),
+        // Once, at the start: another tracer may be finishing.
+        other: other_tracer(&BTreeSet::new(), Duration::from_secs(60))?,
+    };
+    if m.other {
+        eprintln!(
+            "bench: WARNING: another tracer's programs are loaded (another ttft-trace?); \
+             every run pays their tax, so the ratios understate ours"
+        );
+    }
+    for round in 0..plan.rounds {
+        // Each round starts one setup further on: a setup's place in
+        // the round (after which other setup's stop) is not its own.
+        let turn = setups.iter().cycle().skip(round % setups.len());
+        eprintln!(
+            "bench: host tax round {}/{}: untraced",
+            round + 1,
+            plan.rounds
+        );
+        // The untraced block before the next setup: the round's first,
+        // then each setup's block after it, so every traced block has
+        // one on each side.
+        let mut base = measure_passes(&bin, plan, cpu)?;
+        for (&case, &ns) in base.iter().flatten() {
+            m.untraced.entry(case).or_default().push(ns);
+        }
+        for setup in turn.take(setups.len()) {
+            eprintln!(
+                "bench: host tax round {}/{}: {}, then untraced",
+                round + 1,
+                plan.rounds,
+                setup.name
+            );
+            let before = tracer_like_ids()?;
+            let running = start(root, setup.name, workload)?;
+            let own: BTreeSet<u64> = tracer_like_ids()?.difference(&before).copied().collect();
+            m.other |= other_tracer(&own, Duration::ZERO)?;
+            let got = measure_passes(&bin, plan, cpu);
+            if setup.name != "empty_tracepoints" && round + 1 == plan.rounds && got.is_ok() {
+                stats.set(true)?;
+                let pass = measure(&bin, plan.ms, cpu);
+                stats.set(false)?;
+                pass?;
+                m.costs.insert(setup.name, program_costs(&before)?);
+            }
+            stop(running)?;
+            let got = got?;
+            for (&case, &ns) in got.iter().flatten() {
+                m.traced.entry((setup.name, case)).or_default().push(ns);
+            }
+            let after = measure_passes(&bin, plan, cpu)?;
+            for (&case, &ns) in after.iter().flatten() {
+                m.untraced.entry(case).or_default().push(ns);
+            }
+            for (case, ratios) in paired(&base, &got, &after) {
+                m.pairs
+                    .entry((setup.name, case))
+                    .or_default()
+                    .extend(ratios);
+            }
+            base = after;
+        }
+    }
+    Ok(m)
+}
+
+/// Prints the table and builds the results; the lines that break the
+/// threshold come with them.
+fn report(plan: &Plan, setups: &[Setup], placement: Value, m: &Measured) -> (Value, Vec<String>) {
+    let Measured {
+        untraced,
+        traced,
+        pairs,
+        costs,
+        other,
+    } = m;
+    if *other {
         println!(
             "WARNING: another tracer was loaded during the runs: the figures below are taxed by it too"
         );
@@ -643,7 +330,7 @@ pub fn run(root: &Path, plan: &Plan) -> Result<(Value, Vec<String>)> {
         let base = median(&untraced[case]);
         let mut row = json!({"case": case, "what": what, "untraced_ns": base, "untraced_runs": untraced[case]});
         let mut line = format!("  {case:8} untraced {base:>10.0}");
-        for setup in &setups {
+        for setup in setups {
             let runs = &traced[&(setup.name, case)];
             let ns = median(runs);
             let ratio = ns / base;
@@ -717,7 +404,7 @@ pub fn run(root: &Path, plan: &Plan) -> Result<(Value, Vec<String>)> {
     println!(
         "per-event cost of the tracer's programs (kernel BPF run-time statistics, mean over every run):"
     );
-    for (setup, progs) in &costs {
+    for (setup, progs) in costs {
         let list: Vec<String> = progs
             .iter()
             .map(|(name, v)| {
@@ -750,7 +437,7 @@ pub fn run(root: &Path, plan: &Plan) -> Result<(Value, Vec<String>)> {
         "failures": failures,
         "other_tracer_seen": other,
     });
-    Ok((results, failures))
+    (results, failures)
 }
 
 #[cfg(test)]

@@ -26,8 +26,9 @@ use serde_json::{Value, json};
 
 use crate::{
     attachtime::wait_for_detaches,
+    bpfprogs::other_tracer,
     demo::{interrupt, signal, start_tracer, wait_stopped},
-    hosttax,
+    taxsetups::start_bpftrace,
 };
 
 const LAUNCHES: u32 = 200_000;
@@ -101,7 +102,7 @@ const RECORDER: &str = "@t[tid] = nsecs;";
 fn bpftrace_uprobe(root: &Path, shape: &Shape, body: &str) -> Result<f64> {
     let lib = root.join("target/fixtures").join(shape.library);
     let program = format!("uprobe:{}:{} {{ {body} }}", lib.display(), shape.function);
-    let mut bpftrace = hosttax::start_bpftrace(&program)?;
+    let mut bpftrace = start_bpftrace(&program)?;
     let ns = untraced(root, shape);
     interrupt(&mut bpftrace, true, Duration::from_secs(30))?;
     ns
@@ -145,7 +146,7 @@ pub fn run(root: &Path, rounds: usize) -> Result<(Value, Vec<String>)> {
         for _ in 0..rounds {
             // Another tracer's uprobes on the same files would tax every
             // setup, the untraced one too: wait (up to a minute) for it to go.
-            other |= hosttax::other_tracer(&BTreeSet::new(), Duration::from_secs(60))?;
+            other |= other_tracer(&BTreeSet::new(), Duration::from_secs(60))?;
             u.push(untraced(root, shape)?);
             e.push(bpftrace_uprobe(root, shape, EMPTY)?);
             r.push(bpftrace_uprobe(root, shape, RECORDER)?);

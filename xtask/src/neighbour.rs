@@ -19,6 +19,7 @@ use serde_json::{Value, json};
 
 use crate::{
     attachtime::wait_for_detaches,
+    bpfprogs::other_tracer,
     demo::{start_tracer, wait_stopped},
     hosttax,
 };
@@ -75,7 +76,7 @@ pub fn run(root: &Path, rounds: usize) -> Result<(Value, Vec<String>)> {
     for _ in 0..rounds {
         // Another tracer's uprobes on the same files would tax every setup,
         // the untraced one too: wait (up to a minute) for it to go.
-        other |= hosttax::other_tracer(&BTreeSet::new(), Duration::from_secs(60))?;
+        other |= other_tracer(&BTreeSet::new(), Duration::from_secs(60))?;
         none.push(launch_ns(root, None)?);
         bound.push(launch_ns(root, Some(&[]))?);
         host.push(launch_ns(root, Some(&["--host-wide-probes"]))?);

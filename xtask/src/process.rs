@@ -1,4 +1,5 @@
-//! Running commands from the tasks, and where the repository is.
+//! Running commands from the tasks, the clocks they stamp with, and where
+//! the repository is.
 
 use std::{
     path::PathBuf,
@@ -34,4 +35,15 @@ pub fn repo_root() -> Result<PathBuf> {
         .parent()
         .map(PathBuf::from)
         .context("xtask has no parent directory")
+}
+
+/// The clock `id` in ns (CLOCK_MONOTONIC: the fixtures' stamps).
+pub(crate) fn clock_ns(id: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec for the clock to fill.
+    unsafe { libc::clock_gettime(id, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }

@@ -24,7 +24,7 @@ use serde_json::{Value, json};
 
 use crate::{
     demo::{interrupt, signal, start_tracer, wait_stopped},
-    hooktoggle::clock_ns,
+    process::clock_ns,
 };
 
 /// The sources compared, with the flag value.
