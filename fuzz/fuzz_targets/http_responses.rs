@@ -67,6 +67,8 @@ fuzz_target!(|data: &[u8]| {
                 family: 2,
                 sport: 8000,
                 dport: 40000 + slot as u16,
+                // Half the connections with the handshake's sequence known.
+                snd_nxt_known: u32::from(slot % 2 == 0),
                 ..ConnEvent::default()
             }),
             1 => {

@@ -114,12 +114,6 @@ impl PacketLoss {
         if port == 0 {
             bail!("packet loss on port 0: give the port the server listens on");
         }
-        let nft = nft_ready()?;
-        if let Err(e) = cleanup_stale() {
-            eprintln!("faults: could not clean up stale nftables tables: {e:#}");
-        }
-        let n = NEXT_TABLE.fetch_add(1, Ordering::Relaxed);
-        let table = format!("{TABLE_PREFIX}{}_{n}", std::process::id());
         let rules: String = direction
             .matches()
             .iter()
@@ -129,6 +123,27 @@ impl PacketLoss {
                 )
             })
             .collect();
+        Self::create(port, percent, direction, &rules)
+    }
+
+    /// Drops every client's ACK that would complete its handshake with
+    /// `port` (its second packet, a bare ACK: conntrack counts it as it
+    /// leaves): the client's first data segment then completes it, as when
+    /// that ACK is lost on a real network.
+    pub fn handshake_acks(port: u16) -> Result<Self> {
+        let rules = format!(
+            "\t\tiifname \"lo\" tcp dport {port} ct original packets 2 tcp flags == ack counter drop\n"
+        );
+        Self::create(port, 100, Direction::ToServer, &rules)
+    }
+
+    fn create(port: u16, percent: u32, direction: Direction, rules: &str) -> Result<Self> {
+        let nft = nft_ready()?;
+        if let Err(e) = cleanup_stale() {
+            eprintln!("faults: could not clean up stale nftables tables: {e:#}");
+        }
+        let n = NEXT_TABLE.fetch_add(1, Ordering::Relaxed);
+        let table = format!("{TABLE_PREFIX}{}_{n}", std::process::id());
         // Newlines, not "; }": nft 1.0.6 rejects a ';' before a table's '}'.
         let script = format!(
             "table inet {table} {{\n\tchain input {{\n\t\ttype filter hook input priority 0; policy accept;\n{rules}\t}}\n}}\n"

@@ -97,6 +97,15 @@ pub struct ConnEvent {
     /// on the socket (0: none). What that segment acknowledged shows only at
     /// a later probe, and there is none after the close.
     pub t_last_segment_ns: u64,
+    /// With [`CONN_OPEN`] of a handshake, where [`ConnEvent::snd_nxt_known`]
+    /// is 1 (BTF gave the field's offset): the socket's `snd_nxt` then, the
+    /// first byte of the first response (the SYN-ACK took the one before).
+    /// `tcp:tcp_probe` misses the first request's data when it comes with the
+    /// ACK that completes the handshake (the client's own ACK lost or
+    /// overtaken, or TCP Fast Open): that response's bytes are then counted
+    /// from here.
+    pub snd_nxt: u32,
+    pub snd_nxt_known: u32,
 }
 
 /// [`SockEvent::dir`]: bytes received from the client.
@@ -234,7 +243,8 @@ const _: () = {
 };
 
 const _: () = {
-    assert!(core::mem::size_of::<ConnEvent>() == 80);
+    assert!(core::mem::size_of::<ConnEvent>() == 88);
+    assert!(core::mem::offset_of!(ConnEvent, snd_nxt) == 80);
     assert!(core::mem::offset_of!(ConnEvent, sk) == 16);
     assert!(core::mem::offset_of!(ConnEvent, family) == 32);
     assert!(core::mem::offset_of!(ConnEvent, saddr) == 40);

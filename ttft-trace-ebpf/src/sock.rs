@@ -90,7 +90,11 @@ pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
     if old == TCP_SYN_RECV && new == TCP_ESTABLISHED {
         if listen::is_followed(sk, sport) {
             let _ = CONNS.insert(sk, followed_from_now(sk), 0);
-            emit_conn(&ctx, CONN_OPEN, sk, old, new, sport, 0);
+            let mut ev = conn_event(&ctx, CONN_OPEN, sk, old, new, sport);
+            if let Some(snd_nxt) = crate::tcp::sock_snd_nxt(sk) {
+                (ev.snd_nxt, ev.snd_nxt_known) = (snd_nxt, 1);
+            }
+            submit_conn(ev);
         }
         return 0;
     }
@@ -105,12 +109,16 @@ pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
             (*state).closed = 1;
             (*state).probe_t_ns
         };
-        emit_conn(&ctx, CONN_CLOSE, sk, old, new, sport, t_last_segment);
+        let ev = conn_event(&ctx, CONN_CLOSE, sk, old, new, sport);
+        submit_conn(ConnEvent {
+            t_last_segment_ns: t_last_segment,
+            ..ev
+        });
     } else if closed && old != new {
         // After the application's close the kernel still retransmits and
         // takes the client's ACKs: FIN_WAIT2 or LAST_ACK -> CLOSE say when
         // everything sent was acknowledged, CLOSE that the socket is done.
-        emit_conn(&ctx, CONN_STATE, sk, old, new, sport, 0);
+        submit_conn(conn_event(&ctx, CONN_STATE, sk, old, new, sport));
     }
     if new == TCP_CLOSE {
         let _ = CONNS.remove(sk);
@@ -119,15 +127,14 @@ pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
 }
 
 #[inline(always)]
-fn emit_conn(
+fn conn_event(
     ctx: &TracePointContext,
     op: u32,
     sk: u64,
     old: i32,
     new: i32,
     sport: u16,
-    t_last_segment_ns: u64,
-) {
+) -> ConnEvent {
     let off = offsets();
     let family = read::<u16>(ctx, off.state_family).unwrap_or(0);
     let mut ev = ConnEvent {
@@ -140,7 +147,6 @@ fn emit_conn(
         family,
         sport,
         dport: read::<u16>(ctx, off.state_dport).unwrap_or(0),
-        t_last_segment_ns,
         ..ConnEvent::default()
     };
     if family == AF_INET {
@@ -154,6 +160,11 @@ fn emit_conn(
         ev.saddr = read::<[u8; 16]>(ctx, off.state_saddr_v6).unwrap_or([0; 16]);
         ev.daddr = read::<[u8; 16]>(ctx, off.state_daddr_v6).unwrap_or([0; 16]);
     }
+    ev
+}
+
+#[inline(always)]
+fn submit_conn(ev: ConnEvent) {
     match EVENTS.reserve::<ConnEvent>(0) {
         Some(mut entry) => {
             entry.write(ev);

@@ -219,6 +219,16 @@ macro_rules! seg_offset {
     };
 }
 
+/// The socket's `snd_nxt`, where BTF gave its offset (the raw segment
+/// program's; 0 where it is not loaded).
+#[inline(always)]
+pub(crate) fn sock_snd_nxt(sk: u64) -> Option<u32> {
+    match seg_offset!(snd_nxt) {
+        0 => None,
+        at => kernel::<u32>(sk + u64::from(at)),
+    }
+}
+
 /// The raw tracepoint's arguments.
 struct Raw {
     sk: u64,

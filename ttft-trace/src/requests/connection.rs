@@ -243,6 +243,11 @@ impl Connection {
         }
     }
 
+    /// The handshake completed at `t_ns` (see [`AckTracker::handshake`]).
+    pub fn handshake(&mut self, t_ns: u64, snd_nxt: u32) {
+        self.acks.handshake(t_ns, snd_nxt);
+    }
+
     pub fn on_recv(&mut self, ev: &SockEvent, out: &mut Outbox) {
         self.last_event_ns = self.last_event_ns.max(ev.t_ns);
         let n = match u64::try_from(ev.bytes) {

@@ -371,7 +371,10 @@ impl Correlator {
                 }
                 self.conns_opened += 1;
                 let info = ConnInfo::new(ev, self.conns_opened);
-                let conn = Connection::new(info, ev.t_ns, self.cfg.itl_cap);
+                let mut conn = Connection::new(info, ev.t_ns, self.cfg.itl_cap);
+                if ev.snd_nxt_known == 1 && ev.oldstate != TCP_ESTABLISHED {
+                    conn.handshake(ev.t_ns, ev.snd_nxt);
+                }
                 self.conns.insert(ev.sk, conn);
             }
             CONN_CLOSE | CONN_STATE => {

@@ -72,6 +72,11 @@ pub(crate) struct RequestSegment {
     pub t_ns: u64,
     /// The sequence number the response starts at.
     pub snd_nxt: u32,
+    /// Not seen: the connection's first request came with the ACK that
+    /// completed the handshake, which `tcp_probe` does not see; its time
+    /// and the socket's `snd_nxt` are the handshake's (see
+    /// [`AckTracker::handshake`]).
+    pub at_handshake: bool,
 }
 
 /// What is known of the first token's delivery.
@@ -102,6 +107,9 @@ pub(crate) enum Seen {
 #[derive(Debug, Default)]
 pub(crate) struct AckTracker {
     next_request: Option<RequestSegment>,
+    /// The handshake's completion, standing for the first request's segment
+    /// until a data segment is seen.
+    handshake: Option<RequestSegment>,
     recent: VecDeque<Ack>,
     /// `(request index, end_seq, time sent)` in sending order.
     waiting: VecDeque<(u32, u32, u64)>,
@@ -146,17 +154,38 @@ impl AckTracker {
             self.next_request = Some(RequestSegment {
                 t_ns: ev.t_ns,
                 snd_nxt: ev.snd_nxt,
+                at_handshake: false,
             });
         }
         acked
     }
 
+    /// The connection's handshake completed at `t_ns` with the socket's
+    /// `snd_nxt` then. The first request's data may have come with the ACK
+    /// that completed it (the client's own ACK lost, or overtaken by its
+    /// request on another CPU; TCP Fast Open), which `tcp_probe` does not
+    /// see: the first request then starts here. Seen on this host with 20 %
+    /// loss of the server's packets (a lost SYN-ACK, then the client's ACK
+    /// and request racing), and made certain by dropping the client's ACK.
+    pub fn handshake(&mut self, t_ns: u64, snd_nxt: u32) {
+        self.handshake = Some(RequestSegment {
+            t_ns,
+            snd_nxt,
+            at_handshake: true,
+        });
+    }
+
     /// The first segment of a request whose first receive returned at
     /// `t_arrive`; None when none was seen since the last request began (a
     /// lost event, or a connection open before the probe): never the
-    /// previous request's.
+    /// previous request's. For the connection's first request with no data
+    /// segment seen, the handshake's.
     pub fn start_request(&mut self, t_arrive: u64) -> Option<RequestSegment> {
-        self.next_request.take().filter(|s| s.t_ns <= t_arrive)
+        let handshake = self.handshake.take();
+        self.next_request
+            .take()
+            .or(handshake)
+            .filter(|s| s.t_ns <= t_arrive)
     }
 
     /// The first token of request `index` was sent at `t_ns`, its last byte
@@ -212,6 +241,7 @@ impl AckTracker {
     pub fn give_up(&mut self) -> impl Iterator<Item = u32> + '_ {
         self.recent.clear();
         self.next_request = None;
+        self.handshake = None;
         self.waiting.drain(..).map(|(index, _, _)| index)
     }
 }

@@ -148,6 +148,9 @@ impl RequestRecord {
             notes.push("first_token_acked_by_close");
         }
         let segment = req.segment;
+        if segment.is_some_and(|s| s.at_handshake) {
+            notes.push("request_segment_at_handshake");
+        }
         let client_ttft = acked
             .zip(segment)
             .map(|(a, s)| a.t_ns.saturating_sub(s.t_ns));

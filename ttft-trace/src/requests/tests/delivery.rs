@@ -51,6 +51,51 @@ fn wire(isn: u32) -> Wire {
     w
 }
 
+/// The first request's data came with the ACK that completed the
+/// handshake, which the probe does not see: the handshake dates the request
+/// and gives where its response starts; the first token's ACK is found.
+#[test]
+fn a_request_with_the_handshake_is_dated_by_it() {
+    let mut w = Wire::new();
+    let t0 = ms(1000);
+    w.open_at_handshake(SK, t0 - 200 * US, 7_000);
+    w.recv(SK, t0, 300);
+    w.send(SK, t0 + ms(10), SSE_HEADERS);
+    w.segment(SK, t0 + ms(10) + 20 * US, 0);
+    w.send(SK, t0 + ms(100), &sse_chunk("Hel"));
+    w.segment(SK, t0 + ms(100) + 30 * US, 0);
+    w.send(SK, t0 + ms(150), &sse_done());
+    w.segment(SK, t0 + ms(150) + 20 * US, 0);
+    let r = w.one(ms(3000));
+    assert_eq!(r.t_request_segment_ns, Some(t0 - 200 * US));
+    assert!(r.notes.contains(&"request_segment_at_handshake"));
+    assert_eq!(r.t_first_token_acked_ns, Some(t0 + ms(100) + 30 * US));
+    assert_eq!(r.client_ttft_estimate_ns, Some(ms(100) + 230 * US));
+}
+
+/// A data segment seen is the request's, not the handshake; and only the
+/// connection's first request may start at the handshake.
+#[test]
+fn a_seen_segment_wins_over_the_handshake() {
+    let mut w = Wire::new();
+    let t0 = ms(1000);
+    w.open_at_handshake(SK, t0 - ms(5), 7_000);
+    answered(&mut w, t0, t0 + ms(20));
+    w.segment(SK, t0 + ms(20) + 20 * US, 0);
+    // The next request's segment is not seen (an event lost).
+    w.recv(SK, t0 + ms(50), 300);
+    w.send(SK, t0 + ms(60), &json_response("200 OK", "{}"));
+    w.segment(SK, t0 + ms(60) + 20 * US, 0);
+    let rs = w.drain(ms(3000));
+    assert_eq!(rs.len(), 2);
+    assert_eq!(rs[0].t_request_segment_ns, Some(t0 - 100 * US));
+    assert!(
+        rs.iter()
+            .all(|r| !r.notes.contains(&"request_segment_at_handshake"))
+    );
+    assert_eq!(rs[1].t_request_segment_ns, None);
+}
+
 #[test]
 fn sequence_numbers_compare_modulo_2_32() {
     assert!(seq_at_or_after(10, 10));

@@ -21,6 +21,7 @@ use super::{Correlator, CorrelatorConfig, RequestRecord};
 
 /// TCP states (`include/net/tcp_states.h`).
 pub(super) const TCP_ESTABLISHED: u32 = 1;
+pub(super) const TCP_SYN_RECV: u32 = 3;
 pub(super) const TCP_FIN_WAIT1: u32 = 4;
 pub(super) const TCP_FIN_WAIT2: u32 = 5;
 pub(super) const TCP_CLOSE: u32 = 7;
@@ -77,6 +78,16 @@ impl Wire {
     /// A client on port `40000 + sk` connects to 127.0.0.1:8000.
     pub fn open(&mut self, sk: u64, t: u64) {
         self.c.on_conn(&conn(CONN_OPEN, sk, t));
+    }
+
+    /// A connection opens at `t` with the handshake's `snd_nxt` known (the
+    /// kernel's BTF offsets), its sequence numbers from `isn`.
+    pub fn open_at_handshake(&mut self, sk: u64, t: u64, isn: u32) {
+        let mut ev = conn(CONN_OPEN, sk, t);
+        (ev.oldstate, ev.newstate) = (TCP_SYN_RECV, TCP_ESTABLISHED);
+        (ev.snd_nxt, ev.snd_nxt_known) = (isn, 1);
+        self.c.on_conn(&ev);
+        self.seq_from(sk, isn);
     }
 
     /// The connection closes and the kernel is done with it at once (as a
