@@ -854,7 +854,8 @@ fn min_recall(stack: &str) -> f64 {
 /// listener, so the demo's upstream connection is untouched) on every
 /// stack of the matrix. The SLO is set to 100 ms: a clean request takes
 /// about 21 ms (28 behind nginx), and a lost first token waits for a
-/// retransmit (200 ms at least). curl only: its TTFT starts once connected,
+/// retransmit (200 ms by timeout; tens of ms by a tail loss probe, which
+/// `network` names from half the SLO). curl only: its TTFT starts once connected,
 /// so a lost SYN-ACK (before any request exists) is not counted; and a
 /// connection per request, so the stacks that close after every response
 /// (gunicorn's sync workers) and those that leave the close to the client

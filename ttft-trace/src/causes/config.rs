@@ -37,6 +37,10 @@ pub struct CauseConfig {
     /// retransmit on the connection meanwhile. 100 ms: loss repaired by a timeout costs at
     /// least Linux's 200 ms minimum RTO, and a fast retransmit on a path slow enough to
     /// matter costs a round trip or more; a delayed ACK alone (40 ms minimum) stays below.
+    /// Half of `slow_ttft_ns` where that is less: a tail loss probe repairs a lost last
+    /// segment in a few round trips (66 ms on a loaded loopback here), which an SLO of
+    /// 100 ms counts (a client at 121 ms, 66 of them waiting for the retransmit, was left
+    /// without a cause).
     pub network_min_delivery_ns: u64,
     /// `gpu_memory` fires when NVML memory used reaches this share of total. 0.95, not 0.9:
     /// engines that pre-allocate the KV cache sit at 0.90-0.93 by design (vLLM's default

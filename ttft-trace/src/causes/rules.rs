@@ -187,7 +187,11 @@ fn network(ev: &Evidence, cfg: &CauseConfig) -> Option<Cause> {
     let delivery = acked.saturating_sub(sent);
     let srtt = r.srtt_ns.unwrap_or(0);
     let late = delivery.saturating_sub(srtt);
-    if late < cfg.network_min_delivery_ns || ev.retransmits == 0 {
+    // Half the SLO where that is less: a tail loss repaired by the probe
+    // (RACK-TLP, a few round trips, not the 200 ms RTO) costs tens of ms,
+    // which a tight SLO counts.
+    let min = cfg.network_min_delivery_ns.min(cfg.slow_ttft_ns / 2);
+    if late < min || ev.retransmits == 0 {
         return None;
     }
     let e = EvidenceMap::from([

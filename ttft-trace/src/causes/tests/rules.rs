@@ -190,6 +190,34 @@ fn network_makes_a_fast_request_slow_by_the_clients_estimate() {
     assert_eq!(a.judged_ttft_ns(), Some(ms(350)));
 }
 
+/// Under a tight SLO, half of it is enough: a tail loss repaired in 66 ms by the probe
+/// makes a 43 ms request 109 ms at the client.
+#[test]
+fn a_tight_slo_names_a_shorter_network_delay() {
+    let tight = CauseConfig {
+        slow_ttft_ns: ms(100),
+        ..CauseConfig::default()
+    };
+    let mut ev = slow_request();
+    ev.request.ttft_ns = Some(ms(43));
+    acked(&mut ev, ms(66), 0);
+    ev.add_retransmit(T0 + ms(108));
+    let a = attribute(&ev, &tight);
+    assert!(a.slow && !a.slo_violation);
+    assert_eq!(classes(&a), [Network]);
+    assert_eq!(explained(&a, Network), Some(ms(66)));
+    // Slow by 5 ms, 45 of them the network's: under half the SLO, no cause.
+    ev.request.ttft_ns = Some(ms(60));
+    acked(&mut ev, ms(45), 0);
+    let a = attribute(&ev, &tight);
+    assert!(a.slow && a.causes.is_empty());
+    // The default SLO keeps 100 ms: 66 ms of a request slow for its own reasons is none.
+    ev.request.ttft_ns = Some(ms(400));
+    acked(&mut ev, ms(66), 0);
+    let a = judge(&ev);
+    assert!(a.slo_violation && !classes(&a).contains(&Network));
+}
+
 #[test]
 fn without_an_ack_only_the_servers_ttft_is_judged() {
     let mut ev = slow_request();
