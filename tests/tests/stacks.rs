@@ -592,8 +592,11 @@ fn judge(stack: &str, run: Run) -> Result<()> {
         row.chunks = (row.chunks.0.min(chunks), row.chunks.1.max(chunks));
         // The tokens, plus `[DONE]` / the NDJSON done line, plus the demo's
         // role-only chunk on chat; behind a proxy, the demo's and at most
-        // as many on the client's side.
+        // as many on the client's side. hyper (axum) writes the body pieces
+        // queued when its connection task runs in one send: fewer on a busy
+        // machine (CI saw 7), none of its own to compare with.
         let sent = TOKENS..=TOKENS + 2;
+        let least = if stack == "axum" { 1 } else { TOKENS };
         match upstream_chunks.get(&(u64::from(c.client_port), c.req_on_conn)) {
             Some(up) if !sent.contains(up) => {
                 problems.push(format!("{up} chunks behind the proxy: {t}"));
@@ -601,7 +604,7 @@ fn judge(stack: &str, run: Run) -> Result<()> {
             Some(&up) if !(1..=up).contains(&chunks) => {
                 problems.push(format!("{chunks} chunks of {up} behind the proxy: {t}"));
             }
-            None if !sent.contains(&chunks) => {
+            None if !(least..=TOKENS + 2).contains(&chunks) => {
                 problems.push(format!("{chunks} chunks: {t}"));
             }
             _ => {}
