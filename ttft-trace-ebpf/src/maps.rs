@@ -9,6 +9,7 @@ use ttft_trace_common::{
     ConnState, GpuCounters, LISTEN_PORT_SLOTS, ListenKey, SLOT_BYTES, SendArgs, ThreadState,
     TracepointOffsets,
     counters::STATS,
+    offsets::SegmentOffsets,
     offsets::{ABSENT, TaskOffsets},
     signals::{RUNQ_BUCKETS, SchedState, SchedTotals},
 };
@@ -123,6 +124,27 @@ pub static RUNQ_HIST: PerCpuArray<u64> = PerCpuArray::with_max_entries(RUNQ_BUCK
 /// Global statistics ([`ttft_trace_common::Stat`] indexes).
 #[map]
 pub static STATS_MAP: PerCpuArray<u64> = PerCpuArray::with_max_entries(STATS, 0);
+
+/// Kernel struct offsets for the raw `tcp_probe` program (and the
+/// handshake's `snd_nxt` in `sock.rs`), set by userspace from the kernel's
+/// BTF at load time; all 0 where it is not loaded.
+#[unsafe(no_mangle)]
+pub static SEGMENT_OFFSETS: SegmentOffsets = SegmentOffsets {
+    snd_nxt: 0,
+    snd_una: 0,
+    srtt_us: 0,
+    family: 0,
+    num: 0,
+    dport: 0,
+    rcv_saddr: 0,
+    daddr: 0,
+    v6_rcv_saddr: 0,
+    v6_daddr: 0,
+    skb_seq: 0,
+    skb_end_seq: 0,
+    skb_ack_seq: 0,
+    skb_tcp_flags: 0,
+};
 
 /// Tracepoint field offsets, set by userspace from tracefs at load time.
 #[unsafe(no_mangle)]

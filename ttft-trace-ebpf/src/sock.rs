@@ -36,8 +36,8 @@ use ttft_trace_common::{
 use crate::{
     listen,
     maps::{
-        CONNS, EVENTS, SEND_ARGS, bump_stat, is_tracked, may_be_traced, offset, offsets,
-        wakeup_flag,
+        CONNS, EVENTS, SEGMENT_OFFSETS, SEND_ARGS, bump_stat, is_tracked, may_be_traced, offset,
+        offsets, wakeup_flag,
     },
 };
 
@@ -91,7 +91,7 @@ pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
         if listen::is_followed(sk, sport) {
             let _ = CONNS.insert(sk, followed_from_now(sk), 0);
             let mut ev = conn_event(&ctx, CONN_OPEN, sk, old, new, sport);
-            if let Some(snd_nxt) = crate::tcp::sock_snd_nxt(sk) {
+            if let Some(snd_nxt) = handshake_snd_nxt(sk) {
                 (ev.snd_nxt, ev.snd_nxt_known) = (snd_nxt, 1);
             }
             submit_conn(ev);
@@ -124,6 +124,18 @@ pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
         let _ = CONNS.remove(sk);
     }
     0
+}
+
+/// The socket's `snd_nxt`, where BTF gave its offset (the raw segment
+/// program's; 0 where that is not loaded): at the handshake, where the
+/// first response starts.
+#[inline(always)]
+fn handshake_snd_nxt(sk: u64) -> Option<u32> {
+    // SAFETY: reading a static we own; userspace rewrites it before load.
+    match unsafe { core::ptr::read_volatile(&SEGMENT_OFFSETS.snd_nxt) } {
+        0 => None,
+        at => kernel::<u32>(sk + u64::from(at)),
+    }
 }
 
 #[inline(always)]

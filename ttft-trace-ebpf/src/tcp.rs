@@ -28,12 +28,12 @@ use aya_ebpf::{
 };
 use ttft_trace_common::{
     CONN_OPEN, ConnEvent, ConnState, EVENT_CONN, EVENT_SEGMENT, SEGMENT_ACK_EXACT, SEGMENT_ACKED,
-    SEGMENT_DATA, SegmentEvent, Stat, TracepointOffsets, offsets::ABSENT, offsets::SegmentOffsets,
+    SEGMENT_DATA, SegmentEvent, Stat, TracepointOffsets, offsets::ABSENT,
 };
 
 use crate::{
     listen,
-    maps::{CONNS, EVENTS, bump_stat, offsets, wakeup_flag},
+    maps::{CONNS, EVENTS, SEGMENT_OFFSETS, bump_stat, offsets, wakeup_flag},
     sock::{followed_from_now, kernel, now_ns, read},
 };
 
@@ -42,26 +42,6 @@ const AF_INET: u16 = 2;
 /// `tcp_skb_cb.tcp_flags`: each takes one sequence number.
 const TCPHDR_FIN: u8 = 0x01;
 const TCPHDR_SYN: u8 = 0x02;
-
-/// Kernel struct offsets for [`raw_tcp_probe`], set by userspace from the
-/// kernel's BTF at load time.
-#[unsafe(no_mangle)]
-static SEGMENT_OFFSETS: SegmentOffsets = SegmentOffsets {
-    snd_nxt: 0,
-    snd_una: 0,
-    srtt_us: 0,
-    family: 0,
-    num: 0,
-    dport: 0,
-    rcv_saddr: 0,
-    daddr: 0,
-    v6_rcv_saddr: 0,
-    v6_daddr: 0,
-    skb_seq: 0,
-    skb_end_seq: 0,
-    skb_ack_seq: 0,
-    skb_tcp_flags: 0,
-};
 
 /// What [`on_segment`] needs to know of one received segment and its
 /// socket: read from the classic tracepoint's record, or from the kernel's
@@ -217,16 +197,6 @@ macro_rules! seg_offset {
         // SAFETY: reading a static we own; userspace rewrites it before load.
         unsafe { core::ptr::read_volatile(&SEGMENT_OFFSETS.$field) }
     };
-}
-
-/// The socket's `snd_nxt`, where BTF gave its offset (the raw segment
-/// program's; 0 where it is not loaded).
-#[inline(always)]
-pub(crate) fn sock_snd_nxt(sk: u64) -> Option<u32> {
-    match seg_offset!(snd_nxt) {
-        0 => None,
-        at => kernel::<u32>(sk + u64::from(at)),
-    }
 }
 
 /// The raw tracepoint's arguments.
