@@ -5,12 +5,16 @@ its own connection alive between its requests where the server allows. One JSON 
 (--out): the client's port and request index on that connection (to find the traced request),
 its own TTFT (request sent -> first token received) and the tokens it read. openai and httpx stamp
 time.monotonic_ns() (CLOCK_MONOTONIC); curl's own --trace-time stamps give its TTFT.
+
+openai and httpx also say where their own process, not the wire, held the first token's read back
+(Pauses): the test allows those on the client's side of its comparisons.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import gc
 import json
 import os
 import subprocess
@@ -19,9 +23,58 @@ import tempfile
 import time
 from datetime import datetime
 
+import httpcore._backends.sync
 import httpx
 
 PROMPT = "say something"
+
+
+class Pauses:
+    """Where the client's own process held a first token's read back: its thread's waits for a
+    CPU from the start of the socket read that returned the token to the client's stamp (a read
+    blocked on the socket sleeps, so only the wake-up after the token's arrival and preemptions
+    count), and its garbage collector's pauses."""
+
+    def __init__(self):
+        self.gc: list[tuple[int, int]] = []
+        self._gc_start = 0
+        self._read_queued: int | None = None
+        gc.callbacks.append(self._on_gc)
+        # httpx's socket reads (openai's client is httpx's): httpcore's sync stream.
+        sync_stream = httpcore._backends.sync.SyncStream
+        recv = sync_stream.read
+
+        def read(stream, max_bytes: int, timeout: float | None = None) -> bytes:
+            self._read_queued = self.run_delay()
+            return recv(stream, max_bytes, timeout)
+
+        sync_stream.read = read
+
+    def _on_gc(self, phase: str, _info: dict) -> None:
+        now = time.monotonic_ns()
+        if phase == "start":
+            self._gc_start = now
+        else:
+            self.gc = (self.gc + [(self._gc_start, now)])[-64:]
+
+    @staticmethod
+    def run_delay() -> int | None:
+        """Nanoseconds this thread waited runnable on a run queue so far (schedstat's field 2)."""
+        try:
+            with open("/proc/thread-self/schedstat") as f:
+                return int(f.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            return None
+
+    def at_first_token(self, t_send: int, t_first: int) -> dict:
+        """What held the read of a first token stamped at t_first back, of a request sent at
+        t_send: the CPU waits since the last socket read began, and the collector's pauses."""
+        now, then = self.run_delay(), self._read_queued
+        return {"queued_ns": now - then if now is not None and then is not None else None,
+                "gc_pauses": [[a, b] for a, b in self.gc if b > t_send and a < t_first]}
+
+
+PAUSES = Pauses()
 
 
 def port_of(resp: httpx.Response) -> int:
@@ -54,14 +107,16 @@ class OpenAIClient:
         stream = self.client.chat.completions.create(
             model="stack", messages=[{"role": "user", "content": PROMPT}], max_tokens=n,
             stream=True)
-        t_first, chunks = None, 0
+        t_first, chunks, pauses = None, 0, {}
         for event in stream:
             if event.choices and event.choices[0].delta.content:
                 if t_first is None:
                     t_first = time.monotonic_ns()
+                    pauses = PAUSES.at_first_token(t_send, t_first)
                 chunks += 1
         return {"path": "/v1/chat/completions", "client_port": self.ports[-1], "t_send": t_send,
-                "t_first_token": t_first, "chunks": chunks, "outcome": "ok" if chunks == n else "short"}
+                "t_first_token": t_first, "chunks": chunks, "outcome": "ok" if chunks == n else "short",
+                **pauses}
 
 
 class HttpxClient:
@@ -76,7 +131,7 @@ class HttpxClient:
         path = "/api/generate" if self.ndjson and self.count % 2 == 1 else "/v1/completions"
         self.count += 1
         t_send = time.monotonic_ns()
-        t_first, body = None, b""
+        t_first, body, pauses = None, b"", {}
         with self.client.stream("POST", self.base + path,
                                 json={"model": "stack", "prompt": PROMPT, "max_tokens": n,
                                       "stream": True}) as r:
@@ -84,11 +139,12 @@ class HttpxClient:
             for piece in r.iter_raw():
                 if piece and t_first is None:
                     t_first = time.monotonic_ns()
+                    pauses = PAUSES.at_first_token(t_send, t_first)
                 body += piece
         count = sse_tokens if path != "/api/generate" else ndjson_tokens
         chunks, done = count(body.decode())
         return {"path": path, "client_port": port, "t_send": t_send, "t_first_token": t_first,
-                "chunks": chunks, "outcome": "ok" if done and chunks == n else "short"}
+                "chunks": chunks, "outcome": "ok" if done and chunks == n else "short", **pauses}
 
 
 def curl_time(line: str) -> int:

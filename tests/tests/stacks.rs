@@ -46,9 +46,11 @@ const LOSS_MAX_REQUESTS: usize = 90;
 /// time to read its first token on loopback (openai's client parses each
 /// chunk into pydantic objects first), and curl's to send. At P99 (the
 /// largest of 9), less the CPUs' stalls between the first token's send and
-/// the client's read ([`Stalls`]): CI saw an `openai` read 25.7 ms after the
-/// client's ACK on tornado (the CI run of 473bf02), the server's own gaps
-/// between tokens stretched to 16 ms at the same time.
+/// the client's read ([`Stalls`]) or the client's own holds there (its waits
+/// for a CPU, its garbage collector: [`ClientRecord::held_ms`]): CI saw an
+/// `openai` read 25.7 ms after the client's ACK on tornado (the CI run of
+/// 473bf02), the server's own gaps between tokens stretched to 16 ms at the
+/// same time.
 const P50_TOLERANCE_MS: f64 = 3.0;
 const P99_TOLERANCE_MS: f64 = 10.0;
 /// The tracer's client TTFT estimate (`client_ttft_estimate_ns`: the
@@ -61,7 +63,8 @@ const P99_TOLERANCE_MS: f64 = 10.0;
 /// ms, the largest 3.2 ms (uvicorn-httptools, httpx); with the start left
 /// in (00:46), three stacks had one openai request each 5.4-8.8 ms over.
 /// Another connection's ACK (the bug of reused socket addresses) was 88 ms
-/// off. The client's side, less the CPUs' stalls, as above.
+/// off. The client's side, less the CPUs' stalls or the client's holds, as
+/// above.
 const ESTIMATE_TOLERANCE_MS: f64 = 5.0;
 /// Requests of a stack allowed without an estimate, and compared requests
 /// allowed further than [`ESTIMATE_TOLERANCE_MS`] from the client's TTFT:
@@ -258,6 +261,27 @@ struct ClientRecord {
     chunks: u64,
     outcome: String,
     warmup: bool,
+    /// What held the client's read of its first token back (openai, httpx;
+    /// tests/stacks/client.py's `Pauses`): its thread's waits for a CPU from
+    /// the start of the socket read that returned the token to its stamp,
+    /// and its garbage collector's pauses.
+    #[serde(default)]
+    queued_ns: Option<u64>,
+    #[serde(default)]
+    gc_pauses: Vec<(u64, u64)>,
+}
+
+impl ClientRecord {
+    /// How long the client's own process held its read of a first token
+    /// sent at `sent` and stamped at `read` back, in ms.
+    fn held_ms(&self, sent: u64, read: u64) -> f64 {
+        let gc: u64 = self
+            .gc_pauses
+            .iter()
+            .map(|&(a, b)| b.min(read).saturating_sub(a.max(sent)))
+            .sum();
+        (gc + self.queued_ns.unwrap_or(0)) as f64 / 1e6
+    }
 }
 
 /// What one stack's run measured.
@@ -285,9 +309,10 @@ struct Row {
     est_close: (usize, usize),
     e2e_tpot: usize,
     chunks: (u64, u64),
-    /// Compared requests whose client read came after a stall of the CPUs,
-    /// and the longest stall allowed, in ms.
-    stalled: (usize, f64),
+    /// Compared requests whose client read came after a stall of the CPUs
+    /// or was held by the client's own process (waiting for a CPU, its
+    /// garbage collector), and the longest such hold allowed, in ms.
+    held: (usize, f64),
     notes: String,
 }
 
@@ -545,11 +570,11 @@ fn judge(stack: &str, run: Run) -> Result<()> {
         est_close: (0, 0),
         e2e_tpot: 0,
         chunks: (u64::MAX, 0),
-        stalled: (0, 0.0),
+        held: (0, 0.0),
         notes: String::new(),
     };
     let (mut client, mut tracedv, mut diff) = (Vec::new(), Vec::new(), Vec::new());
-    let mut diff_less_stalls = Vec::new();
+    let mut diff_less_held = Vec::new();
     let mut est_diff = Vec::new();
     let mut problems = Vec::new();
     let mut notes: Vec<String> = vec![upstream_note]
@@ -663,27 +688,34 @@ fn judge(stack: &str, run: Run) -> Result<()> {
         }
         // The CPUs' stalls between the first token's send and the client's
         // read (curl's read from its TTFT, which starts before the segment:
-        // a little later than the read).
+        // a little later than the read), or the client's own holds there,
+        // whichever is longer (a stall while the client waited for a CPU
+        // counts in both). CI saw an openai read 14 ms after the client's
+        // ACK on gunicorn-sync with 2.4 ms of stalls (the CI run of 1622afa:
+        // two stacks tests at once on two CPUs).
         let read = c.t_first_token.or_else(|| {
             let seg = t["t_request_segment_ns"].as_u64()?;
             Some(seg + ((ct - client_start) * 1e6) as u64)
         });
-        let stalled = match (t["t_first_token_ns"].as_u64(), read) {
-            (Some(sent), Some(read)) => stalls.within(sent, read) as f64 / 1e6,
+        let held = match (t["t_first_token_ns"].as_u64(), read) {
+            (Some(sent), Some(read)) => {
+                let stalled = stalls.within(sent, read) as f64 / 1e6;
+                stalled.max(c.held_ms(sent, read))
+            }
             _ => 0.0,
         };
         if !c.warmup {
             client.push(ct);
             tracedv.push(tt);
-            if stalled > 0.0 {
-                row.stalled = (row.stalled.0 + 1, row.stalled.1.max(stalled));
+            if held > 0.0 {
+                row.held = (row.held.0 + 1, row.held.1.max(held));
             }
             let d = ct - tt - unread - client_start;
             diff.push(d);
-            // The stalls excuse the client's lateness only: a stall on the
+            // The holds excuse the client's lateness only: a stall on the
             // other CPU, or in the client's own time to read, takes off too
             // much, which must not fail the other side.
-            diff_less_stalls.push(d - stalled);
+            diff_less_held.push(d - held);
             if d > row.worst.0 {
                 row.worst = (d, c.client.clone());
             }
@@ -693,7 +725,7 @@ fn judge(stack: &str, run: Run) -> Result<()> {
             match est {
                 Some(e)
                     if ct - e >= -ESTIMATE_TOLERANCE_MS
-                        && ct - stalled - e <= ESTIMATE_TOLERANCE_MS =>
+                        && ct - held - e <= ESTIMATE_TOLERANCE_MS =>
                 {
                     row.est_close.0 += 1;
                     est_diff.push(ct - e);
@@ -702,7 +734,7 @@ fn judge(stack: &str, run: Run) -> Result<()> {
                     est_diff.push(ct - e);
                     eprintln!(
                         "{stack}: estimate {e:.3} ms, client less its start {ct:.3} ms, \
-                         {stalled:.3} ms of it CPU stalls ({}): {t}",
+                         {held:.3} ms of it CPU stalls or the client's holds ({}): {t}",
                         c.client
                     );
                 }
@@ -731,18 +763,18 @@ fn judge(stack: &str, run: Run) -> Result<()> {
             row.closed_at_done
         ));
     }
-    if row.stalled.0 > 0 {
+    if row.held.0 > 0 {
         notes.push(format!(
-            "CPU stalls before {} reads, up to {:.3} ms",
-            row.stalled.0, row.stalled.1
+            "CPU stalls or client holds before {} reads, up to {:.3} ms",
+            row.held.0, row.held.1
         ));
     }
     row.notes = notes.join(", ");
-    let p99_less_stalls = p(&diff_less_stalls, 0.99);
-    if row.diff.0 >= P50_TOLERANCE_MS || p99_less_stalls >= P99_TOLERANCE_MS {
+    let p99_less_held = p(&diff_less_held, 0.99);
+    if row.diff.0 >= P50_TOLERANCE_MS || p99_less_held >= P99_TOLERANCE_MS {
         problems.push(format!(
             "client - traced TTFT - unread wait - client start P50 {:.3} / P99 {:.3} ms, P99 less \
-             CPU stalls {p99_less_stalls:.3} ms (tolerance {P50_TOLERANCE_MS} / {P99_TOLERANCE_MS} ms)",
+             CPU stalls and client holds {p99_less_held:.3} ms (tolerance {P50_TOLERANCE_MS} / {P99_TOLERANCE_MS} ms)",
             row.diff.0, row.diff.1
         ));
     }
