@@ -2,10 +2,18 @@
 //! completions as tests/stacks/apps.py, with hyper doing all of the HTTP.
 //! The GPU steps call the stub CUDA runtime of tests/fixtures (dlopen).
 //!
-//!   stack-axum PORT CUDART
+//!   stack-axum PORT CUDART WRITES_LOG
+//!
+//! hyper writes the body pieces queued when its connection task runs in one
+//! send, so how many sends carry a response's body depends on the machine's
+//! timing: the server counts its own (`writes`) as the ground truth of the
+//! tracer's `chunks`, in WRITES_LOG.
+
+mod axum_writes;
 
 use std::{
     convert::Infallible,
+    path::Path,
     sync::{Arc, Mutex},
 };
 
@@ -93,10 +101,11 @@ async fn complete(gpu: Arc<Mutex<StubGpu>>, uri: Uri, body: Bytes) -> Response {
 
 fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);
-    let (Some(port), Some(cudart)) = (args.next(), args.next()) else {
-        bail!("usage: stack-axum PORT CUDART");
+    let (Some(port), Some(cudart), Some(log)) = (args.next(), args.next(), args.next()) else {
+        bail!("usage: stack-axum PORT CUDART WRITES_LOG");
     };
-    let gpu = Arc::new(Mutex::new(StubGpu::load(std::path::Path::new(&cudart))?));
+    let gpu = Arc::new(Mutex::new(StubGpu::load(Path::new(&cudart))?));
+    let log = axum_writes::Log::create(Path::new(&log))?;
     let route =
         |gpu: Arc<Mutex<StubGpu>>| post(move |uri: Uri, body: Bytes| complete(gpu, uri, body));
     let app = Router::new()
@@ -109,7 +118,7 @@ fn main() -> Result<()> {
         .build()?
         .block_on(async move {
             let listener = tokio::net::TcpListener::bind(format!("127.0.0.1:{port}")).await?;
-            axum::serve(listener, app).await?;
+            axum::serve(axum_writes::CountingListener::new(listener, log), app).await?;
             Ok(())
         })
 }

@@ -158,14 +158,21 @@ fn wait_listening(port: u16, server: &mut Group) -> Result<()> {
 }
 
 /// The command that serves `stack` on `port` (and `upstream`, behind a
-/// proxy), or why it cannot run here.
-fn server(stack: &str, port: u16, upstream: u16, cudart: &Path) -> Result<Command, String> {
+/// proxy; axum logs its own count of body sends to `writes_log`), or why it
+/// cannot run here.
+fn server(
+    stack: &str,
+    port: u16,
+    upstream: u16,
+    cudart: &Path,
+    writes_log: &Path,
+) -> Result<Command, String> {
     // The clients of every stack, and the Python stacks.
     venv_ready()?;
     match stack {
         "axum" => {
             let mut c = Command::new(env!("CARGO_BIN_EXE_stack-axum"));
-            c.arg(port.to_string()).arg(cudart);
+            c.arg(port.to_string()).arg(cudart).arg(writes_log);
             return Ok(c);
         }
         "libmicrohttpd" => {
@@ -369,6 +376,9 @@ struct Run {
     /// chunk) by the proxied request's key: the proxy joins chunks that
     /// arrive together, so the client's side may count fewer.
     upstream_chunks: HashMap<(u64, u64), u64>,
+    /// The server's own count of its sends that carried body, by request
+    /// key, where it keeps one (axum: tests/stacks/axum_writes.rs).
+    server_writes: HashMap<(u64, u64), u64>,
     /// When the CPUs stood still during the clients' run.
     stalls: Stalls,
     /// The tracer's totals (what it dropped or could not route) and last
@@ -382,7 +392,8 @@ fn traced_run(stack: &str, cudart: &Path, load: &Load) -> Result<Option<Run>> {
     let port = free_port()?;
     let upstream = free_port()?;
     let proxied = stack.starts_with("nginx");
-    let cmd = match server(stack, port, upstream, cudart) {
+    let writes_log = fixtures::temp_path("stack-writes", "jsonl");
+    let cmd = match server(stack, port, upstream, cudart, &writes_log) {
         Ok(c) => c,
         Err(why) => {
             assert!(
@@ -457,6 +468,7 @@ fn traced_run(stack: &str, cudart: &Path, load: &Load) -> Result<Option<Run>> {
     let trace = tracer.interrupt(Duration::from_secs(30))?;
     drop(group);
     ensure!(trace.success, "{}", trace.stderr);
+    let server_writes = server_writes(&writes_log)?;
     let on_port = |p: u16| {
         trace
             .lines
@@ -529,9 +541,32 @@ fn traced_run(stack: &str, cudart: &Path, load: &Load) -> Result<Option<Run>> {
         traced,
         upstream_note,
         upstream_chunks,
+        server_writes,
         stalls,
         tracer_tail,
     }))
+}
+
+/// The last count of each request in a server's writes log (none when the
+/// server keeps no log), by (client port, request index from 1).
+fn server_writes(log: &Path) -> Result<HashMap<(u64, u64), u64>> {
+    #[derive(Deserialize)]
+    struct Count {
+        client_port: u64,
+        request_index: u64,
+        writes: u64,
+    }
+    if !log.exists() {
+        return Ok(HashMap::new());
+    }
+    let counts = read_jsonl::<Count>(log)?;
+    let _ = std::fs::remove_file(log);
+    let mut last = HashMap::new();
+    for c in counts {
+        let n = last.entry((c.client_port, c.request_index)).or_insert(0);
+        *n = c.writes.max(*n);
+    }
+    Ok(last)
 }
 
 fn judge(stack: &str, run: Run) -> Result<()> {
@@ -540,6 +575,7 @@ fn judge(stack: &str, run: Run) -> Result<()> {
         traced,
         upstream_note,
         upstream_chunks,
+        server_writes,
         stalls,
         ..
     } = run;
@@ -618,18 +654,26 @@ fn judge(stack: &str, run: Run) -> Result<()> {
         // The tokens, plus `[DONE]` / the NDJSON done line, plus the demo's
         // role-only chunk on chat; behind a proxy, the demo's and at most
         // as many on the client's side. hyper (axum) writes the body pieces
-        // queued when its connection task runs in one send: fewer on a busy
-        // machine (CI saw 7), none of its own to compare with.
+        // queued when its connection task runs in one send (CI saw 7 sends
+        // on a busy machine): exactly its own count of them.
         let sent = TOKENS..=TOKENS + 2;
-        let least = if stack == "axum" { 1 } else { TOKENS };
-        match upstream_chunks.get(&(u64::from(c.client_port), c.req_on_conn)) {
-            Some(up) if !sent.contains(up) => {
+        let key = (u64::from(c.client_port), c.req_on_conn);
+        match (upstream_chunks.get(&key), server_writes.get(&key)) {
+            (Some(up), _) if !sent.contains(up) => {
                 problems.push(format!("{up} chunks behind the proxy: {t}"));
             }
-            Some(&up) if !(1..=up).contains(&chunks) => {
+            (Some(&up), _) if !(1..=up).contains(&chunks) => {
                 problems.push(format!("{chunks} chunks of {up} behind the proxy: {t}"));
             }
-            None if !(least..=TOKENS + 2).contains(&chunks) => {
+            (None, Some(&wrote)) if chunks != wrote => {
+                problems.push(format!(
+                    "{chunks} chunks, the server's own count of its body sends {wrote}: {t}"
+                ));
+            }
+            (None, None) if stack == "axum" => {
+                problems.push(format!("no count of the server's own: {t}"));
+            }
+            (None, None) if !sent.contains(&chunks) => {
                 problems.push(format!("{chunks} chunks: {t}"));
             }
             _ => {}
