@@ -275,6 +275,16 @@ macro_rules! offset {
 }
 pub(crate) use offset;
 
+/// One field of [`SEGMENT_OFFSETS`]: each read where it is used, so that a
+/// segment of a connection not followed reads only the port's.
+macro_rules! seg_offset {
+    ($field:ident) => {
+        // SAFETY: reading a static we own; userspace rewrites it before load.
+        unsafe { core::ptr::read_volatile(&$crate::maps::SEGMENT_OFFSETS.$field) }
+    };
+}
+pub(crate) use seg_offset;
+
 #[inline(always)]
 pub fn bump_stat(stat: ttft_trace_common::Stat) {
     if let Some(p) = STATS_MAP.get_ptr_mut(stat as u32) {

@@ -36,8 +36,8 @@ use ttft_trace_common::{
 use crate::{
     listen,
     maps::{
-        CONNS, EVENTS, SEGMENT_OFFSETS, SEND_ARGS, bump_stat, is_tracked, may_be_traced, offset,
-        offsets, wakeup_flag,
+        CONNS, EVENTS, SEND_ARGS, bump_stat, is_tracked, may_be_traced, offset, offsets,
+        seg_offset, wakeup_flag,
     },
 };
 
@@ -131,8 +131,7 @@ pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
 /// first response starts.
 #[inline(always)]
 fn handshake_snd_nxt(sk: u64) -> Option<u32> {
-    // SAFETY: reading a static we own; userspace rewrites it before load.
-    match unsafe { core::ptr::read_volatile(&SEGMENT_OFFSETS.snd_nxt) } {
+    match seg_offset!(snd_nxt) {
         0 => None,
         at => kernel::<u32>(sk + u64::from(at)),
     }

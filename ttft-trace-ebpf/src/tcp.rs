@@ -33,7 +33,7 @@ use ttft_trace_common::{
 
 use crate::{
     listen,
-    maps::{CONNS, EVENTS, SEGMENT_OFFSETS, bump_stat, offsets, wakeup_flag},
+    maps::{CONNS, EVENTS, bump_stat, offsets, seg_offset, wakeup_flag},
     sock::{followed_from_now, kernel, now_ns, read},
 };
 
@@ -188,15 +188,6 @@ fn adopt<S: Segment>(sk: u64, sport: u16, seg: &S) -> Option<*mut ConnState> {
         None => bump_stat(Stat::RingbufLost),
     }
     CONNS.get_ptr_mut(sk)
-}
-
-/// One field of [`SEGMENT_OFFSETS`]: each read where it is used, so that a
-/// segment of a connection not followed reads only the port's.
-macro_rules! seg_offset {
-    ($field:ident) => {
-        // SAFETY: reading a static we own; userspace rewrites it before load.
-        unsafe { core::ptr::read_volatile(&SEGMENT_OFFSETS.$field) }
-    };
 }
 
 /// The raw tracepoint's arguments.
