@@ -24,7 +24,10 @@
 //!   `--only tracercpu`);
 //! - the tracer's RSS and CPU with 10 000 followed streaming connections
 //!   (see [`crate::scale`]), checked against 64 MiB and no event lost; also
-//!   alone with `--only scale`.
+//!   alone with `--only scale`;
+//! - which received segments per-socket `sock_ops` callbacks would see,
+//!   against `tcp_probe` (see [`crate::sockopscover`]); only with `--only
+//!   sockops`, stated.
 //!
 //! `--quick` (for CI: about two minutes once built) runs the host
 //! tax, the toggling with short runs and no daemon, one attach and detach
@@ -42,7 +45,7 @@ use crate::{
     demo::{build_all, signal, start_tracer, wait_stopped},
     hooktoggle, hosttax, launchtrap, neighbour,
     process::{output, repo_root},
-    scale, tracercpu,
+    scale, sockopscover, tracercpu,
 };
 
 const RUNS: usize = 5;
@@ -165,6 +168,9 @@ pub enum Part {
     /// The tracer at scale, about 4 minutes: 1 000 then 10 000 streaming
     /// connections on loopback (see [`crate::scale`]).
     Scale,
+    /// Which received segments per-socket `sock_ops` callbacks see, against
+    /// `tcp_probe` (see [`crate::sockopscover`]), a second.
+    Sockops,
 }
 
 /// The full bench's host tax: rounds of (untraced, each setup).
@@ -186,12 +192,13 @@ pub fn bench(quick: bool, only: Option<Part>) -> Result<()> {
             Part::Launches => ("launches.json", launchtrap::run(&root, RUNS)?),
             Part::Scale => ("scale.json", scale::run(&root, &scale::FULL)?),
             Part::Tracercpu => ("tracercpu.json", tracercpu::run(&root, &tracercpu::FULL)?),
+            Part::Sockops => ("sockops.json", sockopscover::run(&root)?),
         };
         write_result(&root, name, &value)?;
         let held = match part {
             Part::Toggle => hooktoggle::verdict(&failures),
             // Stated, not judged.
-            Part::Tracercpu => true,
+            Part::Tracercpu | Part::Sockops => true,
             _ => verdict(&failures),
         };
         if !held {

@@ -17,6 +17,7 @@ mod run;
 mod scale;
 mod setup;
 mod soak;
+mod sockopscover;
 mod taxsetups;
 mod togglehooks;
 mod togglephases;

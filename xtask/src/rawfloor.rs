@@ -29,7 +29,7 @@ pub const NAME: &str = "empty_raw";
 
 const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_RAW_TRACEPOINT_OPEN: libc::c_long = 17;
-const BPF_PROG_TYPE_RAW_TRACEPOINT: u32 = 17;
+pub(crate) const BPF_PROG_TYPE_RAW_TRACEPOINT: u32 = 17;
 /// `union bpf_attr` as passed: the kernel takes a shorter one than its
 /// own, the rest zero.
 pub(crate) const ATTR_SIZE: usize = 128;
@@ -79,16 +79,25 @@ pub(crate) fn raw_tp_open(prog: &OwnedFd, tp: Option<&CStr>) -> Result<OwnedFd> 
 /// Loads the empty program (`r0 = 0; exit`), unattached.
 pub(crate) fn load() -> Result<OwnedFd> {
     // mov r0, 0; exit
-    let insns: [u64; 2] = [0x0000_0000_0000_00b7, 0x0000_0000_0000_0095];
+    load_insns(
+        BPF_PROG_TYPE_RAW_TRACEPOINT,
+        &[0x0000_0000_0000_00b7, 0x0000_0000_0000_0095],
+        NAME,
+    )
+}
+
+/// Loads the program `insns` of type `prog_type` under `name` (at most 15
+/// bytes), GPL-licensed, unattached.
+pub(crate) fn load_insns(prog_type: u32, insns: &[u64], name: &str) -> Result<OwnedFd> {
     let license = c"GPL";
     let mut attr = [0u8; ATTR_SIZE];
-    put(&mut attr, 0, &BPF_PROG_TYPE_RAW_TRACEPOINT.to_ne_bytes());
+    put(&mut attr, 0, &prog_type.to_ne_bytes());
     put(&mut attr, 4, &(insns.len() as u32).to_ne_bytes());
     put(&mut attr, 8, &(insns.as_ptr() as u64).to_ne_bytes());
     put(&mut attr, 16, &(license.as_ptr() as u64).to_ne_bytes());
     // prog_name, after log_level, log_size, log_buf, kern_version and
     // prog_flags.
-    put(&mut attr, 48, NAME.as_bytes());
+    put(&mut attr, 48, &name.as_bytes()[..name.len().min(15)]);
     bpf(BPF_PROG_LOAD, &attr)
 }
 
