@@ -1,5 +1,5 @@
-//! Which received segments a cgroup `sock_ops` program sees (`cargo xtask
-//! bench --only sockops`): the check behind the README's answer to "why not
+//! Which received segments a cgroup `sock_ops` program sees, and a
+//! `cgroup_skb` one (`cargo xtask bench --only sockops`): the check behind the README's answer to "why not
 //! replace `tcp_probe` with per-socket `sock_ops` callbacks?".
 //!
 //! `sock_ops` callbacks are switched on per socket
@@ -13,7 +13,9 @@
 //! while it runs, and counts the callbacks of the 1-byte loopback ping-pong
 //! of `hosttax tcp` (every segment carries data and acknowledges the last
 //! one) against the segments the kernel processed, counted by a program
-//! on `tcp:tcp_probe`.
+//! on `tcp:tcp_probe`. Beside them, a `cgroup_skb` ingress program on the
+//! same cgroup counts the packets it runs for: the hook that a segment
+//! program scoped to the workload's cgroup would use.
 //!
 //! Both programs are hand-assembled and loaded with the bpf() syscall, as
 //! the empty floor program is ([`crate::rawfloor`]), and the cgroup one is
@@ -35,6 +37,8 @@ const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
 const BPF_LINK_CREATE: libc::c_long = 28;
 const BPF_MAP_TYPE_ARRAY: u32 = 2;
 const BPF_PROG_TYPE_SOCK_OPS: u32 = 13;
+const BPF_PROG_TYPE_CGROUP_SKB: u32 = 8;
+const BPF_CGROUP_INET_INGRESS: u32 = 0;
 const BPF_CGROUP_SOCK_OPS: u32 = 3;
 /// `sock_ops` operations: an active and a passive open completed, an RTT
 /// sample (an ACK of new data), a received header parsed.
@@ -45,8 +49,9 @@ const OP_PARSE_HDR: u32 = 13;
 /// `BPF_SOCK_OPS_RTT_CB_FLAG | BPF_SOCK_OPS_PARSE_ALL_HDR_OPT_CB_FLAG`.
 const FLAGS: i32 = 0x08 | 0x10;
 /// The counter slots: one per `sock_ops` operation (below 32; masked so),
-/// and the last for `tcp_probe`.
+/// then `cgroup_skb` ingress and `tcp_probe`.
 const SLOTS: u32 = 64;
+const INGRESS_SLOT: i32 = 62;
 const SEGMENT_SLOT: i32 = 63;
 /// How long the ping-pong runs.
 const MS: &str = "1000";
@@ -96,11 +101,22 @@ fn sock_ops_prog(map: &OwnedFd) -> Vec<u64> {
     p
 }
 
-/// Counts every run in [`SEGMENT_SLOT`].
-fn segment_prog(map: &OwnedFd) -> Vec<u64> {
-    let mut p = vec![insn(0x62, 10, 0, -4, SEGMENT_SLOT)]; // *(u32 *)(r10 - 4) = slot
-    p.extend(count_tail(map, 0));
+/// Counts every run in `slot`, returns `ret` (1: a `cgroup_skb` program
+/// lets the packet through).
+fn counter_prog(map: &OwnedFd, slot: i32, ret: i32) -> Vec<u64> {
+    let mut p = vec![insn(0x62, 10, 0, -4, slot)]; // *(u32 *)(r10 - 4) = slot
+    p.extend(count_tail(map, ret));
     p
+}
+
+/// Attaches `prog` to `cgroup` as `attach_type` with a link (gone when the
+/// link's fd is closed).
+fn cgroup_link(prog: &OwnedFd, cgroup: &std::fs::File, attach_type: u32) -> Result<OwnedFd> {
+    let mut attr = [0u8; ATTR_SIZE];
+    put(&mut attr, 0, &(prog.as_raw_fd() as u32).to_ne_bytes());
+    put(&mut attr, 4, &(cgroup.as_raw_fd() as u32).to_ne_bytes());
+    put(&mut attr, 8, &attach_type.to_ne_bytes());
+    bpf(BPF_LINK_CREATE, &attr)
 }
 
 /// The mount point of the cgroup v2 hierarchy (`/sys/fs/cgroup`, or
@@ -131,14 +147,19 @@ pub fn run(root: &Path) -> Result<(Value, Vec<String>)> {
         "sockops_cover",
     )
     .context("loading sock_ops")?;
-    let mut attr = [0u8; ATTR_SIZE];
-    put(&mut attr, 0, &(sock_ops.as_raw_fd() as u32).to_ne_bytes());
-    put(&mut attr, 4, &(cgroup.as_raw_fd() as u32).to_ne_bytes());
-    put(&mut attr, 8, &BPF_CGROUP_SOCK_OPS.to_ne_bytes());
-    let _cgroup_link = bpf(BPF_LINK_CREATE, &attr).context("attaching sock_ops")?;
+    let _sock_ops_link =
+        cgroup_link(&sock_ops, &cgroup, BPF_CGROUP_SOCK_OPS).context("attaching sock_ops")?;
+    let ingress = load_insns(
+        BPF_PROG_TYPE_CGROUP_SKB,
+        &counter_prog(&map, INGRESS_SLOT, 1),
+        "ingress_count",
+    )
+    .context("loading the cgroup_skb counter")?;
+    let _ingress_link = cgroup_link(&ingress, &cgroup, BPF_CGROUP_INET_INGRESS)
+        .context("attaching cgroup_skb ingress")?;
     let segments = load_insns(
         BPF_PROG_TYPE_RAW_TRACEPOINT,
-        &segment_prog(&map),
+        &counter_prog(&map, SEGMENT_SLOT, 0),
         "segment_count",
     )
     .context("loading the segment counter")?;
@@ -164,10 +185,11 @@ pub fn run(root: &Path) -> Result<(Value, Vec<String>)> {
         call(BPF_MAP_LOOKUP_ELEM, &mut attr).context("reading a counter")?;
         Ok(value)
     };
-    let (seen, parsed, rtt) = (
+    let (seen, parsed, rtt, ingress) = (
         count(SEGMENT_SLOT as u32)?,
         count(OP_PARSE_HDR)?,
         count(OP_RTT)?,
+        count(INGRESS_SLOT as u32)?,
     );
     if seen == 0 {
         bail!("no segment was counted on tcp:tcp_probe during the ping-pong");
@@ -177,10 +199,12 @@ pub fn run(root: &Path) -> Result<(Value, Vec<String>)> {
         "sock_ops on the {cgroup_path} cgroup, loopback TCP ping-pong ({} round trips): of {seen} \
          segments the kernel processed (tcp_probe), the header-parse callback \
          (PARSE_ALL_HDR_OPT) saw {parsed} ({:.3} %) and the RTT callback (an ACK of new data) \
-         {rtt} ({:.1} %)",
+         {rtt} ({:.1} %); a cgroup_skb ingress program there ran for {ingress} packets ({:.1} %, \
+         any other packet the host received in that second included)",
         ping["ops"],
         share(parsed),
-        share(rtt)
+        share(rtt),
+        share(ingress)
     );
     Ok((
         json!({
@@ -189,6 +213,7 @@ pub fn run(root: &Path) -> Result<(Value, Vec<String>)> {
             "segments_tcp_probe": seen,
             "parse_hdr_callbacks": parsed,
             "rtt_callbacks": rtt,
+            "cgroup_skb_ingress_packets": ingress,
         }),
         Vec::new(),
     ))
