@@ -25,9 +25,9 @@
 //! - the tracer's RSS and CPU with 10 000 followed streaming connections
 //!   (see [`crate::scale`]), checked against 64 MiB and no event lost; also
 //!   alone with `--only scale`;
-//! - which received segments per-socket `sock_ops` callbacks would see,
-//!   against `tcp_probe` (see [`crate::sockopscover`]); only with `--only
-//!   sockops`, stated.
+//! - which received segments per-socket `sock_ops` callbacks and a
+//!   `cgroup_skb` program would see, against `tcp_probe` (see
+//!   [`crate::sockopscover`]; also alone with `--only sockops`), stated.
 //!
 //! `--quick` (for CI: about two minutes once built) runs the host
 //! tax, the toggling with short runs and no daemon, one attach and detach
@@ -168,8 +168,9 @@ pub enum Part {
     /// The tracer at scale, about 4 minutes: 1 000 then 10 000 streaming
     /// connections on loopback (see [`crate::scale`]).
     Scale,
-    /// Which received segments per-socket `sock_ops` callbacks see, against
-    /// `tcp_probe` (see [`crate::sockopscover`]), a second.
+    /// Which received segments per-socket `sock_ops` callbacks and a
+    /// `cgroup_skb` program see, against `tcp_probe` (see
+    /// [`crate::sockopscover`]), a second.
     Sockops,
 }
 
@@ -225,6 +226,8 @@ pub fn bench(quick: bool, only: Option<Part>) -> Result<()> {
         failures.extend(neighbour_failures);
         let (cpu, _) = tracercpu::run(&root, &tracercpu::QUICK)?;
         write_result(&root, "tracercpu.json", &cpu)?;
+        let (cover, _) = sockopscover::run(&root)?;
+        write_result(&root, "sockops.json", &cover)?;
         if !verdict(&failures) {
             println!(
                 "(--quick: one round of short runs is too noisy to fail on; the full bench does)"
@@ -302,6 +305,8 @@ pub fn bench(quick: bool, only: Option<Part>) -> Result<()> {
     );
     let (tracer_cpu, _) = tracercpu::run(&root, &tracercpu::FULL)?;
     write_result(&root, "tracercpu.json", &tracer_cpu)?;
+    let (sockops, _) = sockopscover::run(&root)?;
+    write_result(&root, "sockops.json", &sockops)?;
     let (scale, scale_failures) = scale::run(&root, &scale::FULL)?;
     write_result(&root, "scale.json", &scale)?;
     tax_failures.extend(scale_failures);
@@ -315,6 +320,7 @@ pub fn bench(quick: bool, only: Option<Part>) -> Result<()> {
         "daemon_discovery": discovery,
         "sched_sampler": sampler,
         "tracer_cpu": tracer_cpu,
+        "sockops_coverage": sockops,
         "launch_traps": launch_traps, "event_rate": rates,
     });
     write_result(&root, "results.json", &results)?;
