@@ -40,6 +40,9 @@
 //! `programs_exact`, with the switch program) take the step from none to
 //! one instead: the tracer's own programs loaded from its object with no
 //! tracer running, as an untraced task runs them ([`crate::tracerprogs`]).
+//! `programs_no_segments` does the same without the segment program: the
+//! forecast for a task outside the workload's cgroup, were segments seen by
+//! a program on that cgroup (not built).
 //!
 //! Not covered, and left to the host-tax bench: the tracer's perf-event
 //! links (uprobes, which under `attach` are bound to the traced process and
@@ -71,6 +74,7 @@ use crate::{
     taxsetups::{self, Running},
     togglehooks::Hooks,
     togglephases::{Slice, Toggle, summary},
+    tracerprogs::Set,
 };
 
 pub struct Plan {
@@ -80,7 +84,8 @@ pub struct Plan {
     pub period_ms: u64,
     /// Length of the fixture's slices.
     pub slice_us: u32,
-    /// Whether `daemon`, `floor_second` and `programs_exact` run too.
+    /// Whether `daemon`, `floor_second`, `programs_exact` and
+    /// `programs_no_segments` run too.
     pub all: bool,
 }
 
@@ -92,8 +97,8 @@ pub const FULL: Plan = Plan {
     all: true,
 };
 
-/// `--quick`: a dozen phases per operation, no `daemon`, `floor_second` or
-/// `programs_exact`.
+/// `--quick`: a dozen phases per operation, no `daemon`, `floor_second`,
+/// `programs_exact` or `programs_no_segments`.
 pub const QUICK: Plan = Plan {
     ms_per_case: 1000,
     period_ms: 40,
@@ -130,6 +135,12 @@ const SETUPS: &[(&str, &str)] = &[
     (
         "programs_exact",
         "the same and --sched exact's btf_sched_switch: against none",
+    ),
+    (
+        "programs_no_segments",
+        "the tracer's send and receive programs without raw_tcp_probe: what a task outside the \
+         workload's cgroup would pay with the segment program on that cgroup (not built), \
+         against none",
     ),
     (
         "attach",
@@ -282,8 +293,9 @@ fn measure_setup(
         "null_control" => (None, Ok(Hooks::default())),
         "floor" => (None, Hooks::floor(false)),
         "floor_second" => (None, Hooks::floor(true)),
-        "programs" => (None, Hooks::programs(root, false)),
-        "programs_exact" => (None, Hooks::programs(root, true)),
+        "programs" => (None, Hooks::programs(root, Set::Tcp)),
+        "programs_exact" => (None, Hooks::programs(root, Set::TcpAndSwitch)),
+        "programs_no_segments" => (None, Hooks::programs(root, Set::SendReceive)),
         tracer => {
             let before = link_ids()?;
             let running = taxsetups::start(root, tracer, workload)?;
@@ -365,7 +377,13 @@ pub fn run(root: &Path, plan: &Plan) -> Result<(Value, Vec<String>)> {
         let stats = BpfStats::new()?;
         SETUPS
             .iter()
-            .filter(|s| plan.all || !matches!(s.0, "daemon" | "floor_second" | "programs_exact"))
+            .filter(|s| {
+                plan.all
+                    || !matches!(
+                        s.0,
+                        "daemon" | "floor_second" | "programs_exact" | "programs_no_segments"
+                    )
+            })
             .map(|&setup| {
                 eprintln!("bench: toggle: {}", setup.0);
                 measure_setup(root, setup, plan, cpu, workload.id(), &stats)

@@ -63,9 +63,9 @@ impl Hooks {
     /// The tracer's own programs, loaded fresh from its object with no
     /// tracer running (see [`crate::tracerprogs`]): switched from none to
     /// one link.
-    pub(crate) fn programs(root: &Path, exact: bool) -> Result<Self> {
+    pub(crate) fn programs(root: &Path, set: tracerprogs::Set) -> Result<Self> {
         let mut hooks = Self::default();
-        for (name, fd, tp) in tracerprogs::load(root, exact)? {
+        for (name, fd, tp) in tracerprogs::load(root, set)? {
             let at = tp.as_ref().map_or("its BTF tracepoint".into(), |t| {
                 t.to_string_lossy().into_owned()
             });

@@ -51,9 +51,22 @@ fn object(root: &Path) -> Result<PathBuf> {
         .context("no ttft-trace-probes object under target/*/build (build the tracer)")
 }
 
-/// The programs, loaded and not attached: (name, fd, tracepoint for a raw
-/// program, `None` for the BTF one); `exact` adds the switch program.
-pub fn load(root: &Path, exact: bool) -> Result<Vec<(String, OwnedFd, Option<CString>)>> {
+/// Which of the tracer's host-wide programs to load.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Set {
+    /// The default path's three TCP programs.
+    Tcp,
+    /// Those and `--sched exact`'s switch program.
+    TcpAndSwitch,
+    /// The send and receive programs, not the segment one: what a task
+    /// outside the workload's cgroup would run if segments were seen by a
+    /// program on that cgroup (not built; see the README's Limits).
+    SendReceive,
+}
+
+/// The programs of `set`, loaded and not attached: (name, fd, tracepoint
+/// for a raw program, `None` for the BTF one).
+pub fn load(root: &Path, set: Set) -> Result<Vec<(String, OwnedFd, Option<CString>)>> {
     let bytes = std::fs::read(object(root)?)?;
     let pid_max: u32 = std::fs::read_to_string("/proc/sys/kernel/pid_max")?
         .trim()
@@ -63,7 +76,10 @@ pub fn load(root: &Path, exact: bool) -> Result<Vec<(String, OwnedFd, Option<CSt
         .load(&bytes)
         .context("loading the tracer's object")?;
     let mut out = Vec::new();
-    for &(name, tp) in TCP {
+    let tcp = TCP
+        .iter()
+        .filter(|(name, _)| set != Set::SendReceive || *name != "raw_tcp_probe");
+    for &(name, tp) in tcp {
         let Some(prog) = ebpf.program_mut(name) else {
             bail!("no program {name} in the tracer's object");
         };
@@ -72,7 +88,7 @@ pub fn load(root: &Path, exact: bool) -> Result<Vec<(String, OwnedFd, Option<CSt
         let fd = prog.fd()?.as_fd().try_clone_to_owned()?;
         out.push((name.to_string(), fd, Some(CString::new(tp)?)));
     }
-    if exact {
+    if set == Set::TcpAndSwitch {
         let (name, tp) = SWITCH;
         let btf = Btf::from_sys_fs()?;
         let Some(prog) = ebpf.program_mut(name) else {
@@ -105,7 +121,8 @@ mod tests {
             eprintln!("skipped: needs root and a build of the tracer (its eBPF object)");
             return Ok(());
         }
-        let progs = load(&root, true)?;
+        assert_eq!(load(&root, Set::SendReceive)?.len(), 2);
+        let progs = load(&root, Set::TcpAndSwitch)?;
         let names: Vec<&str> = progs.iter().map(|p| p.0.as_str()).collect();
         assert_eq!(
             names,
