@@ -84,8 +84,7 @@ pub struct Plan {
     pub period_ms: u64,
     /// Length of the fixture's slices.
     pub slice_us: u32,
-    /// Whether `daemon`, `floor_second`, `programs_exact` and
-    /// `programs_no_segments` run too.
+    /// Whether the setups of [`FULL_ONLY`] run too.
     pub all: bool,
 }
 
@@ -97,8 +96,15 @@ pub const FULL: Plan = Plan {
     all: true,
 };
 
-/// `--quick`: a dozen phases per operation, no `daemon`, `floor_second`,
-/// `programs_exact` or `programs_no_segments`.
+/// The setups only the full plan runs.
+const FULL_ONLY: &[&str] = &[
+    "daemon",
+    "floor_second",
+    "programs_exact",
+    "programs_no_segments",
+];
+
+/// `--quick`: a dozen phases per operation, none of [`FULL_ONLY`].
 pub const QUICK: Plan = Plan {
     ms_per_case: 1000,
     period_ms: 40,
@@ -377,13 +383,7 @@ pub fn run(root: &Path, plan: &Plan) -> Result<(Value, Vec<String>)> {
         let stats = BpfStats::new()?;
         SETUPS
             .iter()
-            .filter(|s| {
-                plan.all
-                    || !matches!(
-                        s.0,
-                        "daemon" | "floor_second" | "programs_exact" | "programs_no_segments"
-                    )
-            })
+            .filter(|s| plan.all || !FULL_ONLY.contains(&s.0))
             .map(|&setup| {
                 eprintln!("bench: toggle: {}", setup.0);
                 measure_setup(root, setup, plan, cpu, workload.id(), &stats)

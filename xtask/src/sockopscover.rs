@@ -1,6 +1,8 @@
 //! Which received segments a cgroup `sock_ops` program sees, and a
-//! `cgroup_skb` one (`cargo xtask bench --only sockops`): the check behind the README's answer to "why not
-//! replace `tcp_probe` with per-socket `sock_ops` callbacks?".
+//! `cgroup_skb` one (`cargo xtask bench --only sockops`): the check behind
+//! the README's answer to "why not replace `tcp_probe` with per-socket
+//! `sock_ops` callbacks?", and the coverage of the hook that could scope
+//! the segment program to the workload's cgroup instead.
 //!
 //! `sock_ops` callbacks are switched on per socket
 //! (`bpf_sock_ops_cb_flags_set`), so a connection that is not followed
@@ -17,9 +19,9 @@
 //! same cgroup counts the packets it runs for: the hook that a segment
 //! program scoped to the workload's cgroup would use.
 //!
-//! Both programs are hand-assembled and loaded with the bpf() syscall, as
-//! the empty floor program is ([`crate::rawfloor`]), and the cgroup one is
-//! attached with a link, so that it goes when the bench does (the flags
+//! The programs are hand-assembled and loaded with the bpf() syscall, as
+//! the empty floor program is ([`crate::rawfloor`]), and the cgroup ones
+//! are attached with links, so that they go when the bench does (the flags
 //! stay on the sockets opened in that second; with no program left, the
 //! kernel's calls for them find none to run). The figures are stated, not
 //! judged.
@@ -68,7 +70,7 @@ const fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> u64 {
 }
 
 /// `map[*(u32 *)(r10 - 4)] += 1` (the key already stored), then `r0 = ret;
-/// exit`: the shared tail of both programs.
+/// exit`: the shared tail of the programs.
 fn count_tail(map: &OwnedFd, ret: i32) -> [u64; 10] {
     [
         insn(0xbf, 2, 10, 0, 0), // r2 = r10
