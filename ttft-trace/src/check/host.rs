@@ -484,8 +484,9 @@ fn segment_hook_item(raw: bool) -> Item {
     if raw {
         return Item::ok(
             "segment hook",
-            "raw tracepoint tcp:tcp_probe: a segment of a connection not followed runs a \
-             program that returns after a read of its local port and one hash lookup",
+            "raw tracepoint tcp:tcp_probe: every TCP segment on the host runs a program; for a \
+             connection not followed it returns after a read of its local port and one array \
+             load (one hash lookup more where that port is a followed listening port)",
         );
     }
     let why = match probes::segment_plan() {
