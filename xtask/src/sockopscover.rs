@@ -33,6 +33,7 @@ use serde_json::{Value, json};
 
 use crate::{
     hosttax::run_fixture,
+    placement::Placement,
     rawfloor::{ATTR_SIZE, BPF_PROG_TYPE_RAW_TRACEPOINT, bpf, call, load_insns, put, raw_tp_open},
 };
 
@@ -168,12 +169,13 @@ pub fn run(root: &Path) -> Result<(Value, Vec<String>)> {
     .context("loading the segment counter")?;
     let _segment_link = raw_tp_open(&segments, Some(c"tcp_probe"))?;
 
-    // Both ends on one CPU (the last), so that each turn is a context
-    // switch rather than a wakeup of another CPU: more round trips a second.
-    let cpu = std::thread::available_parallelism()
-        .map_or(0, |n| n.get() - 1)
-        .to_string();
+    // Both ends on one CPU (the last this process may use, as the host-tax
+    // bench places them), so that each turn is a context switch rather than
+    // a wakeup of another CPU: more round trips a second.
+    let place = Placement::new()?;
+    let cpu = place.measured.to_string();
     let out = run_fixture(&root.join("target/fixtures/hosttax"), &["tcp", MS, &cpu])?;
+    drop(place);
     let ping: Value = serde_json::from_str(out.lines().last().unwrap_or("{}"))?;
     let count = |slot: u32| -> Result<u64> {
         let mut value = 0u64;
