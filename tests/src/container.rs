@@ -179,6 +179,25 @@ impl ContainerRoot {
 
 type MountC = (CString, CString, Option<CString>, Option<CString>);
 
+/// In a child, before exec: joins the cgroup whose `cgroup.procs` file is
+/// `procs` (so that the sockets it creates are that cgroup's).
+fn join_cgroup(procs: &CString) -> std::io::Result<()> {
+    // SAFETY: plain syscalls on a NUL-terminated string that outlives them.
+    unsafe {
+        let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // "0": the writing process itself.
+        let written = libc::write(fd, b"0".as_ptr().cast(), 1);
+        libc::close(fd);
+        if written != 1 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
 /// In the child, before exec: join the cgroup, a mount namespace of its
 /// own with private mounts, make the mounts, pivot into the root. Any failure fails the
 /// spawn.
@@ -190,16 +209,9 @@ fn enter(root: &CString, procs: &CString, mounts: &[MountC]) -> std::io::Result<
             Ok(())
         }
     };
+    join_cgroup(procs)?;
     // SAFETY: plain syscalls on NUL-terminated strings that outlive them.
     unsafe {
-        let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-        check(fd)?;
-        // "0": the writing process itself.
-        let written = libc::write(fd, b"0".as_ptr().cast(), 1);
-        libc::close(fd);
-        if written != 1 {
-            return Err(std::io::Error::last_os_error());
-        }
         check(libc::unshare(libc::CLONE_NEWNS))?;
         check(libc::mount(
             std::ptr::null(),
@@ -325,6 +337,24 @@ impl PodCgroup {
             pod_uid,
             container_id,
         })
+    }
+}
+
+impl PodCgroup {
+    /// Makes the process `cmd` starts join this cgroup before it runs.
+    pub fn place(&self, cmd: &mut Command) -> Result<()> {
+        let procs = CString::new(self.dir.join("cgroup.procs").as_os_str().as_bytes())?;
+        // SAFETY: only async-signal-safe calls on data prepared here.
+        unsafe {
+            cmd.pre_exec(move || join_cgroup(&procs));
+        }
+        Ok(())
+    }
+
+    /// Moves running process `pid` (all its threads) into this cgroup.
+    pub fn adopt(&self, pid: u32) -> Result<()> {
+        fs::write(self.dir.join("cgroup.procs"), pid.to_string())
+            .with_context(|| format!("moving pid {pid} into {}", self.dir.display()))
     }
 }
 

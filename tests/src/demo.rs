@@ -11,7 +11,10 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use serde::Deserialize;
 
-use crate::fixtures::{self, ChildGuard};
+use crate::{
+    container::PodCgroup,
+    fixtures::{self, ChildGuard},
+};
 
 fn demo_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("demo")
@@ -23,15 +26,25 @@ pub struct DemoServer {
     pub port: u16,
     pub pid: u32,
     pub truth: PathBuf,
+    /// The cgroup it runs in, where it has one of its own: removed after
+    /// the server (fields drop in order).
+    pub cgroup: Option<PodCgroup>,
 }
 
 impl DemoServer {
     /// Starts the server on a free port with the stub runtime and `extra`
     /// arguments, and returns once it listens.
     pub fn start(extra: &[&str]) -> Result<Self> {
+        Self::start_in(extra, None)
+    }
+
+    /// As [`DemoServer::start`], in `cgroup` (from its first instruction,
+    /// so that its listening socket is that cgroup's, as under a container
+    /// runtime or a systemd unit).
+    pub fn start_in(extra: &[&str], cgroup: Option<PodCgroup>) -> Result<Self> {
         let truth = fixtures::temp_path("server-truth", "jsonl");
-        let mut child = Command::new("python3")
-            .arg(demo_dir().join("server.py"))
+        let mut cmd = Command::new("python3");
+        cmd.arg(demo_dir().join("server.py"))
             .args(["--port", "0", "--cudart"])
             .arg(fixtures::existing_fixture(fixtures::STUB_CUDART)?)
             .arg("--truth")
@@ -39,9 +52,11 @@ impl DemoServer {
             .args(extra)
             .env("PYTHONUNBUFFERED", "1")
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .context("starting tests/demo/server.py")?;
+            .stderr(Stdio::inherit());
+        if let Some(cgroup) = &cgroup {
+            cgroup.place(&mut cmd)?;
+        }
+        let mut child = cmd.spawn().context("starting tests/demo/server.py")?;
         let pid = child.id();
         let stdout = child.stdout.take().context("server stdout")?;
         let guard = ChildGuard::new(child);
@@ -58,6 +73,7 @@ impl DemoServer {
             port,
             pid,
             truth,
+            cgroup,
         })
     }
 

@@ -12,21 +12,95 @@ use std::{
 use anyhow::{Context as _, Result};
 use serde_json::Value;
 use ttft_trace_tests::{
+    container::PodCgroup,
     demo::{ClientRequest, DemoServer, loadgen},
     faults::{self, PacketLoss},
     tracer::{TraceOutput, Tracer, root_test},
 };
 
-/// The two programs that see TCP segments, by how the tracer names them,
-/// with the tracer's environment that picks each: the raw `tcp_probe`
-/// (default) and the classic tracepoint's (the fallback).
-const SEGMENT_HOOKS: [(&str, &[(&str, &str)]); 2] = [
-    ("raw tracepoint", &[]),
-    (
-        "classic tracepoint",
-        &[("TTFT_TRACE_EVENT_HOOK", "tracepoints")],
-    ),
-];
+/// How the tracer sees TCP segments in a run: where the server runs, the
+/// tracer's environment, and the log line that names the hook.
+#[derive(Clone, Copy)]
+struct Hook {
+    name: &'static str,
+    server: Placement,
+    env: &'static [(&'static str, &'static str)],
+    log: &'static str,
+}
+
+/// Where the demo server runs.
+#[derive(Clone, Copy, PartialEq)]
+enum Placement {
+    /// In the test's cgroup.
+    Here,
+    /// In a cgroup of its own from its start (as under a container runtime
+    /// or a systemd unit).
+    OwnCgroup,
+    /// Moved into a cgroup of its own once it listens: its listening
+    /// socket stays the test's cgroup's, as systemd socket activation hands
+    /// a server a socket of its own cgroup.
+    MovedAfterListen,
+}
+
+/// The default where the server has a cgroup of its own: the segment
+/// program on that cgroup's ingress.
+const CGROUP: Hook = Hook {
+    name: "cgroup ingress",
+    server: Placement::OwnCgroup,
+    env: &[],
+    log: "segments: seen at the ingress of cgroup",
+};
+/// Host-wide on the raw `tcp_probe` (the default for a server in the root
+/// cgroup, and the fallback).
+const RAW: Hook = Hook {
+    name: "raw tracepoint",
+    server: Placement::Here,
+    env: &[("TTFT_TRACE_SEGMENT_HOOK", "tcp_probe")],
+    log: "segments: raw tracepoint tcp:tcp_probe",
+};
+/// The classic tracepoint (kernels without BTF).
+const CLASSIC: Hook = Hook {
+    name: "classic tracepoint",
+    server: Placement::Here,
+    env: &[("TTFT_TRACE_EVENT_HOOK", "tracepoints")],
+    log: "segments: classic tracepoint tcp:tcp_probe",
+};
+const SEGMENT_HOOKS: [Hook; 3] = [CGROUP, RAW, CLASSIC];
+/// The cgroup program where the server's listening socket is not its
+/// cgroup's: the self-check moves the tracer to the raw `tcp_probe`.
+const SELF_CHECKED: Hook = Hook {
+    name: "cgroup ingress, then raw tracepoint",
+    server: Placement::MovedAfterListen,
+    env: &[],
+    log: "host-wide (the self-check)",
+};
+
+impl Hook {
+    /// Starts the demo server as this hook wants it.
+    fn server(&self, args: &[&str]) -> Result<DemoServer> {
+        match self.server {
+            Placement::Here => DemoServer::start(args),
+            Placement::OwnCgroup => DemoServer::start_in(args, Some(PodCgroup::new()?)),
+            Placement::MovedAfterListen => {
+                let mut server = DemoServer::start(args)?;
+                let cgroup = PodCgroup::new()?;
+                cgroup.adopt(server.pid)?;
+                server.cgroup = Some(cgroup);
+                Ok(server)
+            }
+        }
+    }
+
+    /// Asserts the tracer saw segments with this hook.
+    fn assert_used(&self, out: &TraceOutput) {
+        assert!(
+            out.stderr.contains(self.log),
+            "segments not seen by the {}:\n{}",
+            self.name,
+            out.stderr
+        );
+    }
+}
 
 /// Packets dropped while the load generator runs.
 #[derive(Clone, Copy)]
@@ -44,19 +118,19 @@ fn run(
     load_args: &[&str],
     wait: bool,
 ) -> Result<(TraceOutput, Vec<ClientRequest>)> {
-    run_with_env(server_args, load_args, wait, None, &[])
+    run_with_env(server_args, load_args, wait, None, CGROUP)
 }
 
-/// As [`run`], with `fault` while the load runs and `env` set for the
-/// tracer.
+/// As [`run`], with `fault` while the load runs and segments seen by
+/// `hook`.
 fn run_with_env(
     server_args: &[&str],
     load_args: &[&str],
     wait: bool,
     fault: Option<Fault>,
-    env: &[(&str, &str)],
+    hook: Hook,
 ) -> Result<(TraceOutput, Vec<ClientRequest>)> {
-    let server = DemoServer::start(server_args)?;
+    let server = hook.server(server_args)?;
     let mut args = vec![
         "--pid".to_string(),
         server.pid.to_string(),
@@ -66,7 +140,7 @@ fn run_with_env(
     if wait {
         args.push("--wait".into());
     }
-    let mut tracer = Tracer::start_with_env(&args, 0, env)?;
+    let mut tracer = Tracer::start_with_env(&args, 0, hook.env)?;
     tracer.wait_for_stderr("following requests on port", 1, Duration::from_secs(30))?;
     let guard = fault
         .map(|f| match f {
@@ -83,6 +157,7 @@ fn run_with_env(
     let out = tracer.interrupt(Duration::from_secs(30))?;
     server.stop()?;
     assert!(out.success, "{}", out.stderr);
+    hook.assert_used(&out);
     Ok((out, clients))
 }
 
@@ -441,20 +516,22 @@ fn client_ttft_estimate_agrees_with_the_clients_own() -> Result<()> {
         "| segments | loss | requests with an estimate | client TTFT P50 / max | estimate − client median / max abs | server TTFT max | client run-queue max |"
     );
     eprintln!("| --- | --- | --- | --- | --- | --- | --- |");
-    // The default segment program with and without loss; the classic one
-    // (the fallback) without: the loss runs test the retransmit handling,
-    // which both share.
-    let (raw, classic) = (SEGMENT_HOOKS[0], SEGMENT_HOOKS[1]);
-    for ((hook, env), loss) in [(raw, None), (raw, Some(20)), (classic, None)] {
+    // The default segment program with and without loss; the host-wide
+    // ones (the fallbacks) without: the loss run tests the retransmit
+    // handling, which all share.
+    for (hook, loss) in [
+        (CGROUP, None),
+        (CGROUP, Some(20)),
+        (RAW, None),
+        (CLASSIC, None),
+    ] {
         let fault = loss.map(Fault::ServerLoss);
-        let (out, clients) = run_with_env(&["--output-tokens", "32"], &load, false, fault, env)?;
-        assert!(
-            out.stderr
-                .contains(&format!("segments: {hook} tcp:tcp_probe")),
-            "segments not seen by the {hook}:\n{}",
-            out.stderr
-        );
-        judge_estimates(&format!("{hook} | {}%", loss.unwrap_or(0)), &out, &clients)?;
+        let (out, clients) = run_with_env(&["--output-tokens", "32"], &load, false, fault, hook)?;
+        judge_estimates(
+            &format!("{} | {}%", hook.name, loss.unwrap_or(0)),
+            &out,
+            &clients,
+        )?;
     }
     Ok(())
 }
@@ -567,7 +644,7 @@ fn a_lost_handshake_ack_still_dates_the_request() -> Result<()> {
         ],
         false,
         Some(Fault::HandshakeAcks),
-        &[],
+        CGROUP,
     )?;
     assert!(
         clients
@@ -590,7 +667,15 @@ fn a_lost_handshake_ack_still_dates_the_request() -> Result<()> {
         "| segments | loss | requests with an estimate | client TTFT P50 / max | estimate − client median / max abs | server TTFT max | client run-queue max |"
     );
     eprintln!("| --- | --- | --- | --- | --- | --- | --- |");
-    judge_estimates("raw tracepoint | handshake ACKs", &out, &clients)
+    judge_estimates("cgroup ingress | handshake ACKs", &out, &clients)?;
+    // The self-check tells this (data with the handshake, which no hook
+    // sees) from a listener outside the cgroup: no fallback.
+    assert!(
+        !out.stderr.contains("host-wide (the self-check)"),
+        "{}",
+        out.stderr
+    );
+    Ok(())
 }
 
 /// A server that closes after every response (`Connection: close`, then
@@ -692,6 +777,54 @@ fn stream_one(conn: &mut TcpStream) -> Result<()> {
     Ok(())
 }
 
+/// A server whose listening socket was created outside its cgroup (it
+/// listened, then moved; systemd socket activation hands a server a socket
+/// of its own cgroup): the program on the server's cgroup sees none of its
+/// connections' segments, the self-check finds the connections read with
+/// none seen, and the tracer moves to the host-wide `tcp_probe`, from where
+/// the later requests have their segments again.
+#[test]
+fn a_listener_outside_the_server_cgroup_falls_back_host_wide() -> Result<()> {
+    let Some(_g) = root_test("a_listener_outside_the_server_cgroup_falls_back_host_wide") else {
+        return Ok(());
+    };
+    let (out, clients) = run_with_env(
+        &["--output-tokens", "8"],
+        &[
+            "--concurrency",
+            "2",
+            "--requests",
+            "16",
+            "--output-tokens",
+            "8",
+        ],
+        false,
+        None,
+        SELF_CHECKED,
+    )?;
+    assert!(
+        out.stderr.contains(CGROUP.log),
+        "first on the server's cgroup:\n{}",
+        out.stderr
+    );
+    let traced = requests(&out);
+    assert_eq!(traced.len(), clients.len(), "every request traced");
+    // Each connection's first request went unseen; the fallback comes at
+    // the tracer's next reading of the kernel's counters (each request
+    // takes about 0.4 s here): the last requests of each connection are
+    // seen.
+    let late: Vec<&&Value> = traced
+        .iter()
+        .filter(|r| r["request_index"].as_u64() >= Some(5))
+        .collect();
+    assert!(!late.is_empty(), "{traced:#?}");
+    for r in late {
+        assert!(r["t_request_segment_ns"].is_u64(), "{r}");
+        assert!(r["client_ttft_estimate_ns"].is_u64(), "{r}");
+    }
+    Ok(())
+}
+
 /// A keep-alive connection opened before the tracer started (a gateway's
 /// pool lives for hours): it is followed from its next request on.
 #[test]
@@ -701,14 +834,14 @@ fn a_connection_opened_before_tracing_is_adopted() -> Result<()> {
     };
     // Adoption reads the socket's ports and addresses: from the raw
     // tracepoint's socket, or the classic tracepoint's record.
-    for (hook, env) in SEGMENT_HOOKS {
-        adopted_with(hook, env)?;
+    for hook in SEGMENT_HOOKS {
+        adopted_with(hook)?;
     }
     Ok(())
 }
 
-fn adopted_with(hook: &str, env: &[(&str, &str)]) -> Result<()> {
-    let server = DemoServer::start(&["--output-tokens", "4"])?;
+fn adopted_with(hook: Hook) -> Result<()> {
+    let server = hook.server(&["--output-tokens", "4"])?;
     let mut conn = TcpStream::connect(("127.0.0.1", server.port))?;
     conn.set_read_timeout(Some(Duration::from_secs(30)))?;
     let port = conn.local_addr()?.port();
@@ -719,7 +852,7 @@ fn adopted_with(hook: &str, env: &[(&str, &str)]) -> Result<()> {
         "--interval".into(),
         "60".into(),
     ];
-    let mut tracer = Tracer::start_with_env(&args, 0, env)?;
+    let mut tracer = Tracer::start_with_env(&args, 0, hook.env)?;
     tracer.wait_for_stderr("following requests on port", 1, Duration::from_secs(30))?;
     for _ in 0..3 {
         stream_one(&mut conn)?;
@@ -729,12 +862,7 @@ fn adopted_with(hook: &str, env: &[(&str, &str)]) -> Result<()> {
     drop(conn);
     server.stop()?;
     assert!(out.success, "{}", out.stderr);
-    assert!(
-        out.stderr
-            .contains(&format!("segments: {hook} tcp:tcp_probe")),
-        "segments not seen by the {hook}:\n{}",
-        out.stderr
-    );
+    hook.assert_used(&out);
     let mine: Vec<&Value> = requests(&out)
         .into_iter()
         .filter(|r| r["client_port"].as_u64() == Some(u64::from(port)))
@@ -761,7 +889,8 @@ fn adopted_with(hook: &str, env: &[(&str, &str)]) -> Result<()> {
         .sum();
     assert_eq!(adopted, 1, "the one connection opened before tracing");
     eprintln!(
-        "{hook}: client estimates on the adopted connection: {:?}",
+        "{}: client estimates on the adopted connection: {:?}",
+        hook.name,
         mine.iter()
             .map(|r| r["client_ttft_estimate_ns"].clone())
             .collect::<Vec<_>>()

@@ -49,7 +49,7 @@ pub struct ConnState {
     pub sends_since_recv: u32,
     /// Whether the close was reported already.
     pub closed: u32,
-    /// `snd_una` at the last `tcp_probe` on the socket.
+    /// `snd_una` at the last segment seen on the socket.
     pub probe_snd_una: u32,
     /// TCP hook: the socket's `copied_seq` (what the server has read) as of
     /// the last receive reported, and the sequence number just past the
@@ -59,8 +59,9 @@ pub struct ConnState {
     /// add only bytes not reported before, and peeks none.
     pub recv_seq: u32,
     pub sent_seq: u32,
-    pub _pad: u32,
-    /// Time of the last `tcp_probe` on the socket (0: none yet).
+    /// Whether the connection was counted in `Stat::SegmentsUnseen`.
+    pub unseen_counted: u32,
+    /// Time of the last segment seen on the socket (0: none yet).
     pub probe_t_ns: u64,
 }
 

@@ -104,10 +104,20 @@ pub enum Stat {
     /// (namespace, port) pairs that could not be added to `LISTEN_NETNS`
     /// (full): connections accepted on them are not followed.
     ListenNetnsFull = 3,
+    /// Followed connections whose first bytes were read before any of
+    /// their segments was seen: the data came with the handshake (a lost
+    /// final ACK, TCP Fast Open), which no segment hook sees, or the
+    /// segment program does not run where their socket lives.
+    SegmentsUnseen = 4,
+    /// Of those, the ones whose listening port's handshakes were never
+    /// seen at a cgroup's ingress either: their listening socket lives
+    /// outside the cgroups the program is on (systemd socket activation
+    /// creates it in its own).
+    ListenerUnseen = 5,
 }
 
 /// Number of [`Stat`] slots.
-pub const STATS: u32 = 4;
+pub const STATS: u32 = 6;
 
 /// The plain (not LRU) hash maps, which refuse inserts when full, and the
 /// statistic counting the refusals in the kernel, for

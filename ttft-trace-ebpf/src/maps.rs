@@ -65,6 +65,14 @@ pub static LISTEN_PORTS: Array<[u8; SLOT_BYTES as usize]> =
 #[map]
 pub static LISTEN_NETNS: HashMap<ListenKey, u32> = HashMap::with_max_entries(4096, 0);
 
+/// Followed listening ports whose handshakes were seen at a cgroup's
+/// ingress (the segment program's): port -> 1. A followed connection read
+/// with none of its segments seen, on a port not here, had its listening
+/// socket outside those cgroups. LRU: bounded, and a port evicted is put
+/// back at its next handshake.
+#[map]
+pub static INGRESS_LISTENERS: LruHashMap<u32, u32> = LruHashMap::with_max_entries(1024, 0);
+
 /// Server connections being followed, keyed by socket address.
 #[map]
 pub static CONNS: LruHashMap<u64, ConnState> = LruHashMap::with_max_entries(65536, 0);

@@ -34,7 +34,7 @@ use ttft_trace_common::{
 };
 
 use crate::{
-    listen,
+    ingress, listen,
     maps::{
         CONNS, EVENTS, SEND_ARGS, bump_stat, is_tracked, may_be_traced, offset, offsets,
         seg_offset, wakeup_flag,
@@ -44,7 +44,7 @@ use crate::{
 const TCP_ESTABLISHED: i32 = 1;
 const TCP_SYN_RECV: i32 = 3;
 const TCP_CLOSE: i32 = 7;
-const TCP_LISTEN: i32 = 10;
+pub(crate) const TCP_LISTEN: i32 = 10;
 const AF_INET: u16 = 2;
 const MSG_PEEK: i32 = 2;
 /// iovec entries walked to find the first with data and the one holding a
@@ -214,7 +214,22 @@ fn count_send(state: *mut ConnState) -> u32 {
 #[inline(always)]
 fn report_recv(sk: u64, state: *mut ConnState, bytes: i32) {
     // SAFETY: live map value.
-    unsafe { (*state).sends_since_recv = 0 };
+    let unseen = unsafe {
+        (*state).sends_since_recv = 0;
+        let unseen = (*state).probe_t_ns == 0 && (*state).unseen_counted == 0;
+        if unseen {
+            (*state).unseen_counted = 1;
+        }
+        unseen
+    };
+    // The request's segment came before this read: none seen is the
+    // segment hook's self-check (userspace widens its reach on it).
+    if unseen {
+        bump_stat(Stat::SegmentsUnseen);
+        if !ingress::listener_seen(sk) {
+            bump_stat(Stat::ListenerUnseen);
+        }
+    }
     emit_sock(SOCK_RECV, sk, bytes, None, false, 0);
 }
 
@@ -334,7 +349,7 @@ pub(crate) fn followed_from_now(sk: u64) -> ConnState {
 }
 
 #[inline(always)]
-fn send_offsets() -> SendOffsets {
+pub(crate) fn send_offsets() -> SendOffsets {
     // SAFETY: reading a static we own; userspace rewrites it before load.
     unsafe { core::ptr::read_volatile(&SEND_OFFSETS) }
 }

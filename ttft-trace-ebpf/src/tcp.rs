@@ -37,16 +37,17 @@ use crate::{
     sock::{followed_from_now, kernel, now_ns, read},
 };
 
-const TCP_ESTABLISHED: u32 = 1;
-const AF_INET: u16 = 2;
+pub(crate) const TCP_ESTABLISHED: u32 = 1;
+pub(crate) const AF_INET: u16 = 2;
 /// `tcp_skb_cb.tcp_flags`: each takes one sequence number.
 const TCPHDR_FIN: u8 = 0x01;
 const TCPHDR_SYN: u8 = 0x02;
 
 /// What [`on_segment`] needs to know of one received segment and its
-/// socket: read from the classic tracepoint's record, or from the kernel's
-/// structs through the raw tracepoint's arguments.
-trait Segment {
+/// socket: read from the classic tracepoint's record, from the kernel's
+/// structs through the raw tracepoint's arguments, or from the packet and
+/// the socket of a cgroup's ingress ([`crate::ingress`]).
+pub(crate) trait Segment {
     /// The payload's length.
     fn data_len(&self) -> Option<u32>;
     /// The socket's `snd_nxt` and `snd_una` before this segment.
@@ -55,6 +56,13 @@ trait Segment {
     fn srtt_us(&self) -> u32;
     /// The segment's own acknowledgment number, where it can be read.
     fn ack_seq(&self) -> Option<u32>;
+    /// The end of what an ACK may acknowledge, given `snd_nxt` as read:
+    /// `snd_nxt` itself where the segment is seen as the socket processes
+    /// it.
+    #[inline(always)]
+    fn sent_bound(&self, snd_nxt: u32) -> u32 {
+        snd_nxt
+    }
     /// Local port, host order.
     fn sport(&self) -> Option<u16>;
     /// Family, remote port and both addresses, into a connection event.
@@ -89,7 +97,7 @@ pub fn tcp_probe(ctx: TracePointContext) -> u32 {
 }
 
 #[inline(always)]
-fn on_segment<S: Segment>(sk: u64, seg: &S) {
+pub(crate) fn on_segment<S: Segment>(sk: u64, seg: &S) {
     // Every followed connection was accepted on a followed listening port
     // (and ports are never unfollowed): the port rules out the other
     // segments on the host with one read and one lookup, before the
@@ -107,8 +115,10 @@ fn on_segment<S: Segment>(sk: u64, seg: &S) {
         return;
     };
     let now = now_ns();
-    // SAFETY: live map value; the socket lock serialises this tracepoint per
-    // socket, and the socket probes touch other fields.
+    // SAFETY: live map value; the socket probes touch other fields. The
+    // socket lock serialises `tcp_probe` per socket; a cgroup's ingress runs
+    // before the lock is taken, where a flow's segments still come one at a
+    // time (one receive queue, one CPU).
     let (t_prev, prev_una) = unsafe { ((*state).probe_t_ns, (*state).probe_snd_una) };
     // SAFETY: as above.
     unsafe {
@@ -126,7 +136,7 @@ fn on_segment<S: Segment>(sk: u64, seg: &S) {
         Some(ack) => {
             flags |= SEGMENT_ACK_EXACT;
             let new = ack.wrapping_sub(snd_una);
-            if new != 0 && new <= snd_nxt.wrapping_sub(snd_una) {
+            if new != 0 && new <= seg.sent_bound(snd_nxt).wrapping_sub(snd_una) {
                 flags |= SEGMENT_ACKED;
             }
         }

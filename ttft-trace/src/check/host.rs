@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use super::{CheckConfig, Item, Report, features_missing, parse_release, tracefs_mounts};
 use crate::caps::{self, CAP_SYS_ADMIN, CAP_SYS_RESOURCE, CapSet};
-use crate::probes::{self, EventHook, LoadConfig, Probes, SendHook, TRACEPOINTS};
+use crate::probes::{self, EventHook, LoadConfig, Probes, SegmentHook, SendHook, TRACEPOINTS};
 use crate::tracefs::{self, Format};
 
 const UNIT_HINT: &str = "as a service: deploy/systemd/ttft-trace.service";
@@ -403,7 +403,7 @@ fn load_and_fire(tracefs_ok: bool) -> Vec<Item> {
     );
     let hook = send_hook_item(probes.send_hook());
     let events = event_hook_item(probes.event_hook());
-    let segments = segment_hook_item(probes.raw_segments());
+    let segments = segment_hook_item(&probes.segment_hook());
     let fire = match probes.uprobe_selftest() {
         Ok(1) => Item::ok(
             "uprobe self-test",
@@ -480,14 +480,32 @@ fn event_hook_item(hook: EventHook) -> Item {
 
 /// How TCP segments are seen, and what that costs connections the tracer
 /// does not follow.
-fn segment_hook_item(raw: bool) -> Item {
-    if raw {
-        return Item::ok(
-            "segment hook",
-            "raw tracepoint tcp:tcp_probe: every TCP segment on the host runs a program; for a \
-             connection not followed it returns after a read of its local port and one array \
-             load (one hash lookup more where that port is a followed listening port)",
-        );
+fn segment_hook_item(hook: &SegmentHook) -> Item {
+    const RAW: &str = "raw tracepoint tcp:tcp_probe: every TCP segment on the host runs a \
+                       program; for a connection not followed it returns after a read of its \
+                       local port and one array load (one hash lookup more where that port is \
+                       a followed listening port)";
+    match hook {
+        SegmentHook::Cgroups(_) => {
+            return Item::ok(
+                "segment hook",
+                "cgroup_skb ingress on the traced workloads' cgroups: segments of processes \
+                 outside them run no program (the kernel's cgroup check only); host-wide on \
+                 tcp:tcp_probe where a workload is in the root cgroup, with --port, or when the \
+                 self-check finds followed connections whose segments it does not see",
+            );
+        }
+        SegmentHook::Raw(why) if why.starts_with(probes::SEGMENT_HOOK_ENV) => {
+            return Item::ok("segment hook", format!("{RAW} ({why})"));
+        }
+        SegmentHook::Raw(why) => {
+            return Item::warn(
+                "segment hook",
+                format!("{RAW} (not on cgroups: {why})"),
+                "a kernel with cgroup v2 mounted (cgroup_skb programs)",
+            );
+        }
+        SegmentHook::Classic => {}
     }
     let why = match probes::segment_plan() {
         Err(why) => format!(" ({why})"),

@@ -130,7 +130,7 @@ impl Series {
         self.signals.set_sched_totals(&k.sched);
         self.signals.runq.set(k.runq_buckets.clone(), k.runq_sum_ns);
         self.core
-            .set_kernel_stats(k.events_lost, k.thread_state_dropped);
+            .set_kernel_stats(k.events_lost, k.segments_unseen, k.thread_state_dropped);
         for (map, total) in &k.map_full {
             self.core.set_map_full(map, *total);
         }

@@ -139,6 +139,9 @@ pub(super) struct Wanted {
     pub wakeups: bool,
     /// `tcp_probe`: where its BTF offsets were read.
     pub segments: bool,
+    /// Segments seen on the workloads' cgroups instead, with `tcp_probe`
+    /// kept for the fallback ([`super::segment_scope`]).
+    pub scoped_segments: bool,
 }
 
 impl Wanted {
@@ -155,7 +158,7 @@ impl Wanted {
             "sock_send_length" | "sock_recv_length" => self.socket_lengths,
             "sched_wakeup" | "sched_wakeup_new" => self.wakeups,
             "sched_switch" => self.switches,
-            "tcp_probe" => self.segments,
+            "tcp_probe" => self.segments && !self.scoped_segments,
             _ => true,
         }
     }
@@ -236,12 +239,25 @@ fn attach_one(
             }
             prog.attach().map(Link::Btf).map_err(err)
         }
-        Kind::Raw => {
-            let prog = program::<RawTracePoint>(ebpf, name)?;
-            if prog.fd().is_err() {
-                prog.load().map_err(err)?;
-            }
-            prog.attach(tracepoint).map(Link::Raw).map_err(err)
-        }
+        Kind::Raw => attach_raw(ebpf, name, tracepoint).map(Link::Raw),
     }
+}
+
+fn attach_raw(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+    tracepoint: &str,
+) -> Result<aya::programs::raw_trace_point::RawTracePointLinkId, ProbeError> {
+    let err = |e| ProbeError::Program(name, e);
+    let prog = program::<RawTracePoint>(ebpf, name)?;
+    if prog.fd().is_err() {
+        prog.load().map_err(err)?;
+    }
+    prog.attach(tracepoint).map_err(err)
+}
+
+/// Attaches the raw `tcp_probe` program, host-wide: the segments' fallback
+/// from the workloads' cgroups.
+pub(super) fn attach_raw_segments(ebpf: &mut Ebpf) -> Result<(), ProbeError> {
+    attach_raw(ebpf, "raw_tcp_probe", "tcp_probe").map(drop)
 }

@@ -6,12 +6,14 @@ mod detach;
 mod event_hook;
 mod kernel_maps;
 pub mod libraries;
+mod segment_scope;
 mod selftest;
 mod send_hook;
 pub mod symbols;
 
 pub use detach::detach_in_background;
 pub use event_hook::{EVENT_HOOK_ENV, EventHook, event_hook_plan, segment_plan};
+pub use segment_scope::{SEGMENT_HOOK_ENV, SegmentHook, SegmentReach, attachable};
 pub use send_hook::{SEND_HOOK_ENV, SendHook, send_hook_plan, syscall_offsets};
 use send_hook::{SYSCALL_SEND_TRACEPOINTS, attach_tcp, is_socket_length};
 
@@ -135,8 +137,11 @@ pub struct Probes {
     ebpf: Ebpf,
     send_hook: SendHook,
     event_hook: EventHook,
-    /// Segments seen by the raw `tcp_probe` program, not the classic one.
+    /// The raw `tcp_probe` program is attached (host-wide), where segments
+    /// are not seen on cgroups nor by the classic tracepoint.
     raw_segments: bool,
+    /// Where the cgroup segment program is attached.
+    scope: segment_scope::Scope,
     /// Tracepoints attached (classic, raw and BTF).
     tracepoints: usize,
     /// Ids the per-event programs may look up (see `byte_arrays`).
@@ -390,6 +395,16 @@ impl Probes {
             Err(_) => SendHook::Syscalls,
         };
         let socket_lengths = send_hook == SendHook::Syscalls;
+        // The cgroup segment program needs the raw one's offsets too: the
+        // raw one is its fallback.
+        let scope_plan = match &segment_offsets {
+            Ok(_) => segment_scope::plan().and_then(|mount| {
+                segment_scope::load(&mut ebpf)
+                    .map(|()| mount)
+                    .map_err(|e| e.to_string())
+            }),
+            Err(why) => Err(why.clone()),
+        };
         let mut replaced = Vec::new();
         let event_hook = match task_offsets {
             Ok(task) => {
@@ -398,6 +413,7 @@ impl Probes {
                     switches: cfg.sched_programs,
                     wakeups: cfg.sched_programs && !task.has_sched_info(),
                     segments: segment_offsets.is_ok(),
+                    scoped_segments: scope_plan.is_ok(),
                 };
                 match event_hook::attach_default(&mut ebpf, &wanted) {
                     Ok((attached, covered)) => {
@@ -426,8 +442,17 @@ impl Probes {
                 EventHook::Tracepoints
             }
         };
-        let raw_segments = replaced.contains(&"tcp_probe");
-        match (&segment_offsets, raw_segments) {
+        let covered = replaced.contains(&"tcp_probe");
+        let scope = segment_scope::Scope::new(match scope_plan {
+            Ok(_) if !covered => Err("the raw tracepoints failed".into()),
+            plan => plan,
+        });
+        let raw_segments = covered && !scope.scoped();
+        match (&segment_offsets, covered) {
+            (_, true) if scope.scoped() => log::info!(
+                "segments: cgroup_skb ingress on the traced workloads' cgroups (tcp:tcp_probe \
+                 host-wide where a workload has none of its own)"
+            ),
             (_, true) => log::info!(
                 "segments: raw tracepoint tcp:tcp_probe (the socket and segment, read only for \
                  followed connections)"
@@ -480,6 +505,7 @@ impl Probes {
             send_hook,
             event_hook,
             raw_segments,
+            scope,
             tracepoints,
             traced_ids,
             listen_ports,
@@ -503,12 +529,6 @@ impl Probes {
     /// How the per-event (scheduler, socket length) programs are attached.
     pub fn event_hook(&self) -> EventHook {
         self.event_hook
-    }
-
-    /// Whether segments are seen by the raw `tcp_probe` program (else by
-    /// the classic tracepoint's).
-    pub fn raw_segments(&self) -> bool {
-        self.raw_segments
     }
 
     /// Attaches the probes to one library for `reach`, once per file and

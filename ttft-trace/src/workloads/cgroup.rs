@@ -34,24 +34,42 @@ pub fn cgroup_path(pid: u32) -> Option<String> {
 }
 
 pub fn parse_cgroup(text: &str) -> Option<String> {
-    let entries: Vec<(&str, &str)> = text
-        .lines()
-        .filter_map(|l| {
-            let mut f = l.splitn(3, ':');
-            let (_, controllers, path) = (f.next()?, f.next()?, f.next()?);
-            Some((controllers, path))
-        })
-        .collect();
+    let entries = cgroup_entries(text);
     let pick = entries
         .iter()
-        .find(|(c, _)| c.is_empty())
+        .find(|(_, c, _)| c.is_empty())
         .or_else(|| {
             entries
                 .iter()
-                .find(|(c, _)| c.split(',').any(|x| x == "cpu" || x == "memory"))
+                .find(|(_, c, _)| c.split(',').any(|x| x == "cpu" || x == "memory"))
         })
         .or(entries.first())?;
-    Some(pick.1.to_string())
+    Some(pick.2.to_string())
+}
+
+/// The process's cgroup v2 path (`0::/path`) alone: None on a host
+/// without the v2 hierarchy, or where it cannot be read.
+pub fn cgroup_v2_path(pid: u32) -> Option<String> {
+    let text =
+        rootfs::read_proc(Path::new(&format!("/proc/{pid}/cgroup")), CGROUP_FILE_MAX).ok()?;
+    parse_v2(&String::from_utf8_lossy(&text))
+}
+
+pub fn parse_v2(text: &str) -> Option<String> {
+    cgroup_entries(text)
+        .into_iter()
+        .find(|(hierarchy, c, _)| *hierarchy == "0" && c.is_empty())
+        .map(|(_, _, path)| path.to_string())
+}
+
+/// (hierarchy id, controllers, path) of each `/proc/PID/cgroup` line.
+fn cgroup_entries(text: &str) -> Vec<(&str, &str, &str)> {
+    text.lines()
+        .filter_map(|l| {
+            let mut f = l.splitn(3, ':');
+            Some((f.next()?, f.next()?, f.next()?))
+        })
+        .collect()
 }
 
 /// A container id in a cgroup path: the last 64-hex-digit run of a path
@@ -200,6 +218,17 @@ mod tests {
     }
 
     const ID: &str = "4f1c3c2a9e8b7d6f5a4b3c2d1e0f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f";
+
+    #[test]
+    fn reads_the_v2_entry_alone() {
+        let hybrid = "12:cpu,cpuacct:/docker/abc\n0::/system.slice/vllm.service\n";
+        assert_eq!(
+            parse_v2(hybrid).as_deref(),
+            Some("/system.slice/vllm.service")
+        );
+        assert_eq!(parse_v2("12:cpu,cpuacct:/docker/abc\n"), None);
+        assert_eq!(parse_v2("0::/\n").as_deref(), Some("/"));
+    }
 
     #[test]
     fn picks_the_v2_entry_then_cpu() {

@@ -63,6 +63,7 @@ pub struct Metrics {
     memcpy_bytes: IntCounterVec,
     memcpy_calls: IntCounterVec,
     events_lost: IntCounter,
+    segments_unseen: IntCounter,
     thread_state_dropped: IntCounter,
     table_evictions: IntCounterVec,
     map_full: IntCounterVec,
@@ -125,6 +126,11 @@ impl Metrics {
             "ttft_trace_events_lost_total",
             "Events dropped in the kernel because the ring buffer was full",
         )?;
+        let segments_unseen = IntCounter::new(
+            "ttft_trace_segments_unseen_total",
+            "Followed connections whose first bytes were read with none of their TCP segments \
+             seen (their requests get no arrival time from a segment)",
+        )?;
         let thread_state_dropped = IntCounter::new(
             "ttft_trace_thread_state_dropped_total",
             "CUDA calls not followed because the per-thread state map was full",
@@ -177,6 +183,7 @@ impl Metrics {
             Box::new(memcpy_bytes.clone()),
             Box::new(memcpy_calls.clone()),
             Box::new(events_lost.clone()),
+            Box::new(segments_unseen.clone()),
             Box::new(thread_state_dropped.clone()),
             Box::new(table_evictions.clone()),
             Box::new(map_full.clone()),
@@ -197,6 +204,7 @@ impl Metrics {
             memcpy_bytes,
             memcpy_calls,
             events_lost,
+            segments_unseen,
             thread_state_dropped,
             table_evictions,
             map_full,
@@ -281,10 +289,12 @@ impl Metrics {
             .inc_by(overflowed.saturating_sub(self.workload_overflows.get()));
     }
 
-    /// Sets the lost-event and dropped-state counters to the kernel's totals.
-    pub fn set_kernel_stats(&self, lost: u64, state_dropped: u64) {
+    /// Sets the lost-event, unseen-segment and dropped-state counters to
+    /// the kernel's totals.
+    pub fn set_kernel_stats(&self, lost: u64, segments_unseen: u64, state_dropped: u64) {
         let bump = |c: &IntCounter, total: u64| c.inc_by(total.saturating_sub(c.get()));
         bump(&self.events_lost, lost);
+        bump(&self.segments_unseen, segments_unseen);
         bump(&self.thread_state_dropped, state_dropped);
     }
 
@@ -376,8 +386,8 @@ mod tests {
         };
         delta.memcpy_bytes[Direction::DeviceToHost as usize] = 4096;
         m.add_counters(&delta, &w);
-        m.set_kernel_stats(3, 0);
-        m.set_kernel_stats(3, 0);
+        m.set_kernel_stats(3, 2, 0);
+        m.set_kernel_stats(3, 2, 0);
         m.set_workloads(1, 2);
         m.set_workloads(1, 2);
         let text = render(&m.registry);
@@ -388,6 +398,7 @@ mod tests {
             "ttft_trace_cuda_memcpy_bytes_total{comm=\"python3\",direction=\"d2h\",pod=\"\"} 4096",
             "ttft_trace_cuda_memcpy_bytes_total{comm=\"python3\",direction=\"h2d\",pod=\"\"} 0",
             "ttft_trace_events_lost_total 3",
+            "ttft_trace_segments_unseen_total 2",
             "ttft_trace_workload_label_overflows_total 2",
             "ttft_trace_build_info{version=",
         ] {
