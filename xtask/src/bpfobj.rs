@@ -19,6 +19,7 @@ pub(crate) const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 pub(crate) const BPF_LINK_GET_FD_BY_ID: libc::c_long = 30;
 pub(crate) const BPF_LINK_GET_NEXT_ID: libc::c_long = 31;
 pub(crate) const BPF_LINK_TYPE_RAW_TRACEPOINT: u32 = 1;
+pub(crate) const BPF_LINK_TYPE_CGROUP: u32 = 3;
 pub(crate) const BPF_LINK_TYPE_PERF_EVENT: u32 = 7;
 pub(crate) const BPF_PROG_TYPE_TRACING: u32 = 26;
 

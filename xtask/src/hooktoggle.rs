@@ -40,9 +40,15 @@
 //! `programs_exact`, with the switch program) take the step from none to
 //! one instead: the tracer's own programs loaded from its object with no
 //! tracer running, as an untraced task runs them ([`crate::tracerprogs`]).
-//! `programs_no_segments` does the same without the segment program: the
-//! forecast for a task outside the workload's cgroup, were segments seen by
-//! a program on that cgroup (not built).
+//! Their segment program goes on the ingress of an empty cgroup: no
+//! socket runs it, and what every socket pays is the kernel's check of its
+//! own cgroup, on from the first ingress program anywhere on the host.
+//! `programs_host_wide` takes the host-wide path's programs instead
+//! (`raw_tcp_probe` for the cgroup program): a workload in the root
+//! cgroup, `--port`, the self-check's fallback. The busy traced workload
+//! runs in a cgroup of its own ([`taxsetups::WORKLOAD_CGROUP`]), as a
+//! container's or a systemd unit's processes do, so that the tracer's
+//! setups put their segment program there.
 //!
 //! Not covered, and left to the host-tax bench: the tracer's perf-event
 //! links (uprobes, which under `attach` are bound to the traced process and
@@ -101,7 +107,7 @@ const FULL_ONLY: &[&str] = &[
     "daemon",
     "floor_second",
     "programs_exact",
-    "programs_no_segments",
+    "programs_host_wide",
 ];
 
 /// `--quick`: a dozen phases per operation, none of [`FULL_ONLY`].
@@ -135,18 +141,18 @@ const SETUPS: &[(&str, &str)] = &[
     ),
     (
         "programs",
-        "the tracer's TCP programs (tcp_sendmsg_locked, tcp_rcv_space_adjust, raw_tcp_probe) \
-         loaded from its object, no tracer running, as an untraced task runs them: against none",
+        "the tracer's default path, loaded from its object, no tracer running, as an untraced \
+         task meets it: the send and receive programs (tcp_sendmsg_locked, tcp_rcv_space_adjust) \
+         and the segment program on the ingress of an empty cgroup (skb_segment), against none",
     ),
     (
         "programs_exact",
         "the same and --sched exact's btf_sched_switch: against none",
     ),
     (
-        "programs_no_segments",
-        "the tracer's send and receive programs without raw_tcp_probe: what a task outside the \
-         workload's cgroup would pay with the segment program on that cgroup (not built), \
-         against none",
+        "programs_host_wide",
+        "the host-wide path (a workload in the root cgroup, --port, the self-check's fallback): \
+         the send and receive programs and raw_tcp_probe, against none",
     ),
     (
         "attach",
@@ -299,9 +305,9 @@ fn measure_setup(
         "null_control" => (None, Ok(Hooks::default())),
         "floor" => (None, Hooks::floor(false)),
         "floor_second" => (None, Hooks::floor(true)),
-        "programs" => (None, Hooks::programs(root, Set::Tcp)),
-        "programs_exact" => (None, Hooks::programs(root, Set::TcpAndSwitch)),
-        "programs_no_segments" => (None, Hooks::programs(root, Set::SendReceive)),
+        "programs" => (None, Hooks::programs(root, Set::Default)),
+        "programs_exact" => (None, Hooks::programs(root, Set::DefaultAndSwitch)),
+        "programs_host_wide" => (None, Hooks::programs(root, Set::HostWide)),
         tracer => {
             let before = link_ids()?;
             let running = taxsetups::start(root, tracer, workload)?;
@@ -378,7 +384,7 @@ pub fn run(root: &Path, plan: &Plan) -> Result<(Value, Vec<String>)> {
     if other {
         eprintln!("bench: toggle: WARNING: another tracer's programs are loaded");
     }
-    let mut workload = taxsetups::start_workload(root)?;
+    let workload = taxsetups::start_workload(root)?;
     let result = (|| -> Result<_> {
         let stats = BpfStats::new()?;
         SETUPS
@@ -390,8 +396,7 @@ pub fn run(root: &Path, plan: &Plan) -> Result<(Value, Vec<String>)> {
             })
             .collect::<Result<Vec<_>>>()
     })();
-    let _ = workload.kill();
-    let _ = workload.wait();
+    workload.stop();
     let placement = json!({"measured_cpu": place.measured, "other_cpus": place.rest});
     drop(place);
     let setups = result?;

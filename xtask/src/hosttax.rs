@@ -202,10 +202,9 @@ pub fn run(root: &Path, plan: &Plan) -> Result<(Value, Vec<String>)> {
         "bench: host tax: measured operations on CPU {cpu}; workload, tracer and bpftrace on CPUs {:?}",
         place.rest
     );
-    let mut workload = start_workload(root)?;
+    let workload = start_workload(root)?;
     let result = measure_rounds(root, plan, &setups, cpu, workload.id());
-    let _ = workload.kill();
-    let _ = workload.wait();
+    workload.stop();
     let placement = json!({"measured_cpu": place.measured, "other_cpus": place.rest});
     drop(place);
     Ok(report(plan, &setups, placement, &result?))

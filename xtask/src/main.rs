@@ -4,6 +4,7 @@ mod attachtime;
 mod bench;
 mod bpfobj;
 mod bpfprogs;
+mod cgroup2;
 mod demo;
 mod fuzz;
 mod hooktoggle;

@@ -32,6 +32,7 @@ use anyhow::{Context as _, Result, bail};
 use serde_json::{Value, json};
 
 use crate::{
+    cgroup2::{self, BPF_CGROUP_INET_INGRESS},
     hosttax::run_fixture,
     placement::Placement,
     rawfloor::{ATTR_SIZE, BPF_PROG_TYPE_RAW_TRACEPOINT, bpf, call, load_insns, put, raw_tp_open},
@@ -39,11 +40,9 @@ use crate::{
 
 const BPF_MAP_CREATE: libc::c_long = 0;
 const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
-const BPF_LINK_CREATE: libc::c_long = 28;
 const BPF_MAP_TYPE_ARRAY: u32 = 2;
 const BPF_PROG_TYPE_SOCK_OPS: u32 = 13;
 const BPF_PROG_TYPE_CGROUP_SKB: u32 = 8;
-const BPF_CGROUP_INET_INGRESS: u32 = 0;
 const BPF_CGROUP_SOCK_OPS: u32 = 3;
 /// `sock_ops` operations: an active and a passive open completed, an RTT
 /// sample (an ACK of new data), a received header parsed.
@@ -114,32 +113,12 @@ fn counter_prog(map: &OwnedFd, slot: i32, ret: i32) -> Vec<u64> {
     p
 }
 
-/// Attaches `prog` to `cgroup` as `attach_type` with a link (gone when the
-/// link's fd is closed).
-fn cgroup_link(prog: &OwnedFd, cgroup: &std::fs::File, attach_type: u32) -> Result<OwnedFd> {
-    let mut attr = [0u8; ATTR_SIZE];
-    put(&mut attr, 0, &(prog.as_raw_fd() as u32).to_ne_bytes());
-    put(&mut attr, 4, &(cgroup.as_raw_fd() as u32).to_ne_bytes());
-    put(&mut attr, 8, &attach_type.to_ne_bytes());
-    bpf(BPF_LINK_CREATE, &attr)
-}
-
-/// The mount point of the cgroup v2 hierarchy (`/sys/fs/cgroup`, or
-/// `/sys/fs/cgroup/unified` on a hybrid host), from `/proc/self/mountinfo`.
-fn cgroup2_root(mountinfo: &str) -> Option<&str> {
-    mountinfo.lines().find_map(|line| {
-        let (fields, fs) = line.split_once(" - ")?;
-        (fs.split(' ').next()? == "cgroup2").then(|| fields.split(' ').nth(4))?
-    })
-}
-
 pub fn run(root: &Path) -> Result<(Value, Vec<String>)> {
     let mut attr = [0u8; ATTR_SIZE];
     for (at, v) in [(0, BPF_MAP_TYPE_ARRAY), (4, 4), (8, 8), (12, SLOTS)] {
         put(&mut attr, at, &v.to_ne_bytes());
     }
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")?;
-    let Some(cgroup_path) = cgroup2_root(&mountinfo).map(String::from) else {
+    let Some(cgroup_path) = cgroup2::root()?.map(|p| p.display().to_string()) else {
         println!("sock_ops coverage: skipped, no cgroup v2 hierarchy is mounted");
         return Ok((json!({"skipped": "no cgroup v2 hierarchy"}), Vec::new()));
     };
@@ -152,14 +131,14 @@ pub fn run(root: &Path) -> Result<(Value, Vec<String>)> {
     )
     .context("loading sock_ops")?;
     let _sock_ops_link =
-        cgroup_link(&sock_ops, &cgroup, BPF_CGROUP_SOCK_OPS).context("attaching sock_ops")?;
+        cgroup2::link(&sock_ops, &cgroup, BPF_CGROUP_SOCK_OPS).context("attaching sock_ops")?;
     let ingress = load_insns(
         BPF_PROG_TYPE_CGROUP_SKB,
         &counter_prog(&map, INGRESS_SLOT, 1),
         "ingress_count",
     )
     .context("loading the cgroup_skb counter")?;
-    let _ingress_link = cgroup_link(&ingress, &cgroup, BPF_CGROUP_INET_INGRESS)
+    let _ingress_link = cgroup2::link(&ingress, &cgroup, BPF_CGROUP_INET_INGRESS)
         .context("attaching cgroup_skb ingress")?;
     let segments = load_insns(
         BPF_PROG_TYPE_RAW_TRACEPOINT,
@@ -237,19 +216,5 @@ mod tests {
         // two's complement.
         assert_eq!(insn(0x63, 10, 7, -4, 0), 0x0000_0000_fffc_7a63);
         assert_eq!(insn(0x07, 2, 0, 0, -4), 0xffff_fffc_0000_0207);
-    }
-
-    #[test]
-    fn finds_the_cgroup2_mount_on_pure_and_hybrid_hosts() {
-        let hybrid = "35 25 0:30 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro,mode=755\n\
-                      36 35 0:31 / /sys/fs/cgroup/unified rw,nosuid - cgroup2 cgroup2 rw\n\
-                      37 35 0:32 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n";
-        assert_eq!(cgroup2_root(hybrid), Some("/sys/fs/cgroup/unified"));
-        let pure = "30 23 0:26 / /sys/fs/cgroup rw,nosuid shared:4 - cgroup2 cgroup2 rw\n";
-        assert_eq!(cgroup2_root(pure), Some("/sys/fs/cgroup"));
-        assert_eq!(
-            cgroup2_root("37 35 0:32 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw\n"),
-            None
-        );
     }
 }

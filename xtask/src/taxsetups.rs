@@ -13,6 +13,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 
 use crate::{
+    cgroup2::BenchCgroup,
     demo::{interrupt, start_tracer},
     rawfloor,
 };
@@ -176,10 +177,37 @@ pub(crate) fn stop(running: Running) -> Result<()> {
     }
 }
 
+/// The busy traced workload's cgroup: where a container's or a systemd
+/// unit's processes would be, so that the tracer's segment program goes on
+/// it, not host-wide (the measured operations run in this process's).
+pub(crate) const WORKLOAD_CGROUP: &str = "ttft-bench-workload";
+
+/// The busy traced workload, in a cgroup of its own.
+pub(crate) struct Workload {
+    child: Child,
+    cgroup: Option<BenchCgroup>,
+}
+
+impl Workload {
+    pub(crate) fn id(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Kills it and removes its cgroup.
+    pub(crate) fn stop(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        drop(self.cgroup.take());
+    }
+}
+
 /// The busy traced workload: the stub runtime launching in a loop, with
-/// short sleeps between episodes (so its threads switch too).
-pub(crate) fn start_workload(root: &Path) -> Result<Child> {
-    Command::new(root.join("target/fixtures/workload"))
+/// short sleeps between episodes (so its threads switch too), moved into
+/// [`WORKLOAD_CGROUP`] at once (it opens no socket, and the tracer reads
+/// its cgroup later). Without a cgroup v2 hierarchy it stays here, and the
+/// tracer's segment program is host-wide.
+pub(crate) fn start_workload(root: &Path) -> Result<Workload> {
+    let child = Command::new(root.join("target/fixtures/workload"))
         .args([
             "--style",
             "sync",
@@ -194,5 +222,21 @@ pub(crate) fn start_workload(root: &Path) -> Result<Child> {
         ])
         .stdout(Stdio::null())
         .spawn()
-        .context("starting the workload fixture")
+        .context("starting the workload fixture")?;
+    let mut workload = Workload {
+        child,
+        cgroup: None,
+    };
+    match crate::cgroup2::root()? {
+        Some(_) => {
+            let cgroup = BenchCgroup::new(WORKLOAD_CGROUP)?;
+            cgroup.add(workload.id())?;
+            workload.cgroup = Some(cgroup);
+        }
+        None => eprintln!(
+            "bench: no cgroup v2 hierarchy: the workload shares the bench's cgroup, and the \
+             tracer's segment program is host-wide"
+        ),
+    }
+    Ok(workload)
 }

@@ -10,14 +10,17 @@ use std::{
     path::Path,
 };
 
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 
 use crate::{
     bpfobj::{
-        BPF_LINK_TYPE_PERF_EVENT, BPF_LINK_TYPE_RAW_TRACEPOINT, BPF_PROG_GET_FD_BY_ID,
-        BPF_PROG_TYPE_TRACING, held_links, link, link_ids, open_id, prog_info,
+        BPF_LINK_TYPE_CGROUP, BPF_LINK_TYPE_PERF_EVENT, BPF_LINK_TYPE_RAW_TRACEPOINT,
+        BPF_PROG_GET_FD_BY_ID, BPF_PROG_TYPE_TRACING, held_links, link, link_ids, open_id,
+        prog_info,
     },
-    rawfloor, tracerprogs,
+    cgroup2::{self, BPF_CGROUP_INET_INGRESS, BenchCgroup},
+    rawfloor,
+    tracerprogs::{self, Target},
 };
 
 /// What a setup switches: programs, and where each gets its second link.
@@ -25,23 +28,36 @@ use crate::{
 pub(crate) struct Hooks {
     /// Name and fd of each program.
     pub(crate) progs: Vec<(String, OwnedFd)>,
-    /// Index in `progs` and the tracepoint's name (`None` for a `tp_btf`
-    /// program) of each link to make.
-    pub(crate) links: Vec<(usize, Option<CString>)>,
+    /// Index in `progs` and where each link to make goes.
+    pub(crate) links: Vec<(usize, Target)>,
     /// "program@tracepoint" of each link, for the report.
     pub(crate) labels: Vec<String>,
     /// The tracer's links left alone, and why.
     pub(crate) skipped: Vec<String>,
     /// Links that stay on throughout (`floor_second`'s first copy).
     _base: Vec<OwnedFd>,
+    /// The empty cgroup the `CgroupIngress` links go to.
+    empty: Option<BenchCgroup>,
 }
+
+/// The empty cgroup of the `programs` setups' segment program.
+const EMPTY_CGROUP: &str = "ttft-bench-empty";
 
 impl Hooks {
     /// Makes every link; closing them all undoes it.
     pub(crate) fn attach(&self) -> Result<Vec<OwnedFd>> {
         self.links
             .iter()
-            .map(|(p, tp)| rawfloor::raw_tp_open(&self.progs[*p].1, tp.as_deref()))
+            .map(|(p, target)| {
+                let prog = &self.progs[*p].1;
+                match target {
+                    Target::Tracepoint(tp) => rawfloor::raw_tp_open(prog, tp.as_deref()),
+                    Target::CgroupIngress => {
+                        let cgroup = self.empty.as_ref().context("no empty cgroup")?;
+                        cgroup2::link(prog, cgroup.file(), BPF_CGROUP_INET_INGRESS)
+                    }
+                }
+            })
             .collect()
     }
 
@@ -51,7 +67,9 @@ impl Hooks {
         let mut hooks = Self::default();
         hooks.progs.push((rawfloor::NAME.into(), rawfloor::load()?));
         for tp in rawfloor::TRACEPOINTS {
-            hooks.links.push((0, Some(CString::new(*tp)?)));
+            hooks
+                .links
+                .push((0, Target::Tracepoint(Some(CString::new(*tp)?))));
             hooks.labels.push(format!("{}@{tp}", rawfloor::NAME));
         }
         if second {
@@ -65,13 +83,20 @@ impl Hooks {
     /// one link.
     pub(crate) fn programs(root: &Path, set: tracerprogs::Set) -> Result<Self> {
         let mut hooks = Self::default();
-        for (name, fd, tp) in tracerprogs::load(root, set)? {
-            let at = tp.as_ref().map_or("its BTF tracepoint".into(), |t| {
-                t.to_string_lossy().into_owned()
-            });
+        for (name, fd, target) in tracerprogs::load(root, set)? {
+            let at = match &target {
+                Target::Tracepoint(Some(tp)) => tp.to_string_lossy().into_owned(),
+                Target::Tracepoint(None) => "its BTF tracepoint".into(),
+                Target::CgroupIngress => {
+                    let empty = BenchCgroup::new(EMPTY_CGROUP)?;
+                    let at = format!("the ingress of empty cgroup {}", empty.path());
+                    hooks.empty = Some(empty);
+                    at
+                }
+            };
             hooks.labels.push(format!("{name}@{at}"));
             hooks.progs.push((name, fd));
-            hooks.links.push((hooks.progs.len() - 1, tp));
+            hooks.links.push((hooks.progs.len() - 1, target));
         }
         Ok(hooks)
     }
@@ -116,8 +141,13 @@ impl Hooks {
                     } else {
                         Some(CString::new(l.name)?)
                     };
-                    hooks.links.push((p, tp));
+                    hooks.links.push((p, Target::Tracepoint(tp)));
                 }
+                BPF_LINK_TYPE_CGROUP => hooks.skipped.push(format!(
+                    "link {id}, the segment program on the workload's cgroup: it runs for that \
+                     cgroup's sockets only (what it costs other tasks, the kernel's check of \
+                     their own cgroup, is the programs setup's)"
+                )),
                 // enum bpf_perf_event_type: 1 uprobe, 2 uretprobe, 5
                 // tracepoint.
                 BPF_LINK_TYPE_PERF_EVENT if matches!(l.perf_kind, 1 | 2) => uprobes += 1,

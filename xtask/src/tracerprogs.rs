@@ -1,9 +1,13 @@
-//! The tracer's host-wide programs loaded from its own eBPF object, with no
-//! tracer running, for the hook-toggle bench's `programs` setups: switching
-//! these from none to one link measures what an untraced task pays for
-//! them (0 -> 1), where switching a second link of a running tracer's
-//! programs (1 -> 2) also pays the kernel's change from a direct call to
-//! an iteration over the tracepoint's programs, an upper bound.
+//! The tracer's programs that other tasks meet, loaded from its own eBPF
+//! object with no tracer running, for the hook-toggle bench's `programs`
+//! setups: switching these from none to one link measures what an untraced
+//! task pays for them (0 -> 1), where switching a second link of a running
+//! tracer's programs (1 -> 2) also pays the kernel's change from a direct
+//! call to an iteration over the tracepoint's programs, an upper bound.
+//! The default path's segment program is linked to an empty cgroup: an
+//! untraced task's sockets never run it, and what the link costs them is
+//! the kernel's check of their own cgroup (switched on with the first
+//! ingress program anywhere on the host).
 //!
 //! Loaded as an untraced task sees them: `TRACED_IDS` sized to this host's
 //! `pid_max` and all zero, so each program stops where it does for a task
@@ -19,18 +23,22 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Context as _, Result};
 use aya::{
     Btf, EbpfLoader,
-    programs::{BtfTracePoint, RawTracePoint},
+    programs::{BtfTracePoint, CgroupSkb, RawTracePoint},
 };
 
-/// The raw-tracepoint programs of the default path, with their tracepoint.
-const TCP: &[(&str, &str)] = &[
+/// The send and receive programs (raw tracepoints, host-wide on every
+/// path), with their tracepoint.
+const SEND_RECEIVE: &[(&str, &str)] = &[
     ("tcp_sendmsg_locked", "tcp_sendmsg_locked"),
     ("tcp_rcv_space_adjust", "tcp_rcv_space_adjust"),
-    ("raw_tcp_probe", "tcp_probe"),
 ];
+/// The segment program of the host-wide path.
+const RAW_SEGMENTS: (&str, &str) = ("raw_tcp_probe", "tcp_probe");
+/// The segment program of the default path (`cgroup_skb` ingress).
+const CGROUP_SEGMENTS: &str = "skb_segment";
 /// `--sched exact`'s switch program (BTF: it names its own tracepoint).
 const SWITCH: (&str, &str) = ("btf_sched_switch", "sched_switch");
 /// Ids per `TRACED_IDS` element, as the probes lay them out.
@@ -51,22 +59,33 @@ fn object(root: &Path) -> Result<PathBuf> {
         .context("no ttft-trace-probes object under target/*/build (build the tracer)")
 }
 
-/// Which of the tracer's host-wide programs to load.
+/// Which of the tracer's programs to load.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Set {
-    /// The default path's three TCP programs.
-    Tcp,
+    /// The default path, for a task outside the traced workloads' cgroups:
+    /// the send and receive programs, and the segment program on a cgroup
+    /// none of the task's sockets is in (what the task pays for it is the
+    /// kernel's check of its own cgroup).
+    Default,
     /// Those and `--sched exact`'s switch program.
-    TcpAndSwitch,
-    /// The send and receive programs, not the segment one: what a task
-    /// outside the workload's cgroup would run if segments were seen by a
-    /// program on that cgroup (not built; see the README's Limits).
-    SendReceive,
+    DefaultAndSwitch,
+    /// The host-wide path (a workload in the root cgroup, `--port`, the
+    /// self-check's fallback): the send and receive programs and
+    /// `raw_tcp_probe`.
+    HostWide,
 }
 
-/// The programs of `set`, loaded and not attached: (name, fd, tracepoint
-/// for a raw program, `None` for the BTF one).
-pub fn load(root: &Path, set: Set) -> Result<Vec<(String, OwnedFd, Option<CString>)>> {
+/// Where a loaded program is attached.
+pub enum Target {
+    /// A raw tracepoint, by name; `None` for a BTF program (it names its
+    /// own).
+    Tracepoint(Option<CString>),
+    /// A cgroup's ingress.
+    CgroupIngress,
+}
+
+/// The programs of `set`, loaded and not attached: (name, fd, target).
+pub fn load(root: &Path, set: Set) -> Result<Vec<(String, OwnedFd, Target)>> {
     let bytes = std::fs::read(object(root)?)?;
     let pid_max: u32 = std::fs::read_to_string("/proc/sys/kernel/pid_max")?
         .trim()
@@ -76,35 +95,46 @@ pub fn load(root: &Path, set: Set) -> Result<Vec<(String, OwnedFd, Option<CStrin
         .load(&bytes)
         .context("loading the tracer's object")?;
     let mut out = Vec::new();
-    let tcp = TCP
-        .iter()
-        .filter(|(name, _)| set != Set::SendReceive || *name != "raw_tcp_probe");
-    for &(name, tp) in tcp {
-        let Some(prog) = ebpf.program_mut(name) else {
-            bail!("no program {name} in the tracer's object");
-        };
-        let prog: &mut RawTracePoint = prog.try_into()?;
+    let mut raw = SEND_RECEIVE.to_vec();
+    if set == Set::HostWide {
+        raw.push(RAW_SEGMENTS);
+    }
+    for (name, tp) in raw {
+        let prog: &mut RawTracePoint = program(&mut ebpf, name)?.try_into()?;
         prog.load().with_context(|| format!("loading {name}"))?;
         let fd = prog.fd()?.as_fd().try_clone_to_owned()?;
-        out.push((name.to_string(), fd, Some(CString::new(tp)?)));
+        out.push((
+            name.to_string(),
+            fd,
+            Target::Tracepoint(Some(CString::new(tp)?)),
+        ));
     }
-    if set == Set::TcpAndSwitch {
+    if set != Set::HostWide {
+        let name = CGROUP_SEGMENTS;
+        let prog: &mut CgroupSkb = program(&mut ebpf, name)?.try_into()?;
+        prog.load().with_context(|| format!("loading {name}"))?;
+        let fd = prog.fd()?.as_fd().try_clone_to_owned()?;
+        out.push((name.to_string(), fd, Target::CgroupIngress));
+    }
+    if set == Set::DefaultAndSwitch {
         let (name, tp) = SWITCH;
         let btf = Btf::from_sys_fs()?;
-        let Some(prog) = ebpf.program_mut(name) else {
-            bail!("no program {name} in the tracer's object");
-        };
-        let prog: &mut BtfTracePoint = prog.try_into()?;
+        let prog: &mut BtfTracePoint = program(&mut ebpf, name)?.try_into()?;
         prog.load(tp, &btf)
             .with_context(|| format!("loading {name}"))?;
         out.push((
             name.to_string(),
             prog.fd()?.as_fd().try_clone_to_owned()?,
-            None,
+            Target::Tracepoint(None),
         ));
     }
     // The program fds hold the programs and, through them, their maps.
     Ok(out)
+}
+
+fn program<'a>(ebpf: &'a mut aya::Ebpf, name: &str) -> Result<&'a mut aya::programs::Program> {
+    ebpf.program_mut(name)
+        .with_context(|| format!("no program {name} in the tracer's object"))
 }
 
 #[cfg(test)]
@@ -121,21 +151,32 @@ mod tests {
             eprintln!("skipped: needs root and a build of the tracer (its eBPF object)");
             return Ok(());
         }
-        assert_eq!(load(&root, Set::SendReceive)?.len(), 2);
-        let progs = load(&root, Set::TcpAndSwitch)?;
-        let names: Vec<&str> = progs.iter().map(|p| p.0.as_str()).collect();
+        let names = |set| -> Result<Vec<String>> {
+            Ok(load(&root, set)?.into_iter().map(|p| p.0).collect())
+        };
         assert_eq!(
-            names,
+            names(Set::HostWide)?,
             [
                 "tcp_sendmsg_locked",
                 "tcp_rcv_space_adjust",
-                "raw_tcp_probe",
-                "btf_sched_switch"
+                "raw_tcp_probe"
             ]
         );
-        for (name, fd, tp) in &progs {
-            let link = crate::rawfloor::raw_tp_open(fd, tp.as_deref())
-                .with_context(|| format!("attaching {name}"))?;
+        assert_eq!(
+            names(Set::Default)?,
+            ["tcp_sendmsg_locked", "tcp_rcv_space_adjust", "skb_segment"]
+        );
+        let cgroup = crate::cgroup2::BenchCgroup::new("ttft-bench-test-empty")?;
+        for (name, fd, target) in load(&root, Set::DefaultAndSwitch)? {
+            let link = match target {
+                Target::Tracepoint(tp) => crate::rawfloor::raw_tp_open(&fd, tp.as_deref()),
+                Target::CgroupIngress => crate::cgroup2::link(
+                    &fd,
+                    cgroup.file(),
+                    crate::cgroup2::BPF_CGROUP_INET_INGRESS,
+                ),
+            }
+            .with_context(|| format!("attaching {name}"))?;
             drop(link);
         }
         Ok(())
