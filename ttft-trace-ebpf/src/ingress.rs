@@ -27,7 +27,7 @@ use ttft_trace_common::ConnEvent;
 
 use crate::{
     listen,
-    maps::{INGRESS_LISTENERS, seg_offset},
+    maps::INGRESS_LISTENERS,
     sock::{TCP_LISTEN, kernel, send_offsets},
     tcp::{AF_INET, Segment, TCP_ESTABLISHED, on_segment},
 };
@@ -82,21 +82,6 @@ fn on_ingress(ctx: &SkBuffContext) -> Option<()> {
     let sk = address_of(sk)?;
     on_segment(sk, &Ingress::read(ctx, skb, tp, sk, port)?);
     Some(())
-}
-
-/// Whether the listening port of followed socket `sk` had its handshakes
-/// seen at a cgroup's ingress (false where its port cannot be read).
-#[inline(always)]
-pub(crate) fn listener_seen(sk: u64) -> bool {
-    let at = seg_offset!(num);
-    let Some(port) = (at != 0)
-        .then(|| kernel::<u16>(sk + u64::from(at)))
-        .flatten()
-    else {
-        return false;
-    };
-    // SAFETY: only the presence is read.
-    unsafe { INGRESS_LISTENERS.get(u32::from(port)) }.is_some()
 }
 
 /// The socket's address as a plain number: the connection table's key,

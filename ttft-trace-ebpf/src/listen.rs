@@ -8,7 +8,7 @@ use ttft_trace_common::{
     LISTEN_ANY_NETNS, LISTEN_SOME_NETNS, ListenKey, SLOT_BYTES, Stat, listen_byte, offsets::ABSENT,
 };
 
-use crate::maps::{LISTEN_NETNS, LISTEN_PORTS, bump_stat, offsets};
+use crate::maps::{INGRESS_LISTENERS, LISTEN_NETNS, LISTEN_PORTS, bump_stat, offsets, seg_offset};
 
 /// The inode number of `sk`'s network namespace, or None where this kernel
 /// does not let us read it (no BTF).
@@ -96,4 +96,20 @@ pub fn add(sk: u64, port: u16) {
         // writer, userspace, stores the same value).
         unsafe { (*slot)[(at % SLOT_BYTES) as usize] = 1 };
     }
+}
+
+/// Whether the listening port of followed socket `sk` had its handshakes
+/// seen at a cgroup's ingress ([`crate::ingress`]; false where its port cannot be read).
+#[inline(always)]
+pub fn listener_seen(sk: u64) -> bool {
+    let at = seg_offset!(num);
+    if at == 0 {
+        return false;
+    }
+    // SAFETY: the helper checks the address.
+    let Ok(port) = (unsafe { bpf_probe_read_kernel((sk + u64::from(at)) as *const u16) }) else {
+        return false;
+    };
+    // SAFETY: only the presence is read.
+    unsafe { INGRESS_LISTENERS.get(u32::from(port)) }.is_some()
 }

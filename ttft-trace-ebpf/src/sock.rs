@@ -34,7 +34,7 @@ use ttft_trace_common::{
 };
 
 use crate::{
-    ingress, listen,
+    listen,
     maps::{
         CONNS, EVENTS, SEND_ARGS, bump_stat, is_tracked, may_be_traced, offset, offsets,
         seg_offset, wakeup_flag,
@@ -226,7 +226,7 @@ fn report_recv(sk: u64, state: *mut ConnState, bytes: i32) {
     // segment hook's self-check (userspace widens its reach on it).
     if unseen {
         bump_stat(Stat::SegmentsUnseen);
-        if !ingress::listener_seen(sk) {
+        if !listen::listener_seen(sk) {
             bump_stat(Stat::ListenerUnseen);
         }
     }
