@@ -341,11 +341,35 @@ pub fn wait_for_detach(stderr_lines: &[String]) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
     while std::path::Path::new(&format!("/proc/{pid}")).exists() {
         if Instant::now() > deadline {
-            bail!("ttft-detach {pid} still there after 60 s");
+            bail!(
+                "ttft-detach {pid} still there after 60 s\n{}",
+                process_state(pid)
+            );
         }
         thread::sleep(Duration::from_millis(20));
     }
     Ok(())
+}
+
+/// What the kernel says of a process that does not end: its state line,
+/// where it sleeps, its kernel stack and how many descriptors it holds,
+/// so a failure tells which wait it is stuck in.
+fn process_state(pid: u32) -> String {
+    let read = |f: &str| {
+        std::fs::read_to_string(format!("/proc/{pid}/{f}"))
+            .unwrap_or_else(|e| format!("({f}: {e})"))
+    };
+    let state = read("status")
+        .lines()
+        .filter(|l| l.starts_with("State:") || l.starts_with("PPid:"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count());
+    format!(
+        "{state}, wchan {}, {fds} descriptors, kernel stack:\n{}",
+        read("wchan"),
+        read("stack")
+    )
 }
 
 /// A uprobe program (kprobe type) a process holds, as the kernel's fdinfo
