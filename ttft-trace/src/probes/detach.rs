@@ -22,11 +22,11 @@
 //! ignores the signals a terminal or service manager sends, and is named
 //! `ttft-detach`.
 
-use std::{fs, io, os::fd::RawFd};
+use std::{ffi::CString, fs, io, os::fd::RawFd};
 
 /// What `readlink /proc/self/fd/N` says of a BPF link and a perf event.
-const BPF_LINK: &str = "anon_inode:bpf_link";
-const PERF_EVENT: &str = "anon_inode:[perf_event]";
+const BPF_LINK: &[u8] = b"anon_inode:bpf_link";
+const PERF_EVENT: &[u8] = b"anon_inode:[perf_event]";
 
 /// `bpf(2)` command, link type and perf event types (uapi `linux/bpf.h`).
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
@@ -35,38 +35,58 @@ const BPF_PERF_EVENT_UPROBE: u32 = 1;
 const BPF_PERF_EVENT_URETPROBE: u32 = 2;
 const BPF_PERF_EVENT_TRACEPOINT: u32 = 5;
 
+/// A descriptor to hand to the child, with its `/proc/self/fd` path made
+/// before the fork (the child may not allocate).
+struct Held {
+    fd: RawFd,
+    path: CString,
+}
+
 /// Forks the child that holds this process's perf events past its exit.
 /// Returns its pid and how many it holds, or None when there are none.
 pub fn detach_in_background() -> io::Result<Option<(i32, usize)>> {
-    let keep = perf_event_fds()?;
-    if keep.is_empty() {
-        return Ok(None);
-    }
+    // The pipe first: a descriptor listed below may be closed meanwhile by
+    // a thread detaching a library's probes, and its number taken by the
+    // next open. Made after the listing, the pipe's write end could take
+    // such a number, and the child would keep it and wait for itself.
     let mut pipe = [0; 2];
     // SAFETY: a two-element array for pipe2 to fill.
     if unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
         return Err(io::Error::last_os_error());
     }
     let [read_end, write_end] = pipe;
-    // What the child keeps, sorted here: it may not allocate.
-    let mut kept = keep.clone();
-    kept.push(read_end);
-    kept.sort_unstable();
+    let close_pipe = || {
+        // SAFETY: both ends are ours, closed once.
+        unsafe {
+            libc::close(read_end);
+            libc::close(write_end);
+        }
+    };
+    let keep = match perf_event_fds() {
+        Ok(fds) => fds
+            .into_iter()
+            .filter(|h| h.fd != read_end && h.fd != write_end)
+            .collect::<Vec<_>>(),
+        Err(e) => {
+            close_pipe();
+            return Err(e);
+        }
+    };
+    if keep.is_empty() {
+        close_pipe();
+        return Ok(None);
+    }
     // SAFETY: the child runs only async-signal-safe system calls (no
     // allocation, no locks) before `_exit`, as a fork of a threaded
     // process must.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
         let e = io::Error::last_os_error();
-        // SAFETY: both ends are ours.
-        unsafe {
-            libc::close(read_end);
-            libc::close(write_end);
-        }
+        close_pipe();
         return Err(e);
     }
     if pid == 0 {
-        hold_until_parent_exits(&kept, read_end);
+        hold_until_parent_exits(&keep, read_end);
     }
     // The write end stays open until this process exits: its close is the
     // child's cue. The read end is the child's alone.
@@ -75,10 +95,12 @@ pub fn detach_in_background() -> io::Result<Option<(i32, usize)>> {
     Ok(Some((pid, keep.len())))
 }
 
-/// The child: keeps the descriptors `kept` (sorted, `read_end` among them),
+/// The child: keeps the descriptors of `keep` (ascending, none of them
+/// `read_end`) that are still perf events (another thread may have closed
+/// one after the listing and an open reused its number) and `read_end`,
 /// closes every other, waits for the parent to be gone (end of file on the
 /// pipe), then exits.
-fn hold_until_parent_exits(kept: &[RawFd], read_end: RawFd) -> ! {
+fn hold_until_parent_exits(keep: &[Held], read_end: RawFd) -> ! {
     // SAFETY: async-signal-safe system calls on values owned by this
     // process; `_exit` never returns.
     unsafe {
@@ -88,12 +110,27 @@ fn hold_until_parent_exits(kept: &[RawFd], read_end: RawFd) -> ! {
         }
         libc::prctl(libc::PR_SET_NAME, c"ttft-detach".as_ptr(), 0, 0, 0);
         let mut next: libc::c_uint = 0;
-        for &fd in kept {
+        // `read_end` among the kept, in order, with no allocation.
+        let mut pipe_kept = false;
+        let keep_fd = |fd: RawFd, next: &mut libc::c_uint| {
             let fd = fd as libc::c_uint;
-            if fd > next {
-                libc::syscall(libc::SYS_close_range, next, fd - 1, 0);
+            if fd > *next {
+                libc::syscall(libc::SYS_close_range, *next, fd - 1, 0);
             }
-            next = fd + 1;
+            *next = fd + 1;
+        };
+        for held in keep {
+            if !pipe_kept && read_end < held.fd {
+                keep_fd(read_end, &mut next);
+                pipe_kept = true;
+            }
+            keep_fd(held.fd, &mut next);
+            if !slow_to_close(held) {
+                libc::close(held.fd);
+            }
+        }
+        if !pipe_kept {
+            keep_fd(read_end, &mut next);
         }
         libc::syscall(libc::SYS_close_range, next, libc::c_uint::MAX, 0);
         let mut byte = 0u8;
@@ -107,26 +144,39 @@ fn hold_until_parent_exits(kept: &[RawFd], read_end: RawFd) -> ! {
     }
 }
 
-/// This process's perf-event descriptors slow to close (BPF links of uprobe
-/// and tracepoint perf events, and bare perf events, which only uprobes
-/// leave here), in ascending order.
-fn perf_event_fds() -> io::Result<Vec<RawFd>> {
+/// This process's perf-event descriptors slow to close (see
+/// [`slow_to_close`]), in ascending order.
+fn perf_event_fds() -> io::Result<Vec<Held>> {
     let mut fds = Vec::new();
     for entry in fs::read_dir("/proc/self/fd")? {
         let entry = entry?;
         let Some(fd) = entry.file_name().to_str().and_then(|n| n.parse().ok()) else {
             continue;
         };
-        let Ok(target) = fs::read_link(entry.path()) else {
+        let Ok(path) = CString::new(format!("/proc/self/fd/{fd}")) else {
             continue;
         };
-        let target = target.as_os_str();
-        if target == PERF_EVENT || (target == BPF_LINK && is_perf_event_link(fd)) {
-            fds.push(fd);
+        let held = Held { fd, path };
+        if slow_to_close(&held) {
+            fds.push(held);
         }
     }
-    fds.sort_unstable();
+    fds.sort_unstable_by_key(|h| h.fd);
     Ok(fds)
+}
+
+/// Whether a descriptor is one slow to close: a BPF link of a uprobe or
+/// tracepoint perf event, or a bare perf event (only uprobes leave those
+/// here). Async-signal-safe: the child checks again with it.
+fn slow_to_close(held: &Held) -> bool {
+    let mut target = [0u8; 64];
+    // SAFETY: readlink(2) writes at most `target.len()` bytes into it.
+    let n = unsafe { libc::readlink(held.path.as_ptr(), target.as_mut_ptr().cast(), target.len()) };
+    let Ok(n) = usize::try_from(n) else {
+        return false;
+    };
+    let target = &target[..n.min(target.len())];
+    target == PERF_EVENT || (target == BPF_LINK && is_perf_event_link(held.fd))
 }
 
 /// Whether the BPF link `fd` attaches a program to a uprobe or tracepoint
@@ -157,4 +207,36 @@ fn is_perf_event_link(fd: RawFd) -> bool {
             perf_type,
             BPF_PERF_EVENT_UPROBE | BPF_PERF_EVENT_URETPROBE | BPF_PERF_EVENT_TRACEPOINT
         )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_perf_events_are_held() {
+        // A pipe (what the child's cue is) and a file: neither is kept,
+        // whatever their numbers.
+        let mut pipe = [0; 2];
+        // SAFETY: a two-element array for pipe2 to fill.
+        assert_eq!(
+            unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) },
+            0
+        );
+        let file = fs::File::open("/proc/self/status").unwrap();
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
+        for fd in [pipe[0], pipe[1], fd] {
+            let path = CString::new(format!("/proc/self/fd/{fd}")).unwrap();
+            assert!(!slow_to_close(&Held { fd, path }), "fd {fd}");
+        }
+        let held = perf_event_fds().unwrap();
+        assert!(held.iter().all(|h| ![pipe[0], pipe[1], fd].contains(&h.fd)));
+        // A closed descriptor is not kept either.
+        // SAFETY: ours, closed once.
+        unsafe { libc::close(pipe[1]) };
+        let path = CString::new(format!("/proc/self/fd/{}", pipe[1])).unwrap();
+        assert!(!slow_to_close(&Held { fd: pipe[1], path }));
+        // SAFETY: ours, closed once.
+        unsafe { libc::close(pipe[0]) };
+    }
 }
