@@ -360,7 +360,16 @@ impl PodCgroup {
 
 impl Drop for PodCgroup {
     fn drop(&mut self) {
-        let _ = fs::remove_dir(&self.dir);
+        // Processes killed a moment ago may still be exiting (the kernel
+        // refuses with EBUSY until they are gone): a second at most.
+        for _ in 0..50 {
+            match fs::remove_dir(&self.dir) {
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                _ => break,
+            }
+        }
         if let Some(pod) = self.dir.parent() {
             let _ = fs::remove_dir(pod);
             if let Some(kubepods) = pod.parent() {
@@ -368,6 +377,16 @@ impl Drop for PodCgroup {
             }
         }
     }
+}
+
+/// Makes the process `cmd` starts join the root cgroup before it runs.
+pub fn place_in_root_cgroup(cmd: &mut Command) -> Result<()> {
+    let procs = CString::new(cgroup2_root()?.join("cgroup.procs").as_os_str().as_bytes())?;
+    // SAFETY: only async-signal-safe calls on data prepared here.
+    unsafe {
+        cmd.pre_exec(move || join_cgroup(&procs));
+    }
+    Ok(())
 }
 
 /// Where the cgroup v2 hierarchy is mounted (`/sys/fs/cgroup`, or

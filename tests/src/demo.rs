@@ -12,7 +12,7 @@ use anyhow::{Context as _, Result, bail};
 use serde::Deserialize;
 
 use crate::{
-    container::PodCgroup,
+    container::{self, PodCgroup},
     fixtures::{self, ChildGuard},
 };
 
@@ -26,9 +26,9 @@ pub struct DemoServer {
     pub port: u16,
     pub pid: u32,
     pub truth: PathBuf,
-    /// The cgroup it runs in, where it has one of its own: removed after
+    /// The cgroups it ran in, where it has ones of its own: removed after
     /// the server (fields drop in order).
-    pub cgroup: Option<PodCgroup>,
+    pub cgroups: Vec<PodCgroup>,
 }
 
 impl DemoServer {
@@ -42,6 +42,16 @@ impl DemoServer {
     /// so that its listening socket is that cgroup's, as under a container
     /// runtime or a systemd unit).
     pub fn start_in(extra: &[&str], cgroup: Option<PodCgroup>) -> Result<Self> {
+        Self::spawn(extra, cgroup, false)
+    }
+
+    /// As [`DemoServer::start`], in the root cgroup whatever the test's is
+    /// (its listening socket is the root cgroup's).
+    pub fn start_in_root(extra: &[&str]) -> Result<Self> {
+        Self::spawn(extra, None, true)
+    }
+
+    fn spawn(extra: &[&str], cgroup: Option<PodCgroup>, in_root: bool) -> Result<Self> {
         let truth = fixtures::temp_path("server-truth", "jsonl");
         let mut cmd = Command::new("python3");
         cmd.arg(demo_dir().join("server.py"))
@@ -55,6 +65,9 @@ impl DemoServer {
             .stderr(Stdio::inherit());
         if let Some(cgroup) = &cgroup {
             cgroup.place(&mut cmd)?;
+        }
+        if in_root {
+            container::place_in_root_cgroup(&mut cmd)?;
         }
         let mut child = cmd.spawn().context("starting tests/demo/server.py")?;
         let pid = child.id();
@@ -73,7 +86,7 @@ impl DemoServer {
             port,
             pid,
             truth,
-            cgroup,
+            cgroups: cgroup.into_iter().collect(),
         })
     }
 

@@ -36,10 +36,13 @@ enum Placement {
     /// In a cgroup of its own from its start (as under a container runtime
     /// or a systemd unit).
     OwnCgroup,
-    /// Moved into a cgroup of its own once it listens: its listening
-    /// socket stays the test's cgroup's, as systemd socket activation hands
-    /// a server a socket of its own cgroup.
-    MovedAfterListen,
+    /// Started in a cgroup of its own, moved into another once it listens:
+    /// its listening socket stays the first one's, as systemd socket
+    /// activation hands a server a socket of the socket unit's cgroup.
+    ListenerElsewhere,
+    /// Started in the root cgroup, moved into a cgroup of its own once it
+    /// listens: its listening socket is the root cgroup's.
+    ListenerInRoot,
 }
 
 /// The default where the server has a cgroup of its own: the segment
@@ -66,13 +69,21 @@ const CLASSIC: Hook = Hook {
     log: "segments: classic tracepoint tcp:tcp_probe",
 };
 const SEGMENT_HOOKS: [Hook; 3] = [CGROUP, RAW, CLASSIC];
-/// The cgroup program where the server's listening socket is not its
-/// cgroup's: the self-check moves the tracer to the raw `tcp_probe`.
-const SELF_CHECKED: Hook = Hook {
-    name: "cgroup ingress, then raw tracepoint",
-    server: Placement::MovedAfterListen,
+/// The server's listening socket in another cgroup than the server: the
+/// program on both.
+const LISTENER_ELSEWHERE: Hook = Hook {
+    name: "cgroup ingress, the listener's cgroup too",
+    server: Placement::ListenerElsewhere,
     env: &[],
-    log: "host-wide (the self-check)",
+    log: "segments: seen at the ingress of cgroup",
+};
+/// The server's listening socket in the root cgroup: host-wide, from the
+/// start.
+const LISTENER_IN_ROOT: Hook = Hook {
+    name: "raw tracepoint for a listener in the root cgroup",
+    server: Placement::ListenerInRoot,
+    env: &[],
+    log: "host-wide (the listening socket of port",
 };
 
 impl Hook {
@@ -81,11 +92,15 @@ impl Hook {
         match self.server {
             Placement::Here => DemoServer::start(args),
             Placement::OwnCgroup => DemoServer::start_in(args, Some(PodCgroup::new()?)),
-            Placement::MovedAfterListen => {
-                let mut server = DemoServer::start(args)?;
+            Placement::ListenerElsewhere | Placement::ListenerInRoot => {
+                let mut server = if self.server == Placement::ListenerInRoot {
+                    DemoServer::start_in_root(args)?
+                } else {
+                    DemoServer::start_in(args, Some(PodCgroup::new()?))?
+                };
                 let cgroup = PodCgroup::new()?;
                 cgroup.adopt(server.pid)?;
-                server.cgroup = Some(cgroup);
+                server.cgroups.push(cgroup);
                 Ok(server)
             }
         }
@@ -671,7 +686,7 @@ fn a_lost_handshake_ack_still_dates_the_request() -> Result<()> {
     // The self-check tells this (data with the handshake, which no hook
     // sees) from a listener outside the cgroup: no fallback.
     assert!(
-        !out.stderr.contains("host-wide (the self-check)"),
+        !out.stderr.contains("tracepoint tcp:tcp_probe"),
         "{}",
         out.stderr
     );
@@ -777,52 +792,67 @@ fn stream_one(conn: &mut TcpStream) -> Result<()> {
     Ok(())
 }
 
-/// A server whose listening socket was created outside its cgroup (it
+/// A server whose listening socket was made outside its cgroup (it
 /// listened, then moved; systemd socket activation hands a server a socket
-/// of its own cgroup): the program on the server's cgroup sees none of its
-/// connections' segments, the self-check finds the connections read with
-/// none seen, and the tracer moves to the host-wide `tcp_probe`, from where
-/// the later requests have their segments again.
+/// of the socket unit's cgroup): its connections are the listener's
+/// cgroup's, and the tracer asks the kernel (sock_diag) which one that is.
 #[test]
-fn a_listener_outside_the_server_cgroup_falls_back_host_wide() -> Result<()> {
-    let Some(_g) = root_test("a_listener_outside_the_server_cgroup_falls_back_host_wide") else {
+fn a_listener_in_another_cgroup_has_its_segments_seen_there() -> Result<()> {
+    let Some(_g) = root_test("a_listener_in_another_cgroup_has_its_segments_seen_there") else {
         return Ok(());
     };
+    let load = [
+        "--concurrency",
+        "2",
+        "--requests",
+        "8",
+        "--output-tokens",
+        "8",
+    ];
+    // Made in a cgroup of its own: the program on that cgroup and the
+    // server's; every request's segments seen, the first ones too.
     let (out, clients) = run_with_env(
         &["--output-tokens", "8"],
-        &[
-            "--concurrency",
-            "2",
-            "--requests",
-            "16",
-            "--output-tokens",
-            "8",
-        ],
+        &load,
         false,
         None,
-        SELF_CHECKED,
+        LISTENER_ELSEWHERE,
     )?;
-    assert!(
-        out.stderr.contains(CGROUP.log),
-        "first on the server's cgroup:\n{}",
+    let scoped = out.stderr.matches(LISTENER_ELSEWHERE.log).count();
+    assert_eq!(
+        scoped, 2,
+        "the server's cgroup and its listener's:\n{}",
         out.stderr
     );
-    let traced = requests(&out);
-    assert_eq!(traced.len(), clients.len(), "every request traced");
-    // Each connection's first request went unseen; the fallback comes at
-    // the tracer's next reading of the kernel's counters (each request
-    // takes about 0.4 s here): the last requests of each connection are
-    // seen.
-    let late: Vec<&&Value> = traced
-        .iter()
-        .filter(|r| r["request_index"].as_u64() >= Some(5))
-        .collect();
-    assert!(!late.is_empty(), "{traced:#?}");
-    for r in late {
+    assert!(
+        !out.stderr.contains("tracepoint tcp:tcp_probe"),
+        "{}",
+        out.stderr
+    );
+    every_segment_seen(&out, clients.len());
+    // Made in the root cgroup: every segment of the host runs the program
+    // there, so host-wide from the start, saying why.
+    let (out, clients) = run_with_env(
+        &["--output-tokens", "8"],
+        &load,
+        false,
+        None,
+        LISTENER_IN_ROOT,
+    )?;
+    LISTENER_IN_ROOT.assert_used(&out);
+    every_segment_seen(&out, clients.len());
+    Ok(())
+}
+
+/// Every one of `sent` requests traced, each with its request segment and
+/// a client estimate.
+fn every_segment_seen(out: &TraceOutput, sent: usize) {
+    let traced = requests(out);
+    assert_eq!(traced.len(), sent, "every request traced");
+    for r in traced {
         assert!(r["t_request_segment_ns"].is_u64(), "{r}");
         assert!(r["client_ttft_estimate_ns"].is_u64(), "{r}");
     }
-    Ok(())
 }
 
 /// A keep-alive connection opened before the tracer started (a gateway's

@@ -29,6 +29,7 @@ pub mod routing;
 pub mod schedstat;
 pub mod session;
 pub mod signals;
+pub mod sock_diag;
 pub mod targets;
 pub mod tracefs;
 pub mod tracking;

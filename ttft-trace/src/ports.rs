@@ -55,10 +55,29 @@ fn netns_of(pid: u32) -> Option<u32> {
     netns_inode(link.to_str()?)
 }
 
+/// A listening socket one of the traced processes holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct HeldListener {
+    /// Its network namespace, None when it cannot be read.
+    pub netns: Option<u32>,
+    pub port: u16,
+    pub inode: u64,
+    /// A process holding it.
+    pub pid: u32,
+}
+
 /// (network namespace, port) on which any of `pids` listens; the namespace
 /// is None when it cannot be read (the port is then followed in every one).
 pub fn listening_ports(pids: &[u32]) -> BTreeSet<(Option<u32>, u16)> {
-    let mut ports = BTreeSet::new();
+    listening_sockets(pids)
+        .into_iter()
+        .map(|l| (l.netns, l.port))
+        .collect()
+}
+
+/// The listening sockets `pids` hold.
+pub fn listening_sockets(pids: &[u32]) -> BTreeSet<HeldListener> {
+    let mut held = BTreeSet::new();
     for &pid in pids {
         let inodes = socket_inodes(pid);
         if inodes.is_empty() {
@@ -76,15 +95,20 @@ pub fn listening_ports(pids: &[u32]) -> BTreeSet<(Option<u32>, u16)> {
                 .rposition(|&b| b == b'\n')
                 .map_or(&bytes[..0], |i| &bytes[..=i]);
             let text = String::from_utf8_lossy(whole);
-            ports.extend(
+            held.extend(
                 parse_listeners(&text)
                     .into_iter()
                     .filter(|(_, inode)| inodes.contains(inode))
-                    .map(|(port, _)| (netns, port)),
+                    .map(|(port, inode)| HeldListener {
+                        netns,
+                        port,
+                        inode,
+                        pid,
+                    }),
             );
         }
     }
-    ports
+    held
 }
 
 #[cfg(test)]

@@ -489,10 +489,11 @@ fn segment_hook_item(hook: &SegmentHook) -> Item {
         SegmentHook::Cgroups(_) => {
             return Item::ok(
                 "segment hook",
-                "cgroup_skb ingress on the traced workloads' cgroups: segments of processes \
-                 outside them run no program (the kernel's cgroup check only); host-wide on \
-                 tcp:tcp_probe where a workload is in the root cgroup, with --port, or when the \
-                 self-check finds followed connections whose segments it does not see",
+                "cgroup_skb ingress on the traced workloads' cgroups and their listening \
+                 sockets' cgroups: segments of processes outside them run no program (the \
+                 kernel's cgroup check only); host-wide on tcp:tcp_probe where a workload or its \
+                 listener is in the root cgroup, with --port, or when the self-check finds \
+                 followed connections whose segments it does not see",
             );
         }
         SegmentHook::Raw(why) if why.starts_with(probes::SEGMENT_HOOK_ENV) => {

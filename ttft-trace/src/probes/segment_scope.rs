@@ -9,21 +9,25 @@
 //! program on the workloads' cgroups leaves every other process's segments
 //! to a cgroup check in the kernel, with no program.
 //!
+//! An accepted connection is its listener's cgroup's: where a listening
+//! socket was made in another cgroup (systemd socket activation hands the
+//! server a socket of the socket unit's cgroup), that cgroup is added too
+//! (`crate::tracking`, asking the kernel through sock_diag).
+//!
 //! Host-wide instead, for good, where that cannot hold: a traced process
-//! in the root cgroup (or one this host's paths cannot name), ports given
-//! with `--port` (whose server may live anywhere), no cgroup v2 hierarchy,
-//! or the self-check: followed connections whose bytes were read with none
-//! of their segments seen, on a listening port none of whose handshakes
-//! was seen either (`Stat::ListenerUnseen`): the listening socket was
-//! created in another cgroup (systemd socket activation hands the server a
-//! socket of its own cgroup). Data that came with the handshake (a lost
+//! or its listener in the root cgroup (or one this host's paths cannot
+//! name), ports given with `--port` (whose server may live anywhere), no
+//! cgroup v2 hierarchy, or the self-check: followed connections whose
+//! bytes were read with none of their segments seen, on a listening port
+//! none of whose handshakes was seen either (`Stat::ListenerUnseen`), that
+//! no listener's cgroup explains. Data that came with the handshake (a lost
 //! final ACK, Fast Open) goes unseen by any hook, but its listener's
 //! handshakes are seen: that is not counted.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
     fs::File,
-    os::fd::{FromRawFd, OwnedFd},
+    os::fd::{AsRawFd, FromRawFd, OwnedFd},
     path::{Path, PathBuf},
 };
 
@@ -188,6 +192,12 @@ impl Probes {
         }
     }
 
+    /// Whether segments are seen on cgroups (some, or none yet), not
+    /// host-wide.
+    pub fn segments_scoped(&self) -> bool {
+        self.scope.scoped()
+    }
+
     /// Puts the segment program where `reach` says the followed processes
     /// run: the outermost of their cgroups, or host-wide. Cgroups no
     /// longer wanted are left first, so that no segment is seen twice.
@@ -248,7 +258,8 @@ impl Probes {
 
     /// The self-check: host-wide once followed connections had their
     /// bytes read with neither their segments nor their listener's
-    /// handshakes seen (`unseen` of them so far).
+    /// handshakes seen (`unseen` of them since the last listener's cgroup
+    /// was added).
     pub fn check_segment_scope(&mut self, unseen: u64) -> Result<(), ProbeError> {
         if self.scope.host_wide.is_none() && unseen > LISTENER_UNSEEN_MAX {
             log::warn!(
@@ -292,6 +303,60 @@ impl Probes {
     }
 }
 
+impl Probes {
+    /// The cgroup v2 path of the cgroup numbered `id` (a socket's, from
+    /// sock_diag), as `/proc/PID/cgroup` names one; None where segments
+    /// are not seen on cgroups.
+    pub fn cgroup_path(&self, id: u64) -> Option<std::io::Result<String>> {
+        let mount = self.scope.mount.as_deref()?;
+        Some(path_of_cgroup_id(mount, id))
+    }
+}
+
+/// `FILEID_KERNFS`: the file handle type of a cgroup directory, whose
+/// handle is its 64-bit id (uapi `linux/exportfs.h`).
+const FILEID_KERNFS: i32 = 0xfe;
+
+/// The path below `mount` of the cgroup numbered `id`: opened by its file
+/// handle (no walk of the hierarchy), named by the kernel.
+fn path_of_cgroup_id(mount: &Path, id: u64) -> std::io::Result<String> {
+    #[repr(C)]
+    struct KernfsHandle {
+        handle_bytes: u32,
+        handle_type: i32,
+        id: u64,
+    }
+    let root = open_cgroup(mount, "/")?;
+    let handle = KernfsHandle {
+        handle_bytes: 8,
+        handle_type: FILEID_KERNFS,
+        id,
+    };
+    // SAFETY: open_by_handle_at(2) reads the handle, which outlives the
+    // call; the result is checked.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_open_by_handle_at,
+            root.as_raw_fd(),
+            &raw const handle,
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: just returned by the kernel, owned by nobody else.
+    let dir = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    let full = std::fs::read_link(format!("/proc/self/fd/{}", dir.as_raw_fd()))?;
+    let rest = full
+        .strip_prefix(mount)
+        .map_err(|_| std::io::Error::other(format!("cgroup {id} is at {}", full.display())))?;
+    let rest = rest
+        .to_str()
+        .ok_or_else(|| std::io::Error::other(format!("cgroup {id}: a path not UTF-8")))?;
+    Ok(format!("/{rest}"))
+}
+
 /// Loads the cgroup program (once).
 pub(super) fn load(ebpf: &mut aya::Ebpf) -> Result<(), ProbeError> {
     let prog = cgroup_program(ebpf)?;
@@ -314,6 +379,34 @@ mod tests {
 
     fn set(paths: &[&str]) -> BTreeSet<String> {
         paths.iter().map(|p| p.to_string()).collect()
+    }
+
+    #[test]
+    fn names_a_cgroup_by_its_id() {
+        let Some(mount) = std::fs::read_to_string("/proc/self/mounts")
+            .ok()
+            .and_then(|m| cgroup2_mount(&m))
+        else {
+            eprintln!("SKIP: no cgroup v2 hierarchy");
+            return;
+        };
+        // SAFETY: geteuid(2) has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("SKIP: opening a file handle needs root");
+            return;
+        }
+        let name = format!("ttft-trace-unit-{}", std::process::id());
+        let dir = mount.join(&name);
+        std::fs::create_dir(&dir).unwrap();
+        let id = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&dir).unwrap());
+        let named = path_of_cgroup_id(&mount, id);
+        let root_id = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&mount).unwrap());
+        let root = path_of_cgroup_id(&mount, root_id);
+        std::fs::remove_dir(&dir).unwrap();
+        assert_eq!(named.unwrap(), format!("/{name}"));
+        assert_eq!(root.unwrap(), "/");
+        // Removed: the kernel no longer finds it.
+        assert!(path_of_cgroup_id(&mount, id).is_err());
     }
 
     #[test]

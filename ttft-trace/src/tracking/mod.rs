@@ -9,6 +9,7 @@
 mod counters;
 mod discovery;
 mod launch_layer;
+mod segments;
 mod wait;
 
 use std::{
@@ -28,13 +29,12 @@ pub use wait::WaitFor;
 use crate::{
     ports,
     probes::{
-        Attached, ProbeError, Probes, Reach, SegmentReach,
+        Attached, ProbeError, Probes, Reach,
         libraries::FileId,
         libraries::{self, CudaLibrary, Scanner},
         symbols::Api,
     },
     targets,
-    workloads::cgroup,
 };
 use counters::CounterTracker;
 
@@ -110,6 +110,7 @@ pub struct Tracking {
     /// Ports followed by `--port`: their servers may run anywhere, so
     /// segments are seen host-wide.
     extra_ports: bool,
+    listeners: segments::ListenerCgroups,
     counters: CounterTracker,
     /// Last scheduler totals read per process still in the kernel's map,
     /// and the sum of those gone from it, so that the exported counters
@@ -149,6 +150,7 @@ impl Tracking {
             roots: BTreeSet::new(),
             listen_ports: BTreeSet::new(),
             extra_ports: false,
+            listeners: segments::ListenerCgroups::default(),
             counters: CounterTracker::default(),
             sched_totals: BTreeMap::new(),
             sched_gone: SchedTotals::default(),
@@ -284,10 +286,13 @@ impl Tracking {
     pub fn follow_ports(&mut self, extra: &[u16]) -> Result<()> {
         let live: Vec<u32> = self.live_processes()?.iter().map(|(p, _)| *p).collect();
         self.extra_ports |= !extra.is_empty();
+        let held = ports::listening_sockets(&live);
+        self.find_listener_cgroups(&held);
         // Before the ports: a connection accepted in between has its
         // segments seen.
         self.scope_segments(&live)?;
-        let mut found = ports::listening_ports(&live);
+        let mut found: BTreeSet<(Option<u32>, u16)> =
+            held.iter().map(|l| (l.netns, l.port)).collect();
         found.extend(extra.iter().map(|&port| (None, port)));
         let mut new = Vec::new();
         for (netns, port) in found {
@@ -303,22 +308,6 @@ impl Tracking {
             log::info!("following requests on port(s) {}", new.join(", "));
         }
         Ok(())
-    }
-
-    /// Puts the segment program on the cgroups the `live` traced processes
-    /// run in (see [`crate::probes::SegmentReach`]).
-    fn scope_segments(&mut self, live: &[u32]) -> Result<()> {
-        let reach = if self.extra_ports {
-            SegmentReach::Host("ports given with --port may be served from any cgroup".into())
-        } else {
-            // A process gone meanwhile is left out, not taken for one
-            // without a cgroup.
-            segment_reach(live.iter().filter_map(|&pid| {
-                let path = cgroup::cgroup_v2_path(pid);
-                (path.is_some() || targets::is_process(pid)).then_some((pid, path))
-            }))
-        };
-        Ok(self.probes.scope_segments(&reach)?)
     }
 
     /// Live processes among the tracked ids, each with its workload; ids of
@@ -481,7 +470,8 @@ impl Tracking {
         let (runq_buckets, runq_sum_ns) = self.probes.runq_histogram()?;
         let segments_unseen = self.probes.stat(Stat::SegmentsUnseen)?;
         let listener_unseen = self.probes.stat(Stat::ListenerUnseen)?;
-        self.probes.check_segment_scope(listener_unseen)?;
+        let pids: Vec<u32> = live.iter().map(|(p, _)| *p).collect();
+        self.check_listeners(listener_unseen, &pids)?;
         Ok(KernelReading {
             deltas,
             gone,
@@ -607,56 +597,6 @@ impl Tracking {
             if let Err(e) = self.probes.forget_announced(tgid) {
                 log::debug!("forgetting announced {tgid}: {e}");
             }
-        }
-    }
-}
-
-/// Where the segments of the processes `(pid, cgroup v2 path)` are seen:
-/// their cgroups, or host-wide where one has no path the program can be put
-/// on (the root cgroup, above all: then it would run for every process).
-pub fn segment_reach(processes: impl Iterator<Item = (u32, Option<String>)>) -> SegmentReach {
-    let mut paths = BTreeSet::new();
-    for (pid, path) in processes {
-        match path {
-            Some(path) if crate::probes::attachable(&path) => {
-                paths.insert(path);
-            }
-            Some(path) => {
-                return SegmentReach::Host(format!("traced process {pid} is in cgroup {path}"));
-            }
-            None => {
-                return SegmentReach::Host(format!(
-                    "traced process {pid} has no cgroup v2 path (or it exited)"
-                ));
-            }
-        }
-    }
-    SegmentReach::Cgroups(paths)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn segments_follow_the_cgroups_unless_one_is_the_root() {
-        let one = |path: &str| (1, Some(path.to_string()));
-        assert_eq!(
-            segment_reach([one("/a.service"), one("/k/pod1")].into_iter()),
-            SegmentReach::Cgroups(["/a.service".to_string(), "/k/pod1".to_string()].into())
-        );
-        for host in [
-            vec![one("/a.service"), one("/")],
-            vec![(2, None)],
-            vec![one("/../outside")],
-        ] {
-            assert!(
-                matches!(
-                    segment_reach(host.clone().into_iter()),
-                    SegmentReach::Host(_)
-                ),
-                "{host:?}"
-            );
         }
     }
 }

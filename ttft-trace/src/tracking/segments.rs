@@ -1,0 +1,267 @@
+//! Where the segment program goes: the cgroups of the traced processes and
+//! of their listening sockets (see [`crate::probes::SegmentReach`]).
+//!
+//! A connection accepted on a listener belongs to the listener's cgroup,
+//! which is the server's own unless another process made the socket
+//! (systemd socket activation) or the server moved after it listened. The
+//! listeners' cgroups are asked of the kernel (sock_diag) when a traced
+//! process holds a listener not asked about before, and again when the
+//! kernel's self-check counts connections read on a listener none of whose
+//! handshakes the program saw (`Stat::ListenerUnseen`); host-wide only
+//! where a listener is in the root cgroup, or the self-check keeps counting
+//! with every listener's cgroup covered.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use anyhow::Result;
+
+use super::Tracking;
+use crate::{
+    ports::{self, HeldListener},
+    probes::{SegmentReach, attachable},
+    sock_diag, targets,
+    workloads::cgroup,
+};
+
+/// Most listening sockets whose cgroups are kept: a traced process opens
+/// as many as it likes; past this, segments are seen host-wide.
+const LISTENERS_MAX: usize = 1024;
+
+/// The cgroups of the traced processes' listening sockets.
+#[derive(Default)]
+pub(super) struct ListenerCgroups {
+    /// By socket inode: its cgroup path (None: the kernel named none) and
+    /// port. Only sockets the traced processes hold at the last lookup.
+    by_inode: BTreeMap<u64, (Option<String>, u16)>,
+    /// More listeners than [`LISTENERS_MAX`] were held.
+    overflowed: bool,
+    /// The self-check's count at the last lookup, and when a cgroup was
+    /// last added by one.
+    unseen_looked: u64,
+    unseen_pinned: u64,
+}
+
+impl Tracking {
+    /// Puts the segment program on the cgroups the `live` traced processes
+    /// and their listeners are in.
+    pub(super) fn scope_segments(&mut self, live: &[u32]) -> Result<()> {
+        let reach = if self.extra_ports {
+            SegmentReach::Host("ports given with --port may be served from any cgroup".into())
+        } else if self.listeners.overflowed {
+            SegmentReach::Host(format!(
+                "the traced processes hold more than {LISTENERS_MAX} listening sockets"
+            ))
+        } else {
+            // A process gone meanwhile is left out, not taken for one
+            // without a cgroup.
+            let processes = segment_reach(live.iter().filter_map(|&pid| {
+                let path = cgroup::cgroup_v2_path(pid);
+                (path.is_some() || targets::is_process(pid)).then_some((pid, path))
+            }));
+            with_listeners(processes, self.listeners.by_inode.values())
+        };
+        Ok(self.probes.scope_segments(&reach)?)
+    }
+
+    /// Asks the kernel for the cgroups of the listeners in `held` not
+    /// asked about before, and forgets those no longer held; true when a
+    /// cgroup was added.
+    pub(super) fn find_listener_cgroups(&mut self, held: &BTreeSet<HeldListener>) -> bool {
+        let inodes: BTreeSet<u64> = held.iter().map(|l| l.inode).collect();
+        let known = &mut self.listeners.by_inode;
+        known.retain(|inode, _| inodes.contains(inode));
+        let new: Vec<&HeldListener> = held
+            .iter()
+            .filter(|l| !known.contains_key(&l.inode))
+            .collect();
+        if new.is_empty() || !self.probes.segments_scoped() {
+            return false;
+        }
+        if held.len() > LISTENERS_MAX {
+            self.listeners.overflowed = true;
+            return true;
+        }
+        // One dump per network namespace, through a process in it.
+        let mut by_netns: BTreeMap<Option<u32>, u32> = BTreeMap::new();
+        for l in &new {
+            by_netns.entry(l.netns).or_insert(l.pid);
+        }
+        let mut added = false;
+        for pid in by_netns.into_values() {
+            let listeners = match sock_diag::listeners(pid) {
+                Ok(l) => l,
+                Err(e) => {
+                    log::debug!("segments: the listeners of pid {pid}'s namespace: {e}");
+                    continue;
+                }
+            };
+            for l in &new {
+                let Some(found) = listeners.iter().find(|d| u64::from(d.inode) == l.inode) else {
+                    continue;
+                };
+                let path = match self.probes.cgroup_path(found.cgroup_id) {
+                    Some(Ok(path)) if found.cgroup_id != 0 => Some(path),
+                    Some(Err(e)) => {
+                        log::debug!(
+                            "segments: cgroup {} of port {}: {e}",
+                            found.cgroup_id,
+                            l.port
+                        );
+                        None
+                    }
+                    _ => None,
+                };
+                let known = &self.listeners.by_inode;
+                added |= path
+                    .as_ref()
+                    .is_some_and(|p| !known.values().any(|(k, _)| k.as_ref() == Some(p)));
+                self.listeners.by_inode.insert(l.inode, (path, l.port));
+            }
+        }
+        added
+    }
+
+    /// The self-check, at each reading of the kernel's counters: `unseen`
+    /// connections so far were read on listeners whose handshakes the
+    /// program never saw. Looks the listeners up again; host-wide when
+    /// that adds no cgroup and more than one was counted since the last
+    /// one added.
+    pub(super) fn check_listeners(&mut self, unseen: u64, live: &[u32]) -> Result<()> {
+        if unseen <= self.listeners.unseen_looked || !self.probes.segments_scoped() {
+            return Ok(());
+        }
+        self.listeners.unseen_looked = unseen;
+        // A socket keeps its cgroup: only listeners made since the last
+        // lookup (a listen() after the tracer started) are asked about.
+        let before: BTreeSet<String> = self.listener_paths();
+        let held = ports::listening_sockets(live);
+        self.find_listener_cgroups(&held);
+        if self.listener_paths().difference(&before).next().is_some() {
+            log::info!(
+                "segments: {unseen} connections were read on listeners outside the cgroups \
+                 followed; adding the listeners' cgroups"
+            );
+            self.listeners.unseen_pinned = unseen;
+            return self.scope_segments(live);
+        }
+        Ok(self
+            .probes
+            .check_segment_scope(unseen - self.listeners.unseen_pinned)?)
+    }
+
+    fn listener_paths(&self) -> BTreeSet<String> {
+        self.listeners
+            .by_inode
+            .values()
+            .filter_map(|(p, _)| p.clone())
+            .collect()
+    }
+}
+
+/// Where the segments of the processes `(pid, cgroup v2 path)` are seen:
+/// their cgroups, or host-wide where one has no path the program can be put
+/// on (the root cgroup, above all: then it would run for every process).
+fn segment_reach(processes: impl Iterator<Item = (u32, Option<String>)>) -> SegmentReach {
+    let mut paths = BTreeSet::new();
+    for (pid, path) in processes {
+        match path {
+            Some(path) if attachable(&path) => {
+                paths.insert(path);
+            }
+            Some(path) => {
+                return SegmentReach::Host(format!("traced process {pid} is in cgroup {path}"));
+            }
+            None => {
+                return SegmentReach::Host(format!(
+                    "traced process {pid} has no cgroup v2 path (or it exited)"
+                ));
+            }
+        }
+    }
+    SegmentReach::Cgroups(paths)
+}
+
+/// `processes` with the cgroups of listeners `(path, port)` added; host-wide
+/// where a listener's cgroup is one the program cannot be put on (a socket
+/// made by a process in the root cgroup). A listener whose cgroup the
+/// kernel did not name is left to the self-check.
+fn with_listeners<'a>(
+    processes: SegmentReach,
+    listeners: impl Iterator<Item = &'a (Option<String>, u16)>,
+) -> SegmentReach {
+    let SegmentReach::Cgroups(mut paths) = processes else {
+        return processes;
+    };
+    for (path, port) in listeners {
+        let Some(path) = path else { continue };
+        if !attachable(path) {
+            return SegmentReach::Host(format!(
+                "the listening socket of port {port} is in cgroup {path} (made by a process \
+                 outside the workload's cgroup, as with socket activation)"
+            ));
+        }
+        paths.insert(path.clone());
+    }
+    SegmentReach::Cgroups(paths)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cgroups(paths: &[&str]) -> SegmentReach {
+        SegmentReach::Cgroups(paths.iter().map(|p| p.to_string()).collect())
+    }
+
+    #[test]
+    fn segments_follow_the_cgroups_unless_one_is_the_root() {
+        let one = |path: &str| (1, Some(path.to_string()));
+        assert_eq!(
+            segment_reach([one("/a.service"), one("/k/pod1")].into_iter()),
+            cgroups(&["/a.service", "/k/pod1"])
+        );
+        for host in [
+            vec![one("/a.service"), one("/")],
+            vec![(2, None)],
+            vec![one("/../outside")],
+        ] {
+            assert!(
+                matches!(
+                    segment_reach(host.clone().into_iter()),
+                    SegmentReach::Host(_)
+                ),
+                "{host:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn listeners_add_their_cgroups() {
+        let l = |p: Option<&str>, port| (p.map(str::to_string), port);
+        // Socket activation: the listener in the socket unit's cgroup.
+        assert_eq!(
+            with_listeners(
+                cgroups(&["/app.service"]),
+                [l(Some("/app.socket"), 80), l(Some("/app.service"), 81)].iter()
+            ),
+            cgroups(&["/app.service", "/app.socket"])
+        );
+        // Not named: left as it is (the self-check watches).
+        assert_eq!(
+            with_listeners(cgroups(&["/a"]), [l(None, 80)].iter()),
+            cgroups(&["/a"])
+        );
+        // Made in the root cgroup: host-wide, saying which port.
+        let SegmentReach::Host(why) = with_listeners(cgroups(&["/a"]), [l(Some("/"), 80)].iter())
+        else {
+            panic!("a listener in the root cgroup stays scoped");
+        };
+        assert!(why.contains("port 80"), "{why}");
+        // Host-wide already: stays.
+        let host = SegmentReach::Host("--port".into());
+        assert_eq!(
+            with_listeners(host.clone(), [l(Some("/b"), 80)].iter()),
+            host
+        );
+    }
+}
