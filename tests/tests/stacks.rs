@@ -21,6 +21,7 @@ use anyhow::{Context as _, Result, bail, ensure};
 use serde::Deserialize;
 use serde_json::Value;
 use ttft_trace_tests::{
+    container::PodCgroup,
     demo::read_jsonl,
     faults::{self, PacketLoss},
     fixtures::{self, cache_dir},
@@ -71,6 +72,11 @@ const ESTIMATE_TOLERANCE_MS: f64 = 5.0;
 /// none was seen, one leaves room for a scheduling hiccup of a client on
 /// this shared machine (8.6 ms seen in the TTFT itself).
 const ESTIMATE_MISSES: usize = 1;
+
+/// The tracer's log lines for its segment hook: on the server's cgroup
+/// (what every stack here should get), or host-wide (its fallback).
+const SCOPED_HOOK: &str = "segments: seen at the ingress of cgroup";
+const HOST_WIDE_HOOK: &str = "tracepoint tcp:tcp_probe";
 
 const STACKS: [&str; 9] = [
     "uvicorn-h11",
@@ -404,6 +410,12 @@ fn traced_run(stack: &str, cudart: &Path, load: &Load) -> Result<Option<Run>> {
             return Ok(None);
         }
     };
+    // In a cgroup of its own, as under a container runtime or a systemd
+    // unit: the tracer's default segment hook, on that cgroup's ingress.
+    // Declared first, so it is removed after the group is gone.
+    let cgroup = PodCgroup::new()?;
+    let mut cmd = cmd;
+    cgroup.place(&mut cmd)?;
     let mut group = Group::spawn(cmd)?;
     wait_listening(port, &mut group)?;
     if proxied {
@@ -467,7 +479,13 @@ fn traced_run(stack: &str, cudart: &Path, load: &Load) -> Result<Option<Run>> {
     thread::sleep(Duration::from_millis(300));
     let trace = tracer.interrupt(Duration::from_secs(30))?;
     drop(group);
+    drop(cgroup);
     ensure!(trace.success, "{}", trace.stderr);
+    ensure!(
+        trace.stderr.contains(SCOPED_HOOK) && !trace.stderr.contains(HOST_WIDE_HOOK),
+        "{stack}: segments not seen at the server's cgroup ingress alone:\n{}",
+        trace.stderr
+    );
     let server_writes = server_writes(&writes_log)?;
     let on_port = |p: u16| {
         trace
