@@ -11,7 +11,7 @@
 //! where a listener is in the root cgroup, or the self-check keeps counting
 //! with every listener's cgroup covered.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use anyhow::Result;
 
@@ -86,37 +86,34 @@ impl Tracking {
         for l in &new {
             by_netns.entry(l.netns).or_insert(l.pid);
         }
-        let mut added = false;
+        // Each new listener is asked about once: one the dumps do not name
+        // (a dump refused or cut short) is left to the self-check.
+        let mut cgroup_ids: HashMap<u64, u64> = HashMap::new();
         for pid in by_netns.into_values() {
-            let listeners = match sock_diag::listeners(pid) {
-                Ok(l) => l,
-                Err(e) => {
-                    log::debug!("segments: the listeners of pid {pid}'s namespace: {e}");
-                    continue;
+            match sock_diag::listeners(pid) {
+                Ok(found) => {
+                    cgroup_ids.extend(found.iter().map(|d| (u64::from(d.inode), d.cgroup_id)))
                 }
-            };
-            for l in &new {
-                let Some(found) = listeners.iter().find(|d| u64::from(d.inode) == l.inode) else {
-                    continue;
-                };
-                let path = match self.probes.cgroup_path(found.cgroup_id) {
-                    Some(Ok(path)) if found.cgroup_id != 0 => Some(path),
-                    Some(Err(e)) => {
-                        log::debug!(
-                            "segments: cgroup {} of port {}: {e}",
-                            found.cgroup_id,
-                            l.port
-                        );
-                        None
-                    }
-                    _ => None,
-                };
-                let known = &self.listeners.by_inode;
-                added |= path
-                    .as_ref()
-                    .is_some_and(|p| !known.values().any(|(k, _)| k.as_ref() == Some(p)));
-                self.listeners.by_inode.insert(l.inode, (path, l.port));
+                Err(e) => log::debug!("segments: the listeners of pid {pid}'s namespace: {e}"),
             }
+        }
+        let mut added = false;
+        for l in new {
+            let id = cgroup_ids.get(&l.inode).copied().unwrap_or(0);
+            // Id 0: the kernel named no cgroup.
+            let path = match (id != 0).then(|| self.probes.cgroup_path(id)).flatten() {
+                Some(Ok(path)) => Some(path),
+                Some(Err(e)) => {
+                    log::debug!("segments: cgroup {id} of port {}: {e}", l.port);
+                    None
+                }
+                None => None,
+            };
+            let known = &self.listeners.by_inode;
+            added |= path
+                .as_ref()
+                .is_some_and(|p| !known.values().any(|(k, _)| k.as_ref() == Some(p)));
+            self.listeners.by_inode.insert(l.inode, (path, l.port));
         }
         added
     }
