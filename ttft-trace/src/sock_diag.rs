@@ -263,7 +263,7 @@ mod tests {
     #[test]
     fn reads_the_listener_and_its_cgroup() {
         let mut out = Vec::new();
-        assert!(parse(&datagram(8000, 4242, Some(8974)), &mut out).unwrap());
+        assert!(parse(&datagram(8000, 4242, Some(8974)), &mut out).expect("parsed"));
         assert_eq!(
             out,
             [Listener {
@@ -273,7 +273,7 @@ mod tests {
             }]
         );
         out.clear();
-        assert!(parse(&datagram(8000, 4242, None), &mut out).unwrap());
+        assert!(parse(&datagram(8000, 4242, None), &mut out).expect("parsed"));
         assert_eq!(out[0].cgroup_id, 0);
     }
 
@@ -283,14 +283,14 @@ mod tests {
         for cut in 0..d.len() {
             let mut out = Vec::new();
             // Never a panic, never a listener from a short message.
-            let done = parse(&d[..cut], &mut out).unwrap();
+            let done = parse(&d[..cut], &mut out).expect("a cut datagram is no error");
             assert!(!done || cut == d.len());
             assert!(out.iter().all(|l| l.port == 8000 && l.inode == 1));
         }
         // A length past the end.
         d[0..4].copy_from_slice(&u32::MAX.to_ne_bytes());
         let mut out = Vec::new();
-        assert!(!parse(&d, &mut out).unwrap());
+        assert!(!parse(&d, &mut out).expect("a bad length is no error"));
         assert!(out.is_empty());
     }
 

@@ -223,18 +223,18 @@ mod tests {
             unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) },
             0
         );
-        let file = fs::File::open("/proc/self/status").unwrap();
+        let file = fs::File::open("/proc/self/status").expect("our own status");
         let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
         for fd in [pipe[0], pipe[1], fd] {
-            let path = CString::new(format!("/proc/self/fd/{fd}")).unwrap();
+            let path = CString::new(format!("/proc/self/fd/{fd}")).expect("no NUL");
             assert!(!slow_to_close(&Held { fd, path }), "fd {fd}");
         }
-        let held = perf_event_fds().unwrap();
+        let held = perf_event_fds().expect("/proc/self/fd");
         assert!(held.iter().all(|h| ![pipe[0], pipe[1], fd].contains(&h.fd)));
         // A closed descriptor is not kept either.
         // SAFETY: ours, closed once.
         unsafe { libc::close(pipe[1]) };
-        let path = CString::new(format!("/proc/self/fd/{}", pipe[1])).unwrap();
+        let path = CString::new(format!("/proc/self/fd/{}", pipe[1])).expect("no NUL");
         assert!(!slow_to_close(&Held { fd: pipe[1], path }));
         // SAFETY: ours, closed once.
         unsafe { libc::close(pipe[0]) };

@@ -397,14 +397,16 @@ mod tests {
         }
         let name = format!("ttft-trace-unit-{}", std::process::id());
         let dir = mount.join(&name);
-        std::fs::create_dir(&dir).unwrap();
-        let id = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&dir).unwrap());
+        std::fs::create_dir(&dir).expect("a test cgroup");
+        let id =
+            std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&dir).expect("the test cgroup"));
         let named = path_of_cgroup_id(&mount, id);
-        let root_id = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&mount).unwrap());
+        let root_id =
+            std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&mount).expect("the v2 mount"));
         let root = path_of_cgroup_id(&mount, root_id);
-        std::fs::remove_dir(&dir).unwrap();
-        assert_eq!(named.unwrap(), format!("/{name}"));
-        assert_eq!(root.unwrap(), "/");
+        std::fs::remove_dir(&dir).expect("removing the test cgroup");
+        assert_eq!(named.expect("named"), format!("/{name}"));
+        assert_eq!(root.expect("the root named"), "/");
         // Removed: the kernel no longer finds it.
         assert!(path_of_cgroup_id(&mount, id).is_err());
     }
