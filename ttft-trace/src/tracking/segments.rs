@@ -77,7 +77,8 @@ impl Tracking {
         if new.is_empty() || !self.probes.segments_scoped() {
             return false;
         }
-        if held.len() > LISTENERS_MAX {
+        // Sockets, not holders: a server's workers share its listeners.
+        if inodes.len() > LISTENERS_MAX {
             self.listeners.overflowed = true;
             return true;
         }
