@@ -36,9 +36,30 @@ fn unit_caps() -> Vec<String> {
     ambient
 }
 
+/// Mounts tracefs if this host has not, as the unit's
+/// `Wants=sys-kernel-tracing.mount` does before the service starts: a fresh
+/// machine may not have it yet, and without CAP_SYS_ADMIN the tracer cannot
+/// mount it itself, which would fail for that reason and not the one tested.
+fn tracefs_mounted_as_the_unit_wants() -> Result<()> {
+    let dir = Path::new("/sys/kernel/tracing");
+    if dir.join("events").is_dir() {
+        return Ok(());
+    }
+    let status = Command::new("mount")
+        .args(["-t", "tracefs", "nodev"])
+        .arg(dir)
+        .status()?;
+    if !status.success() || !dir.join("events").is_dir() {
+        bail!("cannot mount tracefs at {}: {status}", dir.display());
+    }
+    Ok(())
+}
+
 /// `setpriv` running the tracer with exactly `caps` (names like `CAP_BPF`),
-/// as `uid` when given, with no_new_privs.
+/// as `uid` when given, with no_new_privs, on a host set up as the unit
+/// expects.
 fn under_caps(caps: &[String], uid: Option<u32>) -> Result<Command> {
+    tracefs_mounted_as_the_unit_wants()?;
     let list: String = std::iter::once("-all".to_string())
         .chain(
             caps.iter()
