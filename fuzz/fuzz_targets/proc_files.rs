@@ -7,10 +7,12 @@
 
 use libfuzzer_sys::fuzz_target;
 use ttft_trace::{
-    ports::parse_listeners,
+    host::{
+        cgroups::{container_id, parse_cgroup, pod_uid},
+        ports::parse_listeners,
+        targets::{parent_from_stat, status_field},
+    },
     probes::libraries::parse_maps,
-    targets::{parent_from_stat, status_field},
-    workloads::cgroup::{container_id, parse_cgroup, pod_uid},
 };
 
 fuzz_target!(|data: &[u8]| {

@@ -14,7 +14,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ttft_trace::{clock::monotonic_ns, schedstat::SchedSampler};
+use ttft_trace::{host::clock::monotonic_ns, schedstat::SchedSampler};
 
 const THREADS: usize = 300;
 const PASSES: u32 = 500;

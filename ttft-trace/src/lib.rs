@@ -9,28 +9,22 @@
 //! below them are pure: `requests` (HTTP requests and their figures),
 //! `causes` (attribution rules), `signals`, `episodes`, `nvml`, `workloads`.
 
-pub mod caps;
 pub mod causes;
 pub mod check;
-pub mod clock;
 pub mod config;
 pub mod decode;
 pub mod episodes;
 pub mod export;
+pub mod host;
 pub mod judging;
 pub mod nvml;
-pub mod ports;
 pub mod probes;
 pub mod record;
 pub mod report;
 pub mod requests;
-pub mod rootfs;
 pub mod routing;
 pub mod schedstat;
 pub mod session;
 pub mod signals;
-pub mod sock_diag;
-pub mod targets;
-pub mod tracefs;
 pub mod tracking;
 pub mod workloads;

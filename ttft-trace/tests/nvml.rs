@@ -204,7 +204,7 @@ fn logged(level: log::Level, needles: &[&str]) -> Vec<String> {
 
 #[test]
 fn window_readings_line_up_with_the_scripted_timeline() {
-    let t0 = ttft_trace::clock::monotonic_ns();
+    let t0 = ttft_trace::host::clock::monotonic_ns();
     let total = 80 * GIB;
     let peak = total / 100 * 95;
     let script = format!(
@@ -321,7 +321,7 @@ at 1100 0 used={used}
     let samples = sampler.samples(0, t0, t0 + 1_200 * MS);
     assert!(samples.len() >= 10, "{} samples", samples.len());
     assert!(samples.windows(2).all(|w| w[0].t_ns <= w[1].t_ns));
-    let now = ttft_trace::clock::monotonic_ns();
+    let now = ttft_trace::host::clock::monotonic_ns();
     assert!(samples.iter().all(|s| s.t_ns > t0 && s.t_ns < now));
 
     // Metrics: base units, gpu and uuid labels, current values.
@@ -402,7 +402,7 @@ proc 1 compute 5000 1073741824
     assert_eq!(sampler.gpu_of_pid(4242), Some(0));
 
     // Per-GPU windows stay apart.
-    let now = ttft_trace::clock::monotonic_ns();
+    let now = ttft_trace::host::clock::monotonic_ns();
     let w1 = sampler.window(Some(1), now - 200 * MS, now).expect("gpu 1");
     assert_eq!(w1.gpus, vec![1]);
     let both = sampler.window(None, now - 200 * MS, now).expect("both");
@@ -620,7 +620,7 @@ fn default_library_real_gpu_or_clean_unavailable() {
         }
         Started::Sampler(s) => s,
     };
-    let t0 = ttft_trace::clock::monotonic_ns();
+    let t0 = ttft_trace::host::clock::monotonic_ns();
     std::thread::sleep(Duration::from_millis(500));
     for g in sampler.gpus() {
         let samples = sampler.samples(g.index, t0, u64::MAX);

@@ -3,9 +3,9 @@
 use std::path::{Path, PathBuf};
 
 use super::{CheckConfig, Item, Report, features_missing, parse_release, tracefs_mounts};
-use crate::caps::{self, CAP_SYS_ADMIN, CAP_SYS_RESOURCE, CapSet};
+use crate::host::caps::{self, CAP_SYS_ADMIN, CAP_SYS_RESOURCE, CapSet};
+use crate::host::tracefs::{self, Format};
 use crate::probes::{self, EventHook, LoadConfig, Probes, SegmentHook, SendHook, TRACEPOINTS};
-use crate::tracefs::{self, Format};
 
 const UNIT_HINT: &str = "as a service: deploy/systemd/ttft-trace.service";
 

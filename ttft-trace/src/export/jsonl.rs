@@ -19,8 +19,8 @@ use ttft_trace_common::{Direction, GpuCounters};
 
 use crate::{
     causes::{Attribution, Evidence},
-    clock::monotonic_ns,
     episodes::EpisodeRecord,
+    host::clock::monotonic_ns,
     judging::JudgedRequest,
     nvml::WindowReadings,
     probes::Attached,

@@ -36,7 +36,7 @@ use opentelemetry_sdk::{
 use prometheus::{IntCounter, IntCounterVec, Opts, Registry};
 
 use self::metrics::GenAiMetrics;
-use crate::{clock::monotonic_ns, judging::JudgedRequest, workloads::WorkloadLabels};
+use crate::{host::clock::monotonic_ns, judging::JudgedRequest, workloads::WorkloadLabels};
 
 /// The OTLP transport, as `OTEL_EXPORTER_OTLP_PROTOCOL` names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -3,10 +3,10 @@
 
 use crate::{
     causes::{Evidence, RequestTimes},
+    host::targets,
     nvml::Sampler,
     requests::RequestRecord,
     signals::SignalStore,
-    targets,
 };
 use ttft_trace_common::signals::{SCHED_BLOCKED, TCP_RETRANSMIT};
 

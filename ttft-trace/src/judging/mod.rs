@@ -9,8 +9,8 @@ use ttft_trace_common::{EpisodeEvent, signals::TCP_RETRANSMIT};
 
 use crate::{
     causes::{Attribution, CauseConfig, Evidence, attribute},
-    clock::monotonic_ns,
     episodes::EpisodeRecord,
+    host::clock::monotonic_ns,
     nvml::Sampler,
     requests::RequestRecord,
     signals::SignalStore,

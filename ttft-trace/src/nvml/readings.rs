@@ -12,7 +12,7 @@ use nvml_wrapper::error::NvmlError as WrapperError;
 use super::metrics::GpuMetrics;
 use super::throttle::ThrottleReasons;
 use super::timeline::{GpuSample, SampleRing};
-use crate::clock::monotonic_ns;
+use crate::host::clock::monotonic_ns;
 
 /// Identity of one GPU.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]

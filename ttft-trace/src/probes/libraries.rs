@@ -29,7 +29,7 @@ use object::{Object, ObjectSegment, ObjectSymbol, ReadCache, ReadCacheOps, Symbo
 use thiserror::Error;
 
 use super::symbols::{self, Api, MARKERS, ProbedSymbol};
-use crate::rootfs::{self, RootfsError};
+use crate::host::rootfs::{self, RootfsError};
 
 /// Most bytes of `/proc/PID/maps` read (a process with a hundred thousand
 /// mappings; past that, the rest is not looked at).

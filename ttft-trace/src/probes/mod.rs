@@ -36,7 +36,7 @@ use ttft_trace_common::{
     offsets::{ABSENT, SegmentOffsets, TaskOffsets},
 };
 
-use crate::tracefs::{self, Format, TracefsError};
+use crate::host::tracefs::{self, Format, TracefsError};
 use libraries::{CudaLibrary, FileId};
 use symbols::Api;
 
@@ -54,11 +54,11 @@ pub enum ProbeError {
     Capabilities(String),
     #[error(
         "creating a uprobe on {path} was refused ({source}): {}",
-        crate::caps::missing_message(*caps, &[crate::caps::UPROBES])
+        crate::host::caps::missing_message(*caps, &[crate::host::caps::UPROBES])
     )]
     UprobeDenied {
         path: PathBuf,
-        caps: crate::caps::CapSet,
+        caps: crate::host::caps::CapSet,
         source: std::io::Error,
     },
     #[error(transparent)]
@@ -302,12 +302,12 @@ impl Probes {
         if OBJECT.is_empty() {
             return Err(ProbeError::NoObject);
         }
-        let caps = crate::caps::CapSet::effective().unwrap_or_default();
-        let missing = crate::caps::missing(caps, crate::caps::LOAD);
+        let caps = crate::host::caps::CapSet::effective().unwrap_or_default();
+        let missing = crate::host::caps::missing(caps, crate::host::caps::LOAD);
         if !missing.is_empty() {
-            return Err(ProbeError::Capabilities(crate::caps::missing_message(
-                caps, &missing,
-            )));
+            return Err(ProbeError::Capabilities(
+                crate::host::caps::missing_message(caps, &missing),
+            ));
         }
         let started = std::time::Instant::now();
         let mut offsets = tracepoint_offsets()?;
@@ -759,7 +759,7 @@ fn uprobe_error(
     {
         return ProbeError::UprobeDenied {
             path: path.to_path_buf(),
-            caps: crate::caps::CapSet::effective().unwrap_or_default(),
+            caps: crate::host::caps::CapSet::effective().unwrap_or_default(),
             source: std::io::Error::from_raw_os_error(io_error.raw_os_error().unwrap_or(0)),
         };
     }

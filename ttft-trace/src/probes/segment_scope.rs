@@ -110,7 +110,7 @@ pub(super) fn plan() -> Result<PathBuf, String> {
         }
         log::warn!("{SEGMENT_HOOK_ENV}={v} is not a segment hook (tcp_probe); ignored");
     }
-    let mounts = crate::rootfs::read_proc(Path::new("/proc/self/mounts"), MOUNTS_MAX)
+    let mounts = crate::host::rootfs::read_proc(Path::new("/proc/self/mounts"), MOUNTS_MAX)
         .map_err(|e| format!("reading /proc/self/mounts: {e}"))?;
     cgroup2_mount(&String::from_utf8_lossy(&mounts))
         .ok_or_else(|| "no cgroup v2 hierarchy is mounted".into())

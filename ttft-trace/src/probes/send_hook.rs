@@ -12,7 +12,7 @@ use aya::{
 use ttft_trace_common::{SendOffsets, TracepointOffsets};
 
 use super::{ProbeError, btf};
-use crate::tracefs::{self, Format, TracefsError};
+use crate::host::tracefs::{self, Format, TracefsError};
 
 /// Where sends and receives on followed connections are seen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

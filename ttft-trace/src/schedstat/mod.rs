@@ -23,7 +23,7 @@ use ttft_trace_common::signals::{RUNQ_BUCKETS, SchedEvent, SchedTotals, runq_buc
 
 use spells::{Reading, ThreadSpells};
 
-use crate::targets;
+use crate::host::targets;
 
 /// Most threads sampled at once (each holds one open file).
 pub const MAX_THREADS: usize = 16_384;
@@ -243,7 +243,7 @@ fn raise_file_limit() {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::{monotonic_ns, thread_cpu_ns};
+    use crate::host::clock::{monotonic_ns, thread_cpu_ns};
 
     #[test]
     fn schedstat_lines_parse_and_junk_is_refused() {

@@ -23,9 +23,9 @@ use tokio::{
 };
 
 use crate::{
-    clock::monotonic_ns,
     config::TraceConfig,
     export::{Ending, Sinks, prometheus},
+    host::clock::monotonic_ns,
     judging::Judge,
     probes,
     routing::{Routed, Router, Workload},

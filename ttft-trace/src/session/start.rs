@@ -9,12 +9,12 @@ use super::{LARGE_COPY_BYTES, Sampling, Session, Signals, Stop};
 use crate::{
     config::{AttachConfig, DaemonOptions, SchedSignals, TraceConfig},
     export::{Sinks, prometheus},
+    host::targets,
     judging::Judge,
     nvml::{self, Sampler},
     probes::{LoadConfig, Probes},
     routing::Router,
     schedstat::{self, SchedSampler},
-    targets,
     tracking::{Discovery, Mode, Tracking, WaitFor},
 };
 

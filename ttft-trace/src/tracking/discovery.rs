@@ -15,9 +15,9 @@ use super::{Change, Mode, Tracking};
 /// [`Tracking::announce`]).
 const MAX_ANNOUNCED: usize = 4096;
 use crate::{
-    ports,
+    host::ports,
+    host::targets,
     probes::libraries::CudaLibrary,
-    targets,
     workloads::{
         Filters,
         discover::{self, workload_root},

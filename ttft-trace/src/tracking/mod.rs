@@ -27,14 +27,14 @@ pub use discovery::Discovery;
 pub use wait::WaitFor;
 
 use crate::{
-    ports,
+    host::ports,
+    host::targets,
     probes::{
         Attached, ProbeError, Probes, Reach,
         libraries::FileId,
         libraries::{self, CudaLibrary, Scanner},
         symbols::Api,
     },
-    targets,
 };
 use counters::CounterTracker;
 

@@ -17,10 +17,11 @@ use anyhow::Result;
 
 use super::Tracking;
 use crate::{
-    ports::{self, HeldListener},
+    host::cgroups,
+    host::ports::{self, HeldListener},
+    host::sock_diag,
+    host::targets,
     probes::{SegmentReach, attachable},
-    sock_diag, targets,
-    workloads::cgroup,
 };
 
 /// Most listening sockets whose cgroups are kept: a traced process opens
@@ -55,7 +56,7 @@ impl Tracking {
             // A process gone meanwhile is left out, not taken for one
             // without a cgroup.
             let processes = segment_reach(live.iter().filter_map(|&pid| {
-                let path = cgroup::cgroup_v2_path(pid);
+                let path = cgroups::cgroup_v2_path(pid);
                 (path.is_some() || targets::is_process(pid)).then_some((pid, path))
             }));
             with_listeners(processes, self.listeners.by_inode.values())

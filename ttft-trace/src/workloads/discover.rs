@@ -9,8 +9,8 @@ use std::{
 
 use regex::Regex;
 
-use super::cgroup;
-use crate::targets;
+use crate::host::cgroups;
+use crate::host::targets;
 
 /// Which processes the daemon traces (each filter off when unset).
 #[derive(Debug, Clone, Default)]
@@ -34,7 +34,7 @@ impl Filters {
             }
         }
         if let Some(prefix) = &self.cgroup_prefix {
-            let path = cgroup::cgroup_path(pid).unwrap_or_default();
+            let path = cgroups::cgroup_path(pid).unwrap_or_default();
             if !path.starts_with(prefix.as_str()) {
                 return Some(format!("cgroup {path:?} is not under {prefix:?}"));
             }
@@ -44,7 +44,7 @@ impl Filters {
 
     /// Whether a workload listening on `ports` passes the port filter.
     /// Whether a workload listening on `ports` ((namespace, port), as
-    /// [`crate::ports::listening_ports`] gives them) is one to trace.
+    /// [`crate::host::ports::listening_ports`] gives them) is one to trace.
     pub fn accepts_ports(&self, ports: &BTreeSet<(Option<u32>, u16)>) -> bool {
         self.ports.is_empty() || ports.iter().any(|(_, p)| self.ports.contains(p))
     }
@@ -86,7 +86,7 @@ pub fn workload_root(
     excluded: &HashSet<u32>,
     mut is_server: impl FnMut(u32) -> bool,
 ) -> u32 {
-    let cgroup = cgroup::cgroup_path(pid);
+    let cgroup = cgroups::cgroup_path(pid);
     let mut root = pid;
     let mut at = pid;
     let mut steps = 0;
@@ -95,7 +95,7 @@ pub fn workload_root(
         if parent <= 1 || excluded.contains(&parent) || steps > 64 {
             break;
         }
-        if cgroup::cgroup_path(parent) != cgroup {
+        if cgroups::cgroup_path(parent) != cgroup {
             break;
         }
         if is_server(parent) {

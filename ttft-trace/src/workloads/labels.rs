@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::cgroup;
+use crate::host::cgroups;
 
 /// Label names of every per-workload series, in order; `pid` is appended
 /// when asked for.
@@ -49,17 +49,17 @@ impl WorkloadLabels {
     /// from its cgroup, container id and pod (name and namespace when they
     /// can be read, else the pod UID).
     pub fn of_process(pid: u32, with_pid: bool) -> Self {
-        let path = cgroup::cgroup_path(pid).unwrap_or_default();
-        let (pod, namespace) = match cgroup::pod_uid(&path) {
+        let path = cgroups::cgroup_path(pid).unwrap_or_default();
+        let (pod, namespace) = match cgroups::pod_uid(&path) {
             Some(uid) => {
-                let (name, ns) = cgroup::pod_names(pid);
+                let (name, ns) = cgroups::pod_names(pid);
                 (if name.is_empty() { uid } else { name }, ns)
             }
             None => Default::default(),
         };
         Self {
-            comm: clean_comm(&crate::targets::comm(pid).unwrap_or_default()),
-            container: cgroup::container_id(&path).unwrap_or_default(),
+            comm: clean_comm(&crate::host::targets::comm(pid).unwrap_or_default()),
+            container: cgroups::container_id(&path).unwrap_or_default(),
             pod,
             namespace,
             pid: with_pid.then_some(pid),
@@ -256,7 +256,7 @@ mod tests {
         let own = WorkloadLabels::of_process(std::process::id(), false);
         assert_eq!(
             own.comm,
-            crate::targets::comm(std::process::id()).unwrap_or_default()
+            crate::host::targets::comm(std::process::id()).unwrap_or_default()
         );
         assert_eq!(own.pid, None);
     }

@@ -3,7 +3,6 @@
 //! traced as one unit: its requests join only its own GPU episodes, and its
 //! series carry its labels ([`labels::WorkloadLabels`]).
 
-pub mod cgroup;
 pub mod discover;
 pub mod labels;
 

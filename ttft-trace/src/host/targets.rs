@@ -53,7 +53,8 @@ pub fn start_time_ns(pid: u32) -> Option<u64> {
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     let hz = u64::try_from(hz).ok().filter(|&h| h > 0)?;
     let boot_ns = ticks.checked_mul(1_000_000_000)? / hz;
-    let suspended = crate::clock::boottime_ns().saturating_sub(crate::clock::monotonic_ns());
+    let suspended =
+        crate::host::clock::boottime_ns().saturating_sub(crate::host::clock::monotonic_ns());
     Some(boot_ns.saturating_sub(suspended))
 }
 
@@ -118,7 +119,7 @@ mod tests {
         assert!(found, "child {} not among descendants", child.id());
         assert!(comm(me).is_some());
         let started = start_time_ns(me).expect("start time");
-        let now = crate::clock::monotonic_ns();
+        let now = crate::host::clock::monotonic_ns();
         assert!(
             started <= now && now - started < 3_600_000_000_000,
             "{started} vs {now}"

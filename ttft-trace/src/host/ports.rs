@@ -86,7 +86,7 @@ pub fn listening_sockets(pids: &[u32]) -> BTreeSet<HeldListener> {
         let netns = netns_of(pid);
         for table in ["tcp", "tcp6"] {
             let path = format!("/proc/{pid}/net/{table}");
-            let Ok(bytes) = crate::rootfs::read_proc(Path::new(&path), NET_TCP_MAX) else {
+            let Ok(bytes) = crate::host::rootfs::read_proc(Path::new(&path), NET_TCP_MAX) else {
                 continue;
             };
             // A capped read may end inside a line: only whole lines count.

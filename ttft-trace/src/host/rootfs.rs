@@ -277,7 +277,7 @@ mod tests {
             let dir = std::env::temp_dir().join(format!(
                 "ttft-rootfs-{name}-{}-{}",
                 std::process::id(),
-                crate::clock::monotonic_ns()
+                crate::host::clock::monotonic_ns()
             ));
             std::fs::create_dir_all(dir.join("etc")).expect("mkdir");
             Self(dir)

@@ -4,12 +4,12 @@
 //!
 //! Everything here but the kernel's own text is the target's to write: the
 //! environment, and the files inside a container. They are read through
-//! [`crate::rootfs`] (inside the target's root, regular files only, capped)
+//! [`crate::host::rootfs`] (inside the target's root, regular files only, capped)
 //! and what becomes a label must look like a Kubernetes name.
 
 use std::path::Path;
 
-use crate::rootfs::{self, Root};
+use crate::host::rootfs::{self, Root};
 
 /// Most bytes read of `/proc/PID/cgroup` (a path is at most 4 KiB a
 /// hierarchy; a v1 host lists about a dozen).
