@@ -126,6 +126,21 @@ impl PacketLoss {
         Self::create(port, percent, direction, &rules)
     }
 
+    /// Drops `percent` % of the server's packets from `port` on loopback
+    /// after the handshake (its SYN-ACKs pass): data, ACKs and FINs are lost
+    /// and retransmitted, but a connect never waits out the SYN's doubling
+    /// timeouts (five lost SYN-ACKs in a row are 31 s, past a client's
+    /// timeout, once in about 200 connections at 35 %).
+    pub fn from_server_after_handshake(port: u16, percent: u32) -> Result<Self> {
+        if percent > 100 || port == 0 {
+            bail!("packet loss of {percent} % on port {port}");
+        }
+        let rules = format!(
+            "\t\tiifname \"lo\" tcp sport {port} tcp flags & syn == 0 numgen random mod 100 < {percent} counter drop\n"
+        );
+        Self::create(port, percent, Direction::FromServer, &rules)
+    }
+
     /// Drops every client's ACK that would complete its handshake with
     /// `port` (its second packet, a bare ACK: conntrack counts it as it
     /// leaves): the client's first data segment then completes it, as when

@@ -8,8 +8,14 @@
 //! The kernel runs it from `tcp_v4_rcv`/`tcp_v6_rcv` (`tcp_filter`) before
 //! the segment is processed, as `tcp_probe` fires before, so `snd_una` is
 //! what the previous segment left. It sees every segment, header-predicted
-//! or not (`cargo xtask bench --only sockops` counts both). Only segments of
-//! a socket in `ESTABLISHED` count, as `tcp_probe` fires only there.
+//! or not (`cargo xtask bench --only sockops` counts both). Segments of a
+//! socket in `ESTABLISHED` count, and, for a connection already followed,
+//! those that arrive after either side's close while the server still has
+//! bytes in flight (`FIN_WAIT1`, `CLOSE_WAIT`, `CLOSING`, `LAST_ACK`):
+//! `tcp_probe` fires in `ESTABLISHED` only, and a server that closes right
+//! after its response takes the client's ACK of a retransmitted first
+//! token there (issue 34: the state change that says everything was
+//! acknowledged came one or two retransmission timeouts later).
 //!
 //! The packet starts at its IP header here. An IPv6 segment behind
 //! extension headers is skipped (its TCP header is not where the fixed
@@ -27,7 +33,7 @@ use ttft_trace_common::ConnEvent;
 
 use crate::{
     listen,
-    maps::INGRESS_LISTENERS,
+    maps::{CONNS, INGRESS_LISTENERS},
     sock::{TCP_LISTEN, kernel, send_offsets},
     tcp::{AF_INET, Segment, TCP_ESTABLISHED, on_segment},
 };
@@ -36,6 +42,12 @@ const IPPROTO_TCP: u8 = 6;
 const IPV6_HEADER: usize = 40;
 /// `tcphdr` flags byte: ACK.
 const TCP_ACK: u8 = 0x10;
+/// The states after a close in which the server still takes ACKs of what
+/// it sent (`include/net/tcp_states.h`).
+const TCP_FIN_WAIT1: u32 = 4;
+const TCP_CLOSE_WAIT: u32 = 8;
+const TCP_LAST_ACK: u32 = 9;
+const TCP_CLOSING: u32 = 11;
 
 /// `cgroup_skb/ingress` on the traced workloads' cgroups. Always passes
 /// the packet (0 would drop it).
@@ -70,7 +82,11 @@ fn on_ingress(ctx: &SkBuffContext) -> Option<()> {
         }
         return None;
     }
-    if state != TCP_ESTABLISHED {
+    let after_close = matches!(
+        state,
+        TCP_FIN_WAIT1 | TCP_CLOSE_WAIT | TCP_LAST_ACK | TCP_CLOSING
+    );
+    if state != TCP_ESTABLISHED && !after_close {
         return None;
     }
     // SAFETY: the helper takes any socket and returns null for one that is
@@ -80,6 +96,11 @@ fn on_ingress(ctx: &SkBuffContext) -> Option<()> {
         return None;
     }
     let sk = address_of(sk)?;
+    // After a close only a connection followed already: one is never
+    // adopted there (it makes no more requests).
+    if after_close && CONNS.get_ptr(sk).is_none() {
+        return None;
+    }
     on_segment(sk, &Ingress::read(ctx, skb, tp, sk, port)?);
     Some(())
 }

@@ -37,6 +37,12 @@ pub struct RequestTimes {
     pub srtt_ns: Option<u64>,
     /// The client's TTFT as the socket sees it (request segment in to first token acked).
     pub client_ttft_estimate_ns: Option<u64>,
+    /// Set when the first token's ACK is known only from the state change after the
+    /// server's close that says everything sent was acknowledged (note
+    /// `first_token_acked_by_close`): the ACK came after the close (every ACK before it was
+    /// seen), which the response's last send, this time, precedes; `t_first_token_acked_ns`
+    /// is then only an upper bound.
+    pub acked_after_ns: Option<u64>,
 }
 
 impl From<&RequestRecord> for RequestTimes {
@@ -57,6 +63,11 @@ impl From<&RequestRecord> for RequestTimes {
             t_first_token_unacked_ns: r.t_first_token_unacked_ns,
             srtt_ns: r.srtt_ns,
             client_ttft_estimate_ns: r.client_ttft_estimate_ns,
+            acked_after_ns: r
+                .notes
+                .contains(&"first_token_acked_by_close")
+                .then(|| r.t_done_ns.or(r.t_first_token_ns))
+                .flatten(),
         }
     }
 }
@@ -65,6 +76,23 @@ impl RequestTimes {
     /// End of the queue window, when the request's GPU work is known.
     pub fn t_gpu_start_ns(&self) -> Option<u64> {
         self.queue_ns.map(|q| self.t_arrive_ns + q)
+    }
+
+    /// The first token's ACK as far as it is known under `retransmits` on the connection:
+    /// its time, and the client TTFT estimate. An ACK known only by the close
+    /// (`acked_after_ns`) is exact when nothing was retransmitted (the whole response went
+    /// through at once); after retransmits it may be timeouts later than the client's (the
+    /// response's tail lost after the client had the first token: issue 34), and only the
+    /// close is certain: the ACK and the estimate then count from there.
+    pub fn ack_for_judging(&self, retransmits: u32) -> Option<(u64, u64)> {
+        let acked = self.t_first_token_acked_ns?;
+        let estimate = self.client_ttft_estimate_ns?;
+        match self.acked_after_ns {
+            Some(after) if retransmits > 0 && after < acked => {
+                Some((after, estimate.saturating_sub(acked - after)))
+            }
+            _ => Some((acked, estimate)),
+        }
     }
 
     /// End of the delivery window: the first token's ACK, or the end of the wait for it

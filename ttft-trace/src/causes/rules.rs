@@ -20,7 +20,7 @@ pub fn attribute(ev: &Evidence, cfg: &CauseConfig) -> Attribution {
     let Some(ttft) = ev.request.ttft_ns else {
         return Attribution::default();
     };
-    let client_ttft = ev.request.client_ttft_estimate_ns;
+    let client_ttft = client_ttft_of(ev);
     let slo_violation = ttft > cfg.slow_ttft_ns;
     // A first token still unacknowledged when the wait for its ACK ended (seconds), while
     // the connection retransmitted: the client has waited at least that long, unless every
@@ -176,13 +176,23 @@ fn cpu(ev: &Evidence, cfg: &CauseConfig, ttft: u64) -> Option<Cause> {
     Some(cause(CauseClass::Cpu, (runq + stage).min(ttft), e))
 }
 
+/// The client TTFT estimate the rules count ([`super::evidence::RequestTimes::ack_for_judging`]).
+fn client_ttft_of(ev: &Evidence) -> Option<u64> {
+    ev.request
+        .ack_for_judging(ev.retransmits)
+        .map(|(_, estimate)| estimate)
+}
+
 /// Loss on the request's own connection that held back the first token's delivery: the
 /// client acknowledged it late (beyond one smoothed round trip), or not at all by the end of
 /// the wait for it (the delivery is then at least that long), and the connection
 /// retransmitted meanwhile.
 fn network(ev: &Evidence, cfg: &CauseConfig) -> Option<Cause> {
     let r = &ev.request;
-    let acked = r.t_first_token_acked_ns.or(r.t_first_token_unacked_ns)?;
+    let acked = r
+        .ack_for_judging(ev.retransmits)
+        .map(|(acked, _)| acked)
+        .or(r.t_first_token_unacked_ns)?;
     let sent = r.t_arrive_ns.saturating_add(r.ttft_ns?);
     let delivery = acked.saturating_sub(sent);
     let srtt = r.srtt_ns.unwrap_or(0);
@@ -199,13 +209,13 @@ fn network(ev: &Evidence, cfg: &CauseConfig) -> Option<Cause> {
         ("srtt_ns", srtt.into()),
         ("retransmits", ev.retransmits.into()),
         ("resets", ev.resets.into()),
-        ("client_ttft_estimate_ns", r.client_ttft_estimate_ns.into()),
+        ("client_ttft_estimate_ns", client_ttft_of(ev).into()),
         (
             "first_token_unacked",
             r.t_first_token_acked_ns.is_none().into(),
         ),
     ]);
-    let client = r.client_ttft_estimate_ns.unwrap_or(late);
+    let client = client_ttft_of(ev).unwrap_or(late);
     Some(cause(CauseClass::Network, late.min(client), e))
 }
 

@@ -255,6 +255,47 @@ fn a_first_token_never_acknowledged_through_loss_is_network() {
     assert_eq!(ev.request.t_delivered_ns(), Some(sent + ms(5000)));
 }
 
+/// A server that closes right after its response (its last send at +60 ms), 35 % of its
+/// packets lost: the first token, sent at +20 ms, lost, retransmitted at +228 ms and read by
+/// the client then; its ACK came after the close, unseen, and the state change that says
+/// everything was acknowledged came with the tail's own retransmit at +436 ms (issue 34).
+fn first_token_acked_by_close(close_ms: u64) -> Evidence {
+    let mut ev = slow_request();
+    ev.request.ttft_ns = Some(ms(20));
+    acked(&mut ev, ms(416), ms(1));
+    ev.request.acked_after_ns = Some(T0 + ms(close_ms));
+    ev.add_retransmit(T0 + ms(228));
+    ev.add_retransmit(T0 + ms(436));
+    ev
+}
+
+#[test]
+fn an_ack_known_only_by_the_close_counts_from_the_close_after_loss() {
+    // Only the close is certain: not slow, not network.
+    let ev = first_token_acked_by_close(60);
+    let a = judge(&ev);
+    assert!(!a.slow && a.causes.is_empty(), "{a:?}");
+    assert_eq!(a.client_ttft_estimate_ns, Some(ms(60)), "the certain part");
+    // A close past the objective: the client waited at least that long, through loss.
+    let ev = first_token_acked_by_close(400);
+    let a = judge(&ev);
+    assert!(a.slow && !a.slo_violation);
+    assert_eq!(classes(&a), [Network]);
+    assert_eq!(a.client_ttft_estimate_ns, Some(ms(400)));
+    assert_eq!(
+        a.causes[0].evidence["first_token_delivery_ns"],
+        ms(380),
+        "from the first token's send to the close"
+    );
+    // Nothing retransmitted: the whole response went through at once, the bound is the ACK.
+    let mut ev = first_token_acked_by_close(60);
+    ev.retransmits = 0;
+    ev.retransmit_times_ns.clear();
+    let a = judge(&ev);
+    assert_eq!(a.client_ttft_estimate_ns, Some(ms(436)));
+    assert!(a.slow && a.unexplained());
+}
+
 #[test]
 fn a_late_ack_without_loss_is_not_network() {
     // A client that reads late or delays its ACK: slow by its estimate, but no loss.
