@@ -84,6 +84,29 @@ pub const CHROMIUM: Step = Step {
     run: |log| tool(log, "chromium", &["chromium"]),
 };
 
+/// Runs last: whatever the install steps did, and on a machine where an
+/// earlier set-up left a service enabled.
+pub const SERVICES: Step = Step {
+    what: "services of set-up's packages (none enabled at boot, none running)",
+    log: "services",
+    run: |log| {
+        if !is_root() {
+            return Ok(Outcome::Skipped("not root".into()));
+        }
+        let done = services::settle(log, PACKAGES)?;
+        Ok(if done.is_empty() {
+            Outcome::Found("none enabled or running")
+        } else {
+            Outcome::Changed(done.join(", "))
+        })
+    },
+};
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
 /// Installs `packages` when `tool` is missing.
 fn tool(log: &mut Log, tool: &str, packages: &[&str]) -> Result<Outcome> {
     let present = on_path(tool)
@@ -105,14 +128,13 @@ fn install_unless(log: &mut Log, present: bool, packages: &[&str]) -> Result<Out
     if present {
         return Ok(Outcome::Found("present"));
     }
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
+    if !is_root() {
         return Ok(Outcome::Skipped(
             "missing; not root, so not installed (what uses it runs as root)".into(),
         ));
     }
     install(log, packages)?;
-    let settled = services::settle(log)?;
+    let settled = services::settle(log, PACKAGES)?;
     Ok(Outcome::Changed(if settled.is_empty() {
         "installed".into()
     } else {

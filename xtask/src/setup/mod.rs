@@ -18,10 +18,10 @@ pub use toolchain::cargo_fuzz_bin;
 
 use self::{
     apt::{
-        BPFTOOL, BPFTRACE, CHROMIUM, HTTP_STACK_PACKAGES, NFTABLES, PROMETHEUS, SYSTEMD_ANALYZE,
+        BPFTOOL, BPFTRACE, CHROMIUM, HTTP_STACK_PACKAGES, NFTABLES, PROMETHEUS, SERVICES,
+        SYSTEMD_ANALYZE,
     },
     downloads::{CUDART, HTTP_STACKS, NVML, VALIDATORS},
-    services::SERVICES,
     step::Step,
     toolchain::{BPF_LINKER, CARGO_FUZZ, RUST_SRC},
 };

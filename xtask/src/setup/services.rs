@@ -19,38 +19,19 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use super::{
-    apt::PACKAGES,
-    step::{Log, Outcome, Step},
-};
-
-pub const SERVICES: Step = Step {
-    what: "services of set-up's packages (none enabled at boot, none running)",
-    log: "services",
-    run: |log| {
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        if unsafe { libc::geteuid() } != 0 {
-            return Ok(Outcome::Skipped("not root".into()));
-        }
-        let done = settle(log)?;
-        Ok(if done.is_empty() {
-            Outcome::Found("none enabled or running")
-        } else {
-            Outcome::Changed(done.join(", "))
-        })
-    },
-};
+use super::step::Log;
 
 const HISTORY: &str = "/var/log/apt/history.log";
 const DPKG_INFO: &str = "/var/lib/dpkg/info";
 const SYSTEMD_ETC: &str = "/etc/systemd/system";
 const SETUP_COMMAND: &str = "apt-get install -y -q --no-install-recommends ";
 
-/// Stops and disables the services of the packages set-up installed; says
-/// what it did (nothing when all is well, without running a command).
-pub fn settle(log: &mut Log) -> Result<Vec<String>> {
+/// Stops and disables the services of the packages set-up installed (of
+/// `ours`, with their dependencies); says what it did (nothing when all is
+/// well, without running a command).
+pub fn settle(log: &mut Log, ours: &[&str]) -> Result<Vec<String>> {
     let history = fs::read_to_string(HISTORY).unwrap_or_default();
-    let packages = setup_installs(&history, PACKAGES);
+    let packages = setup_installs(&history, ours);
     let mut units = BTreeSet::new();
     let mut scripts = BTreeSet::new();
     for list in dpkg_lists(&packages)? {
@@ -236,6 +217,8 @@ fn starts(link: &str, script: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const PACKAGES: &[&str] = &["prometheus", "nginx-light", "libmicrohttpd-dev", "bpftool"];
 
     /// Entries of this machine's /var/log/apt/history.log.
     const HISTORY_SAMPLE: &str = "\
