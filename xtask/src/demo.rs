@@ -1,6 +1,9 @@
 //! `cargo xtask demo`: trace the bundled GPU-free workload (a program on the
 //! stub CUDA runtime with an emulated device timeline) and show what a user
 //! sees: the attach report, summary lines, the final summary and /metrics.
+//! It needs what building needs (the only set-up it asks for: rust-src and
+//! bpf-linker), gcc for the stub CUDA libraries and python3's standard
+//! library for the demo server and load generator; none of the tests' tools.
 
 use std::{
     io::{BufRead, BufReader, Read, Write},

@@ -1,18 +1,19 @@
 //! `cargo xtask fuzz`: every fuzz target of `fuzz/` (cargo-fuzz, libFuzzer
 //! with AddressSanitizer, on the nightly toolchain) for a given time each.
-//! cargo-fuzz is installed into the tool cache on first use. A crash fails
-//! the task and names the input that caused it (under `fuzz/artifacts/`).
+//! cargo-fuzz is installed into the tool cache on first use. Each target
+//! starts from the seeds of `fuzz/corpus/TARGET/` (valid inputs, see
+//! `fuzz/corpus/README.md`), copied into a working corpus under
+//! `target/fuzz-corpus/`. A crash fails the task and names the input that
+//! caused it (under `fuzz/artifacts/`).
 
 use std::{path::Path, process::Command, time::Instant};
 
 use anyhow::{Context as _, Result, bail};
 
 use crate::{
-    process::{cmd, output, repo_root},
-    setup::cache,
+    process::{cmd, repo_root},
+    setup::cargo_fuzz_bin,
 };
-
-const CARGO_FUZZ_VERSION: &str = "0.13.2";
 
 /// The targets, in `fuzz/Cargo.toml`.
 pub const TARGETS: &[&str] = &[
@@ -23,31 +24,10 @@ pub const TARGETS: &[&str] = &[
     "config_files",
 ];
 
-fn cargo_fuzz() -> Result<std::path::PathBuf> {
-    let root = cache().join("cargo-fuzz");
-    let bin = root.join("bin/cargo-fuzz");
-    if bin.is_file()
-        && output(Command::new(&bin).args(["fuzz", "--version"]))
-            .is_ok_and(|v| v.contains(CARGO_FUZZ_VERSION))
-    {
-        return Ok(bin);
-    }
-    eprintln!("fuzz: installing cargo-fuzz {CARGO_FUZZ_VERSION}");
-    cmd(Command::new("cargo")
-        .args([
-            "install",
-            &format!("cargo-fuzz@{CARGO_FUZZ_VERSION}"),
-            "--locked",
-            "--root",
-        ])
-        .arg(&root))?;
-    Ok(bin)
-}
-
 /// Runs `targets` (all when empty) for `seconds` each.
 pub fn fuzz(seconds: u64, targets: &[String]) -> Result<()> {
     let root = repo_root()?;
-    let bin = cargo_fuzz()?;
+    let bin = cargo_fuzz_bin();
     let path = std::env::join_paths(
         std::iter::once(
             bin.parent()
@@ -80,9 +60,10 @@ pub fn fuzz(seconds: u64, targets: &[String]) -> Result<()> {
         .env("AYA_BUILD_SKIP", "1"))?;
     let mut summary = Vec::new();
     for target in chosen {
-        // The corpus grows under target/ (not committed), kept between runs.
+        // The corpus grows under target/ (not committed), kept between
+        // runs, and starts from the seeds kept in the repo.
         let corpus = root.join("target/fuzz-corpus").join(target);
-        std::fs::create_dir_all(&corpus)?;
+        let seeds = copy_seeds(&root.join("fuzz/corpus").join(target), &corpus)?;
         if target == "elf_files" {
             seed_elf_files(&root, &corpus)?;
         }
@@ -106,7 +87,7 @@ pub fn fuzz(seconds: u64, targets: &[String]) -> Result<()> {
             )
         })?;
         summary.push(format!(
-            "{target}: no crash in {:.0} s, corpus {} inputs",
+            "{target}: no crash in {:.0} s, from {seeds} seeds of fuzz/corpus/{target}, corpus {} inputs",
             started.elapsed().as_secs_f64(),
             count_files(&corpus)
         ));
@@ -115,6 +96,29 @@ pub fn fuzz(seconds: u64, targets: &[String]) -> Result<()> {
         println!("fuzz: {line}");
     }
     Ok(())
+}
+
+/// Copies the seeds of `seeds` (a directory of the repo) missing from the
+/// working `corpus`, so that libFuzzer writes what it finds under target/
+/// and never into the repo; returns how many seeds there are.
+fn copy_seeds(seeds: &Path, corpus: &Path) -> Result<usize> {
+    std::fs::create_dir_all(corpus)?;
+    let mut count = 0;
+    for entry in std::fs::read_dir(seeds).with_context(|| format!("reading {}", seeds.display()))? {
+        let from = entry?.path();
+        if !from.is_file() {
+            continue;
+        }
+        count += 1;
+        let to = corpus.join(from.file_name().context("a seed without a name")?);
+        if !to.exists() {
+            std::fs::copy(&from, &to).with_context(|| format!("seeding {}", to.display()))?;
+        }
+    }
+    if count == 0 {
+        bail!("no seeds in {}", seeds.display());
+    }
+    Ok(count)
 }
 
 /// Real CUDA-like libraries to start the ELF corpus from (random bytes

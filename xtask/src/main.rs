@@ -26,6 +26,7 @@ mod tracercpu;
 mod tracerprogs;
 
 use clap::{Parser, Subcommand};
+use setup::{Purpose, setup};
 
 #[derive(Parser)]
 #[command(about = "ttft-trace project tasks")]
@@ -36,15 +37,26 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
-    /// Install what building and testing need (idempotent): the nightly's
-    /// rust-src, bpf-linker built against the nightly's LLVM, the real
-    /// libcudart.so.12 and libnvidia-ml.so.1 used by the tests, nftables,
-    /// Debian's prometheus (server and promtool) and the deploy/ validators.
-    Setup,
-    /// Set up, build, and trace the bundled GPU-free workload; show the
-    /// summary and what /metrics serves.
+    /// Install what `test` needs (idempotent; one line per step with its
+    /// time, each step's output in ~/.cache/ttft-trace/logs/setup-STEP.log):
+    /// the nightly's rust-src and bpf-linker built against the nightly's
+    /// LLVM (what building needs), the real libcudart.so.12 and
+    /// libnvidia-ml.so.1, the Python venvs of the deploy/ validators and
+    /// the HTTP stacks, and, as root, Debian's nftables, prometheus,
+    /// nginx-light, libmicrohttpd-dev, systemd-analyze, bpftool and
+    /// chromium, with none of their services started or enabled at boot.
+    /// With --all, also what bench and fuzz add (bpftrace, cargo-fuzz).
+    Setup {
+        /// Everything any task uses, not only the tests' tools.
+        #[arg(long)]
+        all: bool,
+    },
+    /// Build (installing only rust-src and bpf-linker when missing) and
+    /// trace the bundled GPU-free workload; show the summary and what
+    /// /metrics serves.
     Demo,
-    /// Set up, then run every test (root-only tests need root).
+    /// Set up what the tests use, then run every test (root-only tests need
+    /// root).
     Test {
         /// Extra arguments for `cargo test`.
         #[arg(trailing_var_arg = true)]
@@ -88,29 +100,29 @@ enum Task {
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().task {
-        Task::Setup => setup::setup(),
+        Task::Setup { all } => setup(if all { Purpose::All } else { Purpose::Test }),
         Task::Demo => {
-            setup::setup()?;
+            setup(Purpose::Build)?;
             demo::demo()
         }
         Task::Test { args } => {
-            setup::setup()?;
+            setup(Purpose::Test)?;
             run::test(&args)
         }
         Task::LintEbpf => {
-            setup::setup()?;
+            setup(Purpose::Build)?;
             run::lint_ebpf()
         }
         Task::Fuzz { seconds, targets } => {
-            setup::setup()?;
+            setup(Purpose::Fuzz)?;
             fuzz::fuzz(seconds, &targets)
         }
         Task::Soak { minutes, restart_s } => {
-            setup::setup()?;
+            setup(Purpose::Soak)?;
             soak::soak(minutes, restart_s)
         }
         Task::Bench { quick, only } => {
-            setup::setup()?;
+            setup(Purpose::Bench)?;
             bench::bench(quick, only)
         }
     }
