@@ -25,7 +25,7 @@ use opentelemetry_proto::tonic::{
             trace_service_server::{TraceService, TraceServiceServer},
         },
     },
-    metrics::v1::{HistogramDataPoint, metric::Data},
+    metrics::v1::{HistogramDataPoint, Metric, metric::Data},
 };
 
 /// What the receiver's trace and metrics services received.
@@ -87,19 +87,24 @@ impl Collector {
             .sum()
     }
 
-    /// The histogram `name` as the last export carried it: its bucket
-    /// bounds and, per attribute set, the last (cumulative) data point.
-    pub fn histogram(&self, name: &str) -> Option<(Vec<f64>, Vec<HistogramDataPoint>)> {
-        let got = self.metric_exports();
-        let mut bounds = None;
-        let mut points = BTreeMap::new();
-        for m in got
+    /// Every export of the metric `name` received so far, oldest first.
+    pub fn metrics_named(&self, name: &str) -> Vec<Metric> {
+        self.metric_exports()
             .iter()
             .flat_map(|r| &r.resource_metrics)
             .flat_map(|rm| &rm.scope_metrics)
             .flat_map(|sm| &sm.metrics)
             .filter(|m| m.name == name)
-        {
+            .cloned()
+            .collect()
+    }
+
+    /// The histogram `name` as the last export carried it: its bucket
+    /// bounds and, per attribute set, the last (cumulative) data point.
+    pub fn histogram(&self, name: &str) -> Option<(Vec<f64>, Vec<HistogramDataPoint>)> {
+        let mut bounds = None;
+        let mut points = BTreeMap::new();
+        for m in &self.metrics_named(name) {
             let Some(Data::Histogram(h)) = &m.data else {
                 continue;
             };

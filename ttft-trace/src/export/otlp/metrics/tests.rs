@@ -53,15 +53,8 @@ fn key(attrs: &[KeyValue]) -> String {
 }
 
 fn received(c: &Collector, name: &str) -> Option<Received> {
-    let got = c.metric_exports();
     let mut out: Option<Received> = None;
-    for m in got
-        .iter()
-        .flat_map(|r| &r.resource_metrics)
-        .flat_map(|rm| &rm.scope_metrics)
-        .flat_map(|sm| &sm.metrics)
-        .filter(|m| m.name == name)
-    {
+    for m in &c.metrics_named(name) {
         let Some(Data::Histogram(h)) = &m.data else {
             panic!("{name} is not a histogram: {m:?}");
         };
