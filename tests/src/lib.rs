@@ -2,6 +2,7 @@ pub mod container;
 pub mod demo;
 pub mod faults;
 pub mod fixtures;
+pub mod otlp_receiver;
 pub mod prometheus;
 pub mod stalls;
 pub mod stub_gpu;

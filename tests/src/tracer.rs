@@ -1,6 +1,6 @@
 //! Running the real `ttft-trace` binary against fixtures, for the root-only
 //! tests: locating (or building) it, skipping when not root, and reading its
-//! JSONL output.
+//! JSONL output (whose lines `ttft_trace::jsonl_schema` defines).
 
 use std::{
     io::{BufRead, BufReader},
@@ -12,7 +12,8 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
-use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use ttft_trace::jsonl_schema::{Attach, Episode, Totals, kind};
 
 /// What the tracer's line for a library whose uprobes are in place holds
 /// ("[INFO  ttft_trace::export] attached 11 probes to PATH"): the message
@@ -87,42 +88,29 @@ pub struct TraceOutput {
     pub exited_at: Instant,
 }
 
-/// One episode line of the tracer's JSONL.
-#[derive(Debug, Clone, Deserialize)]
-pub struct TracedEpisode {
-    pub pid: u32,
-    pub tid: u32,
-    pub api: String,
-    pub stream: String,
-    pub kernel_launches: u32,
-    pub graph_launches: u32,
-    pub t_first_launch_ns: u64,
-    pub t_copy_enqueue_ns: u64,
-    pub t_copy_done_ns: u64,
-    pub launch_to_first_d2h_ns: u64,
-    pub copy_bytes: u64,
-    pub completion: String,
-    pub status: i32,
-}
-
 impl TraceOutput {
-    pub fn episodes(&self) -> Vec<TracedEpisode> {
+    /// The lines of kind `k` (see `jsonl_schema::kind`) as the schema's
+    /// type for them; a line of that kind that does not read as it fails
+    /// the test.
+    fn lines_of<T: DeserializeOwned>(&self, k: &str) -> Vec<T> {
         self.lines
             .iter()
-            .filter(|l| l["type"] == "episode")
-            .filter_map(|l| serde_json::from_value(l.clone()).ok())
+            .filter(|l| l["type"] == k)
+            .map(|l| T::deserialize(l).unwrap_or_else(|e| panic!("{k} line {l}: {e}")))
             .collect()
     }
 
-    pub fn totals(&self) -> Option<&serde_json::Value> {
-        self.lines.iter().find(|l| l["type"] == "totals")
+    pub fn episodes(&self) -> Vec<Episode> {
+        self.lines_of(kind::EPISODE)
     }
 
-    pub fn attach_lines(&self) -> Vec<&serde_json::Value> {
-        self.lines
-            .iter()
-            .filter(|l| l["type"] == "attach")
-            .collect()
+    /// The first totals line.
+    pub fn totals(&self) -> Option<Totals> {
+        self.lines_of(kind::TOTALS).into_iter().next()
+    }
+
+    pub fn attach_lines(&self) -> Vec<Attach> {
+        self.lines_of(kind::ATTACH)
     }
 
     /// Panics unless a library whose path contains `name` was attached.
@@ -130,7 +118,7 @@ impl TraceOutput {
         let libs: Vec<String> = self
             .attach_lines()
             .iter()
-            .map(|l| l["library"].to_string())
+            .map(|a| a.library.display().to_string())
             .collect();
         assert!(
             libs.iter().any(|l| l.contains(name)),

@@ -5,9 +5,10 @@
 use std::time::Duration;
 
 use anyhow::Result;
+use ttft_trace::jsonl_schema::Episode;
 use ttft_trace_tests::{
     fixtures::{self, Style, TruthEpisode, Variant, Workload},
-    tracer::{TraceOutput, TracedEpisode, Tracer, http_get, root_test, run_tracer},
+    tracer::{TraceOutput, Tracer, http_get, root_test, run_tracer},
 };
 
 /// Per-episode agreement with ground truth. The workload reads the clock
@@ -48,7 +49,7 @@ fn trace(
 /// writes the child's code pages while it runs. CI saw one such episode in
 /// 30, short by 125-300 µs, at its start or its end, with either scheduler
 /// source.
-fn compare(traced: &[TracedEpisode], truth: &[TruthEpisode]) -> Vec<i64> {
+fn compare(traced: &[Episode], truth: &[TruthEpisode]) -> Vec<i64> {
     compare_except(traced, truth, truth.len() / 20 + 1)
 }
 
@@ -56,7 +57,7 @@ fn compare(traced: &[TracedEpisode], truth: &[TruthEpisode]) -> Vec<i64> {
 /// short of the truth's by more than the tolerance, each printed with how
 /// much of it is at the start and at the end; counts, and the traced window
 /// inside the truth's, are still checked for them.
-fn compare_except(traced: &[TracedEpisode], truth: &[TruthEpisode], short: usize) -> Vec<i64> {
+fn compare_except(traced: &[Episode], truth: &[TruthEpisode], short: usize) -> Vec<i64> {
     let mut late = 0;
     assert_eq!(traced.len(), truth.len(), "episode count");
     let mut errors = Vec::new();
@@ -113,10 +114,7 @@ fn compare_except(traced: &[TracedEpisode], truth: &[TruthEpisode], short: usize
 /// episode's launches joined to the next one's copy). It may have begun
 /// before the launch probes were all in, with fewer launches than the
 /// truth: it is then left out, with the truth up to it.
-fn after_attach(
-    traced: &[TracedEpisode],
-    truth: &[TruthEpisode],
-) -> (Vec<TracedEpisode>, Vec<TruthEpisode>) {
+fn after_attach(traced: &[Episode], truth: &[TruthEpisode]) -> (Vec<Episode>, Vec<TruthEpisode>) {
     let Some(first) = traced.first() else {
         return (Vec::new(), Vec::new());
     };
@@ -156,11 +154,11 @@ fn check_totals(out: &TraceOutput, truth: &[TruthEpisode]) {
     let graph: u64 = truth.iter().map(|t| t.graph_launches).sum();
     let d2h: u64 = truth.iter().map(|t| t.d2h_bytes).sum();
     let h2d: u64 = truth.iter().map(|t| t.h2d_bytes).sum();
-    assert_eq!(totals["kernel_launches"], kernel, "{totals}");
-    assert_eq!(totals["graph_launches"], graph, "{totals}");
-    assert_eq!(totals["memcpy_bytes"]["d2h"], d2h, "{totals}");
-    assert_eq!(totals["memcpy_bytes"]["h2d"], h2d, "{totals}");
-    assert_eq!(totals["events_lost"], 0, "{totals}");
+    assert_eq!(totals.kernel_launches, kernel, "{totals:?}");
+    assert_eq!(totals.graph_launches, graph, "{totals:?}");
+    assert_eq!(totals.memcpy_bytes.get("d2h"), Some(&d2h), "{totals:?}");
+    assert_eq!(totals.memcpy_bytes.get("h2d"), Some(&h2d), "{totals:?}");
+    assert_eq!(totals.events_lost, 0, "{totals:?}");
 }
 
 #[test]
@@ -472,7 +470,7 @@ fn library_loaded_after_attach_wait() -> Result<()> {
     let attached_at = out
         .attach_lines()
         .iter()
-        .filter_map(|l| l["t_ns"].as_u64())
+        .map(|a| a.t_ns)
         .max()
         .expect("attach line");
     // Episodes that began after the probes were in place are all seen; the
@@ -498,7 +496,7 @@ fn library_loaded_after_attach_wait() -> Result<()> {
         after.len(),
         truth.len()
     );
-    let traced_after: Vec<TracedEpisode> = traced
+    let traced_after: Vec<Episode> = traced
         .iter()
         .filter(|t| t.t_first_launch_ns > attached_at)
         .cloned()
@@ -548,10 +546,7 @@ fn target_exiting_mid_trace_ends_cleanly() -> Result<()> {
         out.episodes().len() > 10,
         "episodes before the kill were recorded"
     );
-    assert_eq!(
-        out.totals().map(|t| t["stop"].clone()),
-        Some("TargetExited".into())
-    );
+    assert_eq!(out.totals().map(|t| t.stop), Some("TargetExited".into()));
     Ok(())
 }
 
@@ -597,10 +592,7 @@ fn interrupt_prints_final_summary_and_serves_metrics() -> Result<()> {
         "{}",
         out.stdout
     );
-    assert_eq!(
-        out.totals().map(|t| t["stop"].clone()),
-        Some("Signal".into())
-    );
+    assert_eq!(out.totals().map(|t| t.stop), Some("Signal".into()));
     drop(child);
     Ok(())
 }

@@ -306,7 +306,7 @@ fn one_set_of_probes_per_library_through_any_mount_namespace() -> Result<()> {
     let attached: Vec<String> = out
         .attach_lines()
         .iter()
-        .map(|l| l["library"].as_str().unwrap_or_default().to_string())
+        .map(|a| a.library.display().to_string())
         .collect();
     for lib in [fixtures::STUB_CUDART, "libcuda.so.1"] {
         assert_eq!(

@@ -90,10 +90,7 @@ fn run(extra: &[&str]) -> Result<(usize, u64)> {
         "{traced} of {} traced",
         clients.len()
     );
-    let unrouted = out
-        .totals()
-        .and_then(|t| t["unrouted_events"].as_u64())
-        .context("totals")?;
+    let unrouted = out.totals().map(|t| t.unrouted_events).context("totals")?;
     Ok((traced, unrouted))
 }
 

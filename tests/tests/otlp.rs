@@ -1,136 +1,27 @@
 //! Root-only: the daemon exports every request it traces as a trace over
-//! OTLP/gRPC to a real receiver (the collector's trace and metrics services
-//! generated from the OpenTelemetry protocol definitions,
-//! `opentelemetry-proto`, served by tonic here): the spans agree with the
-//! JSONL to the nanosecond, the GenAI histograms count every request with
-//! the JSONL's TTFTs; a receiver stopped and restarted mid-run costs bounded
-//! memory, its drops are counted and export resumes.
+//! OTLP/gRPC to a real receiver (`otlp_receiver`: the collector's trace and
+//! metrics services generated from the OpenTelemetry protocol definitions,
+//! served by tonic): the spans agree with the JSONL to the nanosecond, the
+//! GenAI histograms count every request with the JSONL's TTFTs; a receiver
+//! stopped and restarted mid-run costs bounded memory, its drops are
+//! counted and export resumes.
 
 use std::{
-    collections::{BTreeMap, HashMap},
-    net::SocketAddr,
-    sync::{Arc, Mutex},
+    collections::HashMap,
     time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, Result, bail, ensure};
 use opentelemetry_proto::tonic::{
-    collector::{
-        metrics::v1::{
-            ExportMetricsServiceRequest, ExportMetricsServiceResponse,
-            metrics_service_server::{MetricsService, MetricsServiceServer},
-        },
-        trace::v1::{
-            ExportTraceServiceRequest, ExportTraceServiceResponse,
-            trace_service_server::{TraceService, TraceServiceServer},
-        },
-    },
     common::v1::{KeyValue, any_value},
-    metrics::v1::{HistogramDataPoint, metric::Data},
     trace::v1::Span,
 };
 use serde_json::Value;
 use ttft_trace_tests::{
     demo::{DemoServer, loadgen},
+    otlp_receiver::{Collector, free_addr, serve},
     tracer::{Tracer, http_get, root_test},
 };
-
-#[derive(Clone, Default)]
-struct Collector {
-    got: Arc<Mutex<Vec<ExportTraceServiceRequest>>>,
-    metrics: Arc<Mutex<Vec<ExportMetricsServiceRequest>>>,
-}
-
-#[tonic::async_trait]
-impl TraceService for Collector {
-    async fn export(
-        &self,
-        req: tonic::Request<ExportTraceServiceRequest>,
-    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
-        self.got
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(req.into_inner());
-        Ok(tonic::Response::new(ExportTraceServiceResponse {
-            partial_success: None,
-        }))
-    }
-}
-
-#[tonic::async_trait]
-impl MetricsService for Collector {
-    async fn export(
-        &self,
-        req: tonic::Request<ExportMetricsServiceRequest>,
-    ) -> Result<tonic::Response<ExportMetricsServiceResponse>, tonic::Status> {
-        self.metrics
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(req.into_inner());
-        Ok(tonic::Response::new(ExportMetricsServiceResponse {
-            partial_success: None,
-        }))
-    }
-}
-
-impl Collector {
-    fn spans(&self) -> usize {
-        self.got
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .flat_map(|r| &r.resource_spans)
-            .flat_map(|rs| &rs.scope_spans)
-            .map(|ss| ss.spans.len())
-            .sum()
-    }
-
-    /// The histogram `name` as the last export carried it: its bucket
-    /// bounds and, per attribute set, the last (cumulative) data point.
-    fn histogram(&self, name: &str) -> Option<(Vec<f64>, Vec<HistogramDataPoint>)> {
-        let got = self.metrics.lock().unwrap_or_else(|e| e.into_inner());
-        let mut bounds = None;
-        let mut points = BTreeMap::new();
-        for m in got
-            .iter()
-            .flat_map(|r| &r.resource_metrics)
-            .flat_map(|rm| &rm.scope_metrics)
-            .flat_map(|sm| &sm.metrics)
-            .filter(|m| m.name == name)
-        {
-            let Some(Data::Histogram(h)) = &m.data else {
-                continue;
-            };
-            for p in &h.data_points {
-                bounds = Some(p.explicit_bounds.clone());
-                points.insert(format!("{:?}", p.attributes), p.clone());
-            }
-        }
-        Some((bounds?, points.into_values().collect()))
-    }
-}
-
-/// A receiver on `addr`, on a runtime of its own: shutting the runtime
-/// down stops it hard, as a collector that dies.
-fn serve(addr: SocketAddr, collector: &Collector) -> Result<tokio::runtime::Runtime> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    let receiver = std::net::TcpListener::bind(addr)?;
-    receiver.set_nonblocking(true)?;
-    let c = collector.clone();
-    rt.spawn(async move {
-        let listener = tokio::net::TcpListener::from_std(receiver).expect("listener");
-        tonic::transport::Server::builder()
-            .add_service(TraceServiceServer::new(c.clone()))
-            .add_service(MetricsServiceServer::new(c))
-            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
-            .await
-            .expect("receiver runs");
-    });
-    Ok(rt)
-}
 
 /// Polls `done` until true or `timeout` passes (a generous bound for a
 /// loaded machine, not a timing assertion).
@@ -222,10 +113,6 @@ fn check_genai_metrics(collector: &Collector, requests: &[&Value]) -> Result<()>
     Ok(())
 }
 
-fn free_addr() -> Result<SocketAddr> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)
-}
-
 fn int(attrs: &[KeyValue], key: &str) -> Option<i64> {
     attrs
         .iter()
@@ -292,7 +179,7 @@ fn daemon_exports_each_request_as_a_trace_matching_the_jsonl() -> Result<()> {
         .collect();
     ensure!(requests.len() == clients.len(), "every request traced");
 
-    let got = collector.got.lock().unwrap_or_else(|e| e.into_inner());
+    let got = collector.traces();
     let mut offset = None;
     let mut spans: Vec<&Span> = Vec::new();
     for rs in got.iter().flat_map(|r| &r.resource_spans) {

@@ -453,7 +453,7 @@ fn a_gpu_worker_started_after_attach_is_followed() -> Result<()> {
     let attached_ns = out
         .attach_lines()
         .iter()
-        .filter_map(|l| l["t_ns"].as_u64())
+        .map(|a| a.t_ns)
         .max()
         .context("attach time")?;
     let mut after_attach = 0;
@@ -464,8 +464,8 @@ fn a_gpu_worker_started_after_attach_is_followed() -> Result<()> {
         .filter_map(|l| l["pid"].as_u64())
         .collect();
     let context = format!(
-        "episode pids {episode_pids:?}; totals {}; tracer stderr:\n{}",
-        out.totals().cloned().unwrap_or_default(),
+        "episode pids {episode_pids:?}; totals {:?}; tracer stderr:\n{}",
+        out.totals(),
         out.stderr
     );
     for (_, t) in pairs {
@@ -912,10 +912,10 @@ fn adopted_with(hook: Hook) -> Result<()> {
     }
     let adopted: u64 = out
         .totals()
-        .and_then(|t| t["request_stats"].as_array())
-        .context("request_stats")?
+        .context("totals")?
+        .request_stats
         .iter()
-        .filter_map(|w| w["stats"]["connections_adopted"].as_u64())
+        .filter_map(|w| w.stats.get("connections_adopted"))
         .sum();
     assert_eq!(adopted, 1, "the one connection opened before tracing");
     eprintln!(

@@ -8,6 +8,8 @@
 //! `config` merges the flags and the settings file. The domain modules
 //! below them are pure: `requests` (HTTP requests and their figures),
 //! `causes` (attribution rules), `signals`, `episodes`, `nvml`, `workloads`.
+//! `jsonl_schema` defines the JSONL file's lines, for its writer (`export`)
+//! and its reader (`report`).
 
 pub mod causes;
 pub mod check;
@@ -16,6 +18,7 @@ pub mod decode;
 pub mod episodes;
 pub mod export;
 pub mod host;
+pub mod jsonl_schema;
 pub mod judging;
 pub mod nvml;
 pub mod probes;

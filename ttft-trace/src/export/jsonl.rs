@@ -14,44 +14,19 @@ use std::{
 
 use prometheus::{IntCounter, Registry};
 use serde::Serialize;
-use serde_json::json;
 use ttft_trace_common::{Direction, GpuCounters};
 
+use super::view::{LibraryView, WorkloadView};
 use crate::{
-    causes::{Attribution, Evidence},
     episodes::EpisodeRecord,
     host::clock::monotonic_ns,
+    jsonl_schema::{Attach, Detach, RequestLine, Totals, WorkloadStats, kind},
     judging::JudgedRequest,
-    nvml::WindowReadings,
-    probes::Attached,
-    requests::{CorrelatorStats, RequestRecord},
-    routing::Workload,
+    requests::CorrelatorStats,
 };
 
-/// A request's line: the record, its workload, its attribution (`slow`,
-/// `causes`), and for slow requests the evidence read (GPU readings
-/// included).
-#[derive(Serialize)]
-struct RequestLine<'a> {
-    #[serde(flatten)]
-    record: &'a RequestRecord,
-    workload: &'a crate::workloads::WorkloadLabels,
-    /// The workload's root process.
-    workload_pid: u32,
-    #[serde(flatten)]
-    attribution: &'a Attribution,
-    /// TCP retransmits on the request's connection between its arrival and
-    /// its last send (all requests, slow or not).
-    tcp_retransmits: usize,
-    /// NVML readings over [arrival, first token] of the GPU that served it.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    gpu: Option<&'a WindowReadings>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    evidence: Option<&'a Evidence>,
-}
-
 /// What the last line sums up.
-pub struct Totals<'a> {
+pub struct RunTotals<'a> {
     /// Why tracing stopped.
     pub stop: &'a str,
     pub counters: &'a GpuCounters,
@@ -133,10 +108,10 @@ impl Jsonl {
         self.write(rec);
     }
 
-    pub fn request(&mut self, w: &Workload, j: &JudgedRequest) {
+    pub fn request(&mut self, w: WorkloadView, j: &JudgedRequest) {
         self.write(&RequestLine {
             record: &j.record,
-            workload: &w.labels,
+            workload: w.labels,
             workload_pid: w.root,
             attribution: &j.attribution,
             tcp_retransmits: j.tcp_retransmits,
@@ -145,48 +120,20 @@ impl Jsonl {
         });
     }
 
-    pub fn attached(&mut self, a: &Attached) {
-        let apis: Vec<&str> = a.apis.iter().map(|x| x.name()).collect();
-        self.write(&json!({
-            "type": "attach", "t_ns": monotonic_ns(), "library": a.path,
-            "apis": apis, "symbols": a.symbols, "failed": a.failed.len(), "attach_ms": a.attach_ms,
-        }));
+    pub fn attached(&mut self, a: &LibraryView) {
+        self.write(&attach_line(a, monotonic_ns()));
     }
 
-    pub fn detached(&mut self, a: &Attached) {
-        self.write(&json!({
-            "type": "detach", "t_ns": monotonic_ns(), "library": a.path, "symbols": a.symbols,
-        }));
+    pub fn detached(&mut self, a: &LibraryView) {
+        self.write(&detach_line(a, monotonic_ns()));
     }
 
     /// The last line: what the kernel counted over the whole run.
-    pub fn totals(&mut self, t: &Totals) {
-        let mut bytes = serde_json::Map::new();
-        let mut calls = serde_json::Map::new();
-        for dir in Direction::ALL {
-            bytes.insert(
-                dir.name().into(),
-                t.counters.memcpy_bytes[dir as usize].into(),
-            );
-            calls.insert(
-                dir.name().into(),
-                t.counters.memcpy_calls[dir as usize].into(),
-            );
+    pub fn totals(&mut self, t: &RunTotals) {
+        match totals_line(t, monotonic_ns()) {
+            Ok(line) => self.write(&line),
+            Err(e) => self.failed(&e.into()),
         }
-        let stats: Vec<serde_json::Value> = t
-            .request_stats
-            .iter()
-            .map(|(root, s)| json!({"workload_pid": root, "stats": s}))
-            .collect();
-        self.write(&json!({
-            "type": "totals", "t_ns": monotonic_ns(), "stop": t.stop,
-            "episodes_ok": t.episodes_ok, "episodes_failed": t.episodes_failed,
-            "kernel_launches": t.counters.kernel_launches,
-            "graph_launches": t.counters.graph_launches,
-            "memcpy_bytes": bytes, "memcpy_calls": calls, "events_lost": t.events_lost,
-            "requests": t.requests, "request_stats": stats,
-            "unrouted_events": t.unrouted_events,
-        }));
     }
 
     /// Pushes buffered lines to the file.
@@ -202,8 +149,69 @@ impl Jsonl {
     }
 }
 
+/// The line of a library whose probes were attached at `t_ns`.
+fn attach_line(a: &LibraryView, t_ns: u64) -> Attach {
+    Attach {
+        apis: a.apis.iter().map(|api| api.to_string()).collect(),
+        attach_ms: a.attach_ms,
+        failed: a.failed.len(),
+        library: a.path.to_path_buf(),
+        symbols: a.symbols,
+        t_ns,
+        kind: kind::ATTACH.into(),
+    }
+}
+
+fn detach_line(a: &LibraryView, t_ns: u64) -> Detach {
+    Detach {
+        library: a.path.to_path_buf(),
+        symbols: a.symbols,
+        t_ns,
+        kind: kind::DETACH.into(),
+    }
+}
+
+/// The totals line of `t`, stamped `t_ns`.
+fn totals_line(t: &RunTotals, t_ns: u64) -> serde_json::Result<Totals> {
+    let by_direction = |per: &[u64]| {
+        Direction::ALL
+            .iter()
+            .map(|&dir| (dir.name().to_string(), per[dir as usize]))
+            .collect()
+    };
+    let request_stats = t
+        .request_stats
+        .iter()
+        .map(|(root, s)| {
+            // By field name, as the line has always carried them.
+            let stats = serde_json::from_value(serde_json::to_value(s)?)?;
+            Ok(WorkloadStats {
+                stats,
+                workload_pid: *root,
+            })
+        })
+        .collect::<serde_json::Result<_>>()?;
+    Ok(Totals {
+        episodes_failed: t.episodes_failed,
+        episodes_ok: t.episodes_ok,
+        events_lost: t.events_lost,
+        graph_launches: t.counters.graph_launches,
+        kernel_launches: t.counters.kernel_launches,
+        memcpy_bytes: by_direction(&t.counters.memcpy_bytes),
+        memcpy_calls: by_direction(&t.counters.memcpy_calls),
+        request_stats,
+        requests: t.requests,
+        stop: t.stop.into(),
+        t_ns,
+        kind: kind::TOTALS.into(),
+        unrouted_events: t.unrouted_events,
+    })
+}
+
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
     #[test]
@@ -287,5 +295,77 @@ mod tests {
         assert_eq!(text, "{\"type\":\"a\"}\n{\"type\":\"b\"}\n");
         assert_eq!(j.errors(), 0);
         let _ = std::fs::remove_file(&path);
+    }
+
+    // The lines as the JSONL reference describes them and as they have
+    // always been written (the attach, detach and totals lines from a
+    // sorted JSON map before the schema's types): names, order, format.
+    const GOLDEN_REQUEST: &str = concat!(
+        r#"{"type":"request","pid":1,"tid":1,"conn":"0xabc","client_addr":"127.0.0.1","#,
+        r#""client_port":1,"server_addr":"127.0.0.1","server_port":2,"request_index":0,"#,
+        r#""t_arrive_ns":1000000000000,"t_request_segment_ns":999999999999,"t_first_byte_ns":1000009000000,"#,
+        r#""t_first_token_ns":1000010000000,"t_done_ns":1000030000000,"ttft_ns":10000000,"#,
+        r#""t_first_token_acked_ns":null,"t_first_token_unacked_ns":null,"client_ttft_estimate_ns":null,"#,
+        r#""srtt_ns":null,"queue_ns":5000000,"gpu_ns":4000000,"egress_ns":1000000,"#,
+        r#""gpu_pid":1,"gpu_tid":2,"gpu_t_first_launch_ns":1000005000000,"gpu_t_copy_done_ns":1000009000000,"#,
+        r#""gpu_steps_waited":1,"gpu_idle_before_start_ns":0,"itl_ns":[1000000,2000000,"#,
+        r#"3000000],"chunks":4,"tpot_ns":5000000,"e2e_ns":30000000,"bytes_in":100,"#,
+        r#""bytes_out":200,"http_status":200,"content_type":null,"framing":null,"outcome":"ok","#,
+        r#""notes":["joined_running_batch"],"workload":{"comm":"vllm","container":"c0ffee","#,
+        r#""pod":"vllm-0","namespace":"serving"},"workload_pid":7,"slow":true,"slo_violation":true,"#,
+        r#""causes":[{"class":"network","explained_ns":6000000,"evidence":{"retransmits":2}}],"#,
+        r#""tcp_retransmits":2,"gpu":{"gpus":[0],"samples":3,"before_window":false,"#,
+        r#""sm_clock_min_hz":1410000000,"mem_clock_min_hz":null,"mem_used_max_bytes":null,"#,
+        r#""mem_total_bytes":null,"mem_used_max_ratio":null,"utilization_max_ratio":0.5,"#,
+        r#""power_max_watts":null,"temperature_max_celsius":null,"throttle_reasons":["sw_thermal_slowdown"]},"#,
+        r#""evidence":{"runq_ns":2000000,"runq_max_ns":0,"cpu_stage_oncpu_ns":0,"cpu_stage_blocked_ns":0,"#,
+        r#""cpu_stage_thread_max_ns":0,"gpu_thread_blocked_ns":0,"retransmits":2,"retransmit_times_ns":[1000003000000,"#,
+        r#"1000007000000],"resets":0,"large_copies":0,"large_copy_bytes":0,"large_copy_h2d_bytes":0,"#,
+        r#""large_copy_d2h_bytes":0,"large_copy_queue_span_ns":0,"gpu":{"gpus":[0],"#,
+        r#""samples":3,"before_window":false,"sm_clock_min_hz":1410000000,"mem_clock_min_hz":null,"#,
+        r#""mem_used_max_bytes":null,"mem_total_bytes":null,"mem_used_max_ratio":null,"#,
+        r#""utilization_max_ratio":0.5,"power_max_watts":null,"temperature_max_celsius":null,"#,
+        r#""throttle_reasons":["sw_thermal_slowdown"]},"first_gpu_work_in_window":false,"#,
+        r#""gpu_process_age_ns":null}}"#,
+        "\n",
+    );
+    const GOLDEN_ATTACH: &str = concat!(
+        r#"{"apis":["runtime"],"attach_ms":1.5,"failed":0,"#,
+        r#""library":"/usr/lib/libcudart.so.12","symbols":11,"t_ns":42,"type":"attach"}"#,
+    );
+    const GOLDEN_DETACH: &str =
+        r#"{"library":"/usr/lib/libcudart.so.12","symbols":11,"t_ns":43,"type":"detach"}"#;
+    const GOLDEN_TOTALS: &str = concat!(
+        r#"{"episodes_failed":0,"episodes_ok":1,"events_lost":0,"graph_launches":1,"#,
+        r#""kernel_launches":12,"memcpy_bytes":{"d2d":0,"d2h":4096,"h2d":0,"h2h":0,"#,
+        r#""unknown":0},"memcpy_calls":{"d2d":0,"d2h":1,"h2d":0,"h2h":0,"unknown":0},"#,
+        r#""request_stats":[{"stats":{"connections":1,"connections_adopted":1,"connections_evicted":0,"#,
+        r#""connections_lost_in_kernel":0,"connections_refused":0,"connections_reopened":0,"#,
+        r#""episodes_dropped":0,"episodes_held":0,"late_events":0,"malformed_events":0,"#,
+        r#""pending_events":0,"pipelined":0,"reorder_overflow":0,"requests_dropped":0,"#,
+        r#""sends_without_request":0,"socket_errors":0,"unknown_conn_events":0},"workload_pid":7}],"#,
+        r#""requests":1,"stop":"Signal","t_ns":44,"type":"totals","unrouted_events":3}"#,
+    );
+
+    #[test]
+    fn the_lines_keep_their_field_names_order_and_format() {
+        use crate::jsonl_schema::tests::{counters, library, run_totals, stats, write_request};
+        let path = std::env::temp_dir().join(format!("ttft-golden-{}.jsonl", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let mut j = Jsonl::new(&Registry::new()).expect("counter");
+        j.open(&path).expect("create");
+        write_request(&mut j);
+        j.flush();
+        let request = std::fs::read_to_string(&path).expect("read");
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(request, GOLDEN_REQUEST);
+        let attach = serde_json::to_string(&attach_line(&library(), 42)).expect("attach");
+        assert_eq!(attach, GOLDEN_ATTACH);
+        let detach = serde_json::to_string(&detach_line(&library(), 43)).expect("detach");
+        assert_eq!(detach, GOLDEN_DETACH);
+        let (counters, stats) = (counters(), stats());
+        let totals = totals_line(&run_totals(&counters, &stats), 44).expect("totals");
+        let totals = serde_json::to_string(&totals).expect("totals");
+        assert_eq!(totals, GOLDEN_TOTALS);
     }
 }

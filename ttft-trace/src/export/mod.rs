@@ -2,6 +2,9 @@
 //! episode or request goes to every sink once: the Prometheus series of its
 //! workload ([`series`]), the JSONL log ([`jsonl`]) and the terminal
 //! summary ([`terminal`]). Workloads' label sets start and retire here.
+//! The sinks are shown the judged records and the [`view`]s the session
+//! builds (a workload's labels, a library's probes, the kernel's
+//! readings), nothing of routing, tracking or the probes.
 
 pub mod jsonl;
 pub mod otlp;
@@ -9,18 +12,20 @@ pub mod prometheus;
 mod series;
 pub mod summary;
 mod terminal;
+pub mod view;
 
 use std::{collections::VecDeque, path::Path};
 
 use ttft_trace_common::GpuCounters;
 
 pub use series::{LabelConfig, Series};
+pub use view::{KernelView, LibraryView, WorkloadView};
 
 use crate::{
-    episodes::EpisodeRecord, judging::JudgedRequest, probes::Attached, requests::CorrelatorStats,
-    routing::Workload, tracking::KernelStats, workloads::WorkloadLabels,
+    episodes::EpisodeRecord, judging::JudgedRequest, requests::CorrelatorStats,
+    workloads::WorkloadLabels,
 };
-use jsonl::{Jsonl, Totals};
+use jsonl::{Jsonl, RunTotals};
 use otlp::{Otlp, OtlpConfig};
 use terminal::Terminal;
 
@@ -113,8 +118,9 @@ impl Sinks {
     }
 
     /// A workload whose processes have all exited: its series start the
-    /// retirement grace period, its request statistics wait for the totals.
-    pub fn workload_ended(&mut self, w: &Workload, now_ns: u64) {
+    /// retirement grace period, its request statistics (`stats`) wait for
+    /// the totals.
+    pub fn workload_ended(&mut self, w: WorkloadView, stats: CorrelatorStats, now_ns: u64) {
         log::info!("workload pid {} ({}) has exited", w.root, w.labels.comm);
         if self.ended_stats.len() >= MAX_ENDED_STATS {
             self.ended_stats.pop_front();
@@ -122,45 +128,43 @@ impl Sinks {
             self.series
                 .evictions("ended_workload_stats", self.ended_stats_dropped);
         }
-        let stats = w.correlator.stats();
         for (sum, (_, n)) in self.ended_drops.iter_mut().zip(correlator_drops(&stats)) {
             *sum += n;
         }
         self.ended_stats.push_back((w.root, stats));
-        self.series.release(&w.labels, now_ns);
+        self.series.release(w.labels, now_ns);
     }
 
-    pub fn episode(&mut self, w: &Workload, rec: &EpisodeRecord) {
+    pub fn episode(&mut self, w: WorkloadView, rec: &EpisodeRecord) {
         self.series.episode(&w.label_values(), rec);
         self.terminal.episode(rec);
         self.jsonl.episode(rec);
     }
 
-    pub fn request(&mut self, w: &Workload, j: &JudgedRequest) {
+    pub fn request(&mut self, w: WorkloadView, j: &JudgedRequest) {
         self.series.request(&w.label_values(), j);
         self.terminal.request(j);
         self.jsonl.request(w, j);
         if let Some(o) = &mut self.otlp {
-            o.request(&w.labels, w.root, j);
+            o.request(w.labels, w.root, j);
         }
     }
 
-    pub fn library_attached(&mut self, a: &Attached) {
-        let apis: Vec<&str> = a.apis.iter().map(|x| x.name()).collect();
+    pub fn library_attached(&mut self, a: &LibraryView) {
         log::info!(
             "attached {} probes to {} ({}) in {:.1} ms",
             a.symbols,
             a.path.display(),
-            apis.join("+"),
+            a.apis.join("+"),
             a.attach_ms
         );
-        for (sym, err) in &a.failed {
+        for (sym, err) in a.failed {
             log::warn!("could not probe {sym} in {}: {err}", a.path.display());
         }
         self.jsonl.attached(a);
     }
 
-    pub fn library_detached(&mut self, a: &Attached) {
+    pub fn library_detached(&mut self, a: &LibraryView) {
         log::info!(
             "detached the {} probes of {}: no traced process maps it any more",
             a.symbols,
@@ -184,7 +188,7 @@ impl Sinks {
         }
     }
 
-    pub fn kernel(&self, k: &KernelStats) {
+    pub fn kernel(&self, k: &KernelView) {
         self.series.kernel(k);
     }
 
@@ -210,7 +214,7 @@ impl Sinks {
         let mut stats: Vec<_> = std::mem::take(&mut self.ended_stats).into();
         stats.extend(end.live_stats);
         let (episodes_ok, episodes_failed) = self.terminal.episodes();
-        self.jsonl.totals(&Totals {
+        self.jsonl.totals(&RunTotals {
             stop: end.stop,
             counters: end.counters,
             episodes_ok,

@@ -9,10 +9,10 @@ use prometheus::Registry;
 use ttft_trace_common::GpuCounters;
 
 use super::prometheus::{CauseMetrics, Metrics, MetricsError, RequestMetrics, SignalMetrics};
+use super::view::KernelView;
 use crate::{
     episodes::EpisodeRecord,
     judging::JudgedRequest,
-    tracking::KernelStats,
     workloads::{LabelSets, WorkloadLabels},
 };
 
@@ -126,12 +126,14 @@ impl Series {
     }
 
     /// The kernel's host-wide readings.
-    pub fn kernel(&self, k: &KernelStats) {
-        self.signals.set_sched_totals(&k.sched);
-        self.signals.runq.set(k.runq_buckets.clone(), k.runq_sum_ns);
+    pub fn kernel(&self, k: &KernelView) {
+        self.signals.set_sched_totals(k.sched);
+        self.signals
+            .runq
+            .set(k.runq_buckets.to_vec(), k.runq_sum_ns);
         self.core
             .set_kernel_stats(k.events_lost, k.segments_unseen, k.thread_state_dropped);
-        for (map, total) in &k.map_full {
+        for (map, total) in k.map_full {
             self.core.set_map_full(map, *total);
         }
     }

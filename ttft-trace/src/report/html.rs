@@ -6,11 +6,11 @@
 use std::fmt::Write as _;
 
 use super::{
-    read::Request,
     stats::Run,
     svg::{Frame, Scale, axes, escape, nice_max},
     table::{evidence_items, ms},
 };
+use crate::jsonl_schema::Request;
 
 const WIDTH: f64 = 1100.0;
 /// Runs' colours: A, then B.

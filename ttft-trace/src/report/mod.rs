@@ -17,7 +17,9 @@ use std::{
     path::{Path, PathBuf},
 };
 
-pub use read::{LINE_CAP, Lines, Request};
+pub use read::{LINE_CAP, Lines};
+
+pub use crate::jsonl_schema::Request;
 pub use stats::{Builder, Run, Stats};
 
 #[derive(clap::Args, Debug)]

@@ -1,109 +1,21 @@
-//! Reading the daemon's JSONL (`export/jsonl.rs`): request lines kept in the
-//! compact form the report needs, everything else counted. A line that is
-//! not JSON, lacks a request's required fields or is longer than
-//! [`LINE_CAP`] is skipped and counted, never fatal: the file may be cut
-//! mid-line by a crash, or rotated.
+//! Reading the daemon's JSONL (its lines are defined in `jsonl_schema`):
+//! request lines kept in the compact form the report needs, everything
+//! else counted. A line that is not JSON, lacks a request's required
+//! fields or is longer than [`LINE_CAP`] is skipped and counted, never
+//! fatal: the file may be cut mid-line by a crash, or rotated.
 
-use std::{
-    collections::BTreeMap,
-    io::{self, BufRead},
-};
+use std::io::{self, BufRead};
 
-use serde::Deserialize;
 use serde_json::Value;
+
+use crate::jsonl_schema::{Request, kind};
 
 /// The longest line read. A request line is a few KiB; its ITL list is
 /// capped by the tracer (`itl_truncated`), so 1 MiB is far beyond any real
 /// line and bounds what one broken line can cost.
 pub const LINE_CAP: usize = 1 << 20;
 
-/// One request line, as far as the report reads it. Mirrors
-/// `requests::RequestRecord` plus what `export::jsonl` adds (workload,
-/// attribution, evidence). Absent optional figures are `None`.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-pub struct Request {
-    pub pid: u32,
-    #[serde(default)]
-    pub conn: String,
-    #[serde(default)]
-    pub client_addr: String,
-    #[serde(default)]
-    pub client_port: u16,
-    #[serde(default)]
-    pub request_index: u32,
-    pub t_arrive_ns: u64,
-    pub t_first_token_ns: Option<u64>,
-    pub t_done_ns: Option<u64>,
-    pub ttft_ns: Option<u64>,
-    pub t_first_token_acked_ns: Option<u64>,
-    pub client_ttft_estimate_ns: Option<u64>,
-    pub queue_ns: Option<u64>,
-    pub gpu_ns: Option<u64>,
-    pub egress_ns: Option<u64>,
-    pub gpu_steps_waited: Option<u32>,
-    /// Moved out into the run's ITL figures when read.
-    #[serde(default)]
-    pub itl_ns: Vec<u64>,
-    #[serde(default)]
-    pub chunks: u32,
-    pub tpot_ns: Option<u64>,
-    pub e2e_ns: Option<u64>,
-    pub http_status: Option<u16>,
-    pub outcome: String,
-    #[serde(default)]
-    pub notes: Vec<String>,
-    #[serde(default)]
-    pub workload: Workload,
-    #[serde(default)]
-    pub slow: bool,
-    #[serde(default)]
-    pub causes: Vec<Cause>,
-    #[serde(default)]
-    pub tcp_retransmits: u64,
-    /// Only on slow requests (the tracer reads evidence for those).
-    pub evidence: Option<Evidence>,
-}
-
-#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
-pub struct Workload {
-    #[serde(default)]
-    pub comm: String,
-    #[serde(default)]
-    pub pod: String,
-    #[serde(default)]
-    pub namespace: String,
-}
-
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-pub struct Cause {
-    pub class: String,
-    pub explained_ns: u64,
-    #[serde(default)]
-    pub evidence: BTreeMap<String, Value>,
-}
-
-/// The kernel's evidence over a slow request (`causes::Evidence`): totals
-/// over its windows, and the retransmits' times.
-#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
-#[serde(default)]
-pub struct Evidence {
-    pub runq_ns: u64,
-    pub runq_max_ns: u64,
-    pub cpu_stage_oncpu_ns: u64,
-    pub cpu_stage_blocked_ns: u64,
-    pub cpu_stage_thread_max_ns: u64,
-    pub gpu_thread_blocked_ns: u64,
-    pub retransmits: u64,
-    pub retransmit_times_ns: Vec<u64>,
-    pub resets: u64,
-    pub large_copies: u64,
-    pub large_copy_bytes: u64,
-    pub large_copy_h2d_bytes: u64,
-    pub large_copy_d2h_bytes: u64,
-    pub large_copy_queue_span_ns: u64,
-    pub first_gpu_work_in_window: bool,
-}
-
+/// What the report makes of a request line.
 impl Request {
     /// Whether the TTFT, its breakdown and ITL count, as
     /// `RequestRecord::observations` decides: the response started
@@ -170,15 +82,15 @@ impl Lines {
             Err(e) => return self.failed(number, e.to_string()),
         };
         match value.get("type").and_then(Value::as_str) {
-            Some("request") => match serde_json::from_value::<Request>(value) {
+            Some(kind::REQUEST) => match serde_json::from_value::<Request>(value) {
                 Ok(r) => {
                     self.requests += 1;
                     request(r);
                 }
                 Err(e) => self.failed(number, format!("request line: {e}")),
             },
-            Some("episode") => self.episodes += 1,
-            Some("totals") => {
+            Some(kind::EPISODE) => self.episodes += 1,
+            Some(kind::TOTALS) => {
                 self.totals_lines += 1;
                 self.totals = Some(value);
             }

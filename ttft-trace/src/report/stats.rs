@@ -5,8 +5,8 @@
 
 use std::collections::BTreeMap;
 
-use super::read::{Lines, Request};
-use crate::requests::Figure;
+use super::read::Lines;
+use crate::{jsonl_schema::Request, requests::Figure};
 
 /// Mean and percentiles of one figure, in nanoseconds (fractional: the mean
 /// and interpolated percentiles fall between values).

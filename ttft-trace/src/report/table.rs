@@ -4,11 +4,11 @@
 
 use std::fmt::Write as _;
 
-use super::{
-    read::{Evidence, Request},
-    stats::{Run, Stats},
+use super::stats::{Run, Stats};
+use crate::{
+    jsonl_schema::{Evidence, Request},
+    requests::Figure,
 };
-use crate::requests::Figure;
 
 const WIDTH: usize = 50;
 

@@ -57,8 +57,10 @@ pub enum Stop {
 }
 
 mod start;
+mod views;
 
 pub use start::{attach, daemon};
+use views::{kernel_view, library_view, workload_view};
 
 struct Session {
     tracking: Tracking,
@@ -115,8 +117,8 @@ impl Session {
                     }
                 }
                 Change::Joined { pid, root } => self.router.workloads.learn(pid, root),
-                Change::Attached(a) => self.sinks.library_attached(&a),
-                Change::Detached(a) => self.sinks.library_detached(&a),
+                Change::Attached(a) => self.sinks.library_attached(&library_view(&a)),
+                Change::Detached(a) => self.sinks.library_detached(&library_view(&a)),
             }
         }
     }
@@ -158,13 +160,13 @@ impl Session {
                 Routed::Episode { root, event } => {
                     if let Some(w) = self.router.workloads.by_root.get(&root) {
                         let rec = self.judge.episode(&event);
-                        self.sinks.episode(w, &rec);
+                        self.sinks.episode(workload_view(w), &rec);
                     }
                 }
                 Routed::Request { root, record } => {
                     if let Some(w) = self.router.workloads.by_root.get(&root) {
                         let judged = self.judge.request(*record, &w.signals, now);
-                        self.sinks.request(w, &judged);
+                        self.sinks.request(workload_view(w), &judged);
                     }
                 }
                 Routed::Announced(pid) => self.tracking.announce(pid),
@@ -264,7 +266,7 @@ impl Session {
             ws.forget_process(tgid);
         }
         self.router.prune(monotonic_ns());
-        self.sinks.kernel(&reading.stats);
+        self.sinks.kernel(&kernel_view(&reading.stats));
         Ok(())
     }
 
@@ -277,7 +279,8 @@ impl Session {
         let members: Vec<u32> = self.router.workloads.members(root).collect();
         self.tracking.forget_announced(members.into_iter());
         if let Some(w) = self.router.workloads.remove(root) {
-            self.sinks.workload_ended(&w, now);
+            self.sinks
+                .workload_ended(workload_view(&w), w.correlator.stats(), now);
         }
     }
 

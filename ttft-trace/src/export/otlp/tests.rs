@@ -1,25 +1,14 @@
-//! The sink against a real OTLP/gRPC receiver: the collector service
-//! generated from the OpenTelemetry protocol definitions
-//! (`opentelemetry-proto`), served by tonic on loopback.
+//! The sink against a real OTLP receiver (gRPC and HTTP): the collector
+//! services generated from the OpenTelemetry protocol definitions
+//! (`opentelemetry-proto`), served on loopback.
 
 use std::{
     collections::{BTreeMap, HashMap},
     net::SocketAddr,
-    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
 use opentelemetry_proto::tonic::{
-    collector::{
-        metrics::v1::{
-            ExportMetricsServiceRequest, ExportMetricsServiceResponse,
-            metrics_service_server::{MetricsService, MetricsServiceServer},
-        },
-        trace::v1::{
-            ExportTraceServiceRequest, ExportTraceServiceResponse,
-            trace_service_server::{TraceService, TraceServiceServer},
-        },
-    },
     common::v1::{AnyValue, any_value},
     trace::v1::Span,
 };
@@ -34,70 +23,15 @@ use crate::{
     workloads::WorkloadLabels,
 };
 
-/// A collector's trace and metrics services: what each received.
-#[derive(Clone, Default)]
-pub(super) struct Collector {
-    pub(super) got: Arc<Mutex<Vec<ExportTraceServiceRequest>>>,
-    pub(super) metrics: Arc<Mutex<Vec<ExportMetricsServiceRequest>>>,
-}
+/// The tests crate's OTLP receiver (`tests/src/otlp_receiver.rs`), the one
+/// every test that exports to a collector uses: included by path, as this
+/// crate cannot depend on the tests crate. Its helpers for the daemon's
+/// tests (`histogram`) are not all used here.
+#[allow(dead_code)]
+#[path = "../../../../tests/src/otlp_receiver.rs"]
+pub(super) mod receiver;
 
-#[tonic::async_trait]
-impl TraceService for Collector {
-    async fn export(
-        &self,
-        req: tonic::Request<ExportTraceServiceRequest>,
-    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
-        self.got.lock().expect("lock").push(req.into_inner());
-        Ok(tonic::Response::new(ExportTraceServiceResponse {
-            partial_success: None,
-        }))
-    }
-}
-
-#[tonic::async_trait]
-impl MetricsService for Collector {
-    async fn export(
-        &self,
-        req: tonic::Request<ExportMetricsServiceRequest>,
-    ) -> Result<tonic::Response<ExportMetricsServiceResponse>, tonic::Status> {
-        self.metrics.lock().expect("lock").push(req.into_inner());
-        Ok(tonic::Response::new(ExportMetricsServiceResponse {
-            partial_success: None,
-        }))
-    }
-}
-
-/// A receiver on `addr`, on a runtime of its own: dropping it stops the
-/// receiver hard, its connections closed (as a collector that dies).
-pub(super) fn serve(addr: SocketAddr, c: Collector) -> tokio::runtime::Runtime {
-    let rt = runtime();
-    let listener = std::net::TcpListener::bind(addr).expect("bind the receiver");
-    listener.set_nonblocking(true).expect("nonblocking");
-    rt.spawn(async move {
-        let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
-        tonic::transport::Server::builder()
-            .add_service(TraceServiceServer::new(c.clone()))
-            .add_service(MetricsServiceServer::new(c))
-            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
-            .await
-            .expect("receiver runs");
-    });
-    rt
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
-}
-
-pub(super) fn free_addr() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-}
+pub(super) use receiver::{Collector, free_addr, serve, serve_http};
 
 pub(super) fn config(addr: SocketAddr) -> OtlpConfig {
     OtlpConfig {
@@ -192,9 +126,9 @@ fn int_attr(span: &Span, key: &str) -> Option<i64> {
 
 #[test]
 fn a_span_tree_per_request_reaches_a_real_receiver_with_the_jsonl_times() {
-    let addr = free_addr();
+    let addr = free_addr().expect("a free port");
     let collector = Collector::default();
-    let _receiver = serve(addr, collector.clone());
+    let _receiver = serve(addr, &collector).expect("receiver");
     let registry = Registry::new();
     let mut otlp = Otlp::start(&config(addr), &registry).expect("starts");
     let requests: Vec<JudgedRequest> = (0..20).map(judged).collect();
@@ -209,7 +143,7 @@ fn a_span_tree_per_request_reaches_a_real_receiver_with_the_jsonl_times() {
         0
     );
 
-    let got = collector.got.lock().expect("lock");
+    let got = collector.traces();
     let mut offset = None;
     let mut spans = Vec::new();
     for req in got.iter() {
@@ -326,9 +260,9 @@ fn a_span_tree_per_request_reaches_a_real_receiver_with_the_jsonl_times() {
 
 #[test]
 fn a_receiver_stopped_and_restarted_loses_spans_counted_and_memory_stays_bounded() {
-    let addr = free_addr();
+    let addr = free_addr().expect("a free port");
     let collector = Collector::default();
-    let receiver = serve(addr, collector.clone());
+    let receiver = serve(addr, &collector).expect("receiver");
     let registry = Registry::new();
     let cfg = OtlpConfig {
         queue_requests: 8,
@@ -374,7 +308,7 @@ fn a_receiver_stopped_and_restarted_loses_spans_counted_and_memory_stays_bounded
         "at most the queue and one batch were held"
     );
 
-    let _receiver = serve(addr, collector.clone());
+    let _receiver = serve(addr, &collector).expect("receiver");
     // The channel reconnects: spans sent after the restart arrive.
     let mut after = during;
     wait_for("export after the restart", || {
@@ -394,17 +328,8 @@ fn a_receiver_stopped_and_restarted_loses_spans_counted_and_memory_stays_bounded
         after,
         "every span exported or counted dropped"
     );
-    let received: usize = collector
-        .got
-        .lock()
-        .expect("lock")
-        .iter()
-        .flat_map(|r| &r.resource_spans)
-        .flat_map(|rs| &rs.scope_spans)
-        .map(|ss| ss.spans.len())
-        .sum();
     assert_eq!(
-        received as u64,
+        collector.spans() as u64,
         otlp.exported(),
         "the receiver got what was counted"
     );
@@ -435,9 +360,9 @@ fn the_ratio_samples_that_share_of_trace_ids() {
 
 #[test]
 fn slow_requests_are_exported_whatever_the_ratio() {
-    let addr = free_addr();
+    let addr = free_addr().expect("a free port");
     let collector = Collector::default();
-    let _receiver = serve(addr, collector.clone());
+    let _receiver = serve(addr, &collector).expect("receiver");
     let registry = Registry::new();
     let cfg = OtlpConfig {
         sample_ratio: 0.0,
@@ -457,51 +382,11 @@ fn slow_requests_are_exported_whatever_the_ratio() {
     );
 }
 
-/// An OTLP/HTTP receiver (binary protobuf on `/v1/traces` and
-/// `/v1/metrics`), on a runtime of its own.
-pub(super) fn serve_http(addr: SocketAddr, c: Collector) -> tokio::runtime::Runtime {
-    use prost::Message as _;
-    let rt = runtime();
-    let listener = std::net::TcpListener::bind(addr).expect("bind the receiver");
-    listener.set_nonblocking(true).expect("nonblocking");
-    let protobuf = |body: Vec<u8>| {
-        (
-            [(axum::http::header::CONTENT_TYPE, "application/x-protobuf")],
-            body,
-        )
-    };
-    let traces = c.clone();
-    let export = move |body: axum::body::Bytes| async move {
-        let req = ExportTraceServiceRequest::decode(body).expect("an OTLP request");
-        traces.got.lock().expect("lock").push(req);
-        let resp = ExportTraceServiceResponse {
-            partial_success: None,
-        };
-        protobuf(resp.encode_to_vec())
-    };
-    let export_metrics = move |body: axum::body::Bytes| async move {
-        let req = ExportMetricsServiceRequest::decode(body).expect("an OTLP metrics request");
-        c.metrics.lock().expect("lock").push(req);
-        let resp = ExportMetricsServiceResponse {
-            partial_success: None,
-        };
-        protobuf(resp.encode_to_vec())
-    };
-    rt.spawn(async move {
-        let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
-        let app = axum::Router::new()
-            .route("/v1/traces", axum::routing::post(export))
-            .route("/v1/metrics", axum::routing::post(export_metrics));
-        axum::serve(listener, app).await.expect("receiver runs");
-    });
-    rt
-}
-
 #[test]
 fn http_protobuf_reaches_an_http_receiver() {
-    let addr = free_addr();
+    let addr = free_addr().expect("a free port");
     let collector = Collector::default();
-    let _receiver = serve_http(addr, collector.clone());
+    let _receiver = serve_http(addr, &collector).expect("receiver");
     let registry = Registry::new();
     let cfg = OtlpConfig {
         protocol: super::Protocol::HttpProtobuf,
@@ -515,16 +400,7 @@ fn http_protobuf_reaches_an_http_receiver() {
     otlp.shutdown();
     let want: u64 = requests.iter().map(spans_of).sum();
     assert_eq!(otlp.exported(), want);
-    let got: usize = collector
-        .got
-        .lock()
-        .expect("lock")
-        .iter()
-        .flat_map(|r| &r.resource_spans)
-        .flat_map(|rs| &rs.scope_spans)
-        .map(|ss| ss.spans.len())
-        .sum();
-    assert_eq!(got as u64, want);
+    assert_eq!(collector.spans() as u64, want);
 }
 
 #[test]

@@ -53,15 +53,8 @@ fn key(attrs: &[KeyValue]) -> String {
 }
 
 fn received(c: &Collector, name: &str) -> Option<Received> {
-    let got = c.metrics.lock().expect("lock");
     let mut out: Option<Received> = None;
-    for m in got
-        .iter()
-        .flat_map(|r| &r.resource_metrics)
-        .flat_map(|rm| &rm.scope_metrics)
-        .flat_map(|sm| &sm.metrics)
-        .filter(|m| m.name == name)
-    {
+    for m in &c.metrics_named(name) {
         let Some(Data::Histogram(h)) = &m.data else {
             panic!("{name} is not a histogram: {m:?}");
         };
@@ -132,9 +125,9 @@ const SUM_TOLERANCE_S: f64 = 1e-9;
 
 #[test]
 fn the_genai_histograms_reach_a_real_receiver_with_the_conventions_buckets() {
-    let addr = free_addr();
+    let addr = free_addr().expect("a free port");
     let collector = Collector::default();
-    let _receiver = serve(addr, collector.clone());
+    let _receiver = serve(addr, &collector).expect("receiver");
     let registry = Registry::new();
     let mut otlp = Otlp::start(&config(addr), &registry).expect("starts");
     let requests: Vec<JudgedRequest> = (0..20).map(request).collect();
@@ -217,9 +210,9 @@ fn the_genai_histograms_reach_a_real_receiver_with_the_conventions_buckets() {
 
 #[test]
 fn http_protobuf_carries_the_metrics_too() {
-    let addr = free_addr();
+    let addr = free_addr().expect("a free port");
     let collector = Collector::default();
-    let _receiver = serve_http(addr, collector.clone());
+    let _receiver = serve_http(addr, &collector).expect("receiver");
     let registry = Registry::new();
     let cfg = OtlpConfig {
         protocol: Protocol::HttpProtobuf,
@@ -238,9 +231,9 @@ fn http_protobuf_carries_the_metrics_too() {
 
 #[test]
 fn totals_survive_a_collector_down_and_its_failed_exports_are_counted() {
-    let addr = free_addr();
+    let addr = free_addr().expect("a free port");
     let collector = Collector::default();
-    let receiver = serve(addr, collector.clone());
+    let receiver = serve(addr, &collector).expect("receiver");
     let registry = Registry::new();
     let cfg = OtlpConfig {
         metrics_every: Some(Duration::from_millis(100)),
@@ -266,7 +259,7 @@ fn totals_survive_a_collector_down_and_its_failed_exports_are_counted() {
         "nothing reached a stopped receiver"
     );
 
-    let _receiver = serve(addr, collector.clone());
+    let _receiver = serve(addr, &collector).expect("receiver");
     wait_for("the totals after the restart", || {
         count(&collector, TTFT) == 15
     });
@@ -275,9 +268,9 @@ fn totals_survive_a_collector_down_and_its_failed_exports_are_counted() {
 
 #[test]
 fn attribute_sets_past_the_cap_fold_into_the_overflow_set() {
-    let addr = free_addr();
+    let addr = free_addr().expect("a free port");
     let collector = Collector::default();
-    let _receiver = serve(addr, collector.clone());
+    let _receiver = serve(addr, &collector).expect("receiver");
     let registry = Registry::new();
     let mut otlp = Otlp::start(&config(addr), &registry).expect("starts");
     let n = MAX_ATTRIBUTE_SETS + 50;

@@ -1,0 +1,129 @@
+//! The request line: written from the judged request ([`RequestLine`]),
+//! read back in the compact form a reader needs ([`Request`]).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::{
+    causes::{self, Attribution},
+    nvml::WindowReadings,
+    requests::RequestRecord,
+    workloads::WorkloadLabels,
+};
+
+/// A request's line as written: the record (`requests::RequestRecord`,
+/// `type` included), its workload, its attribution (`slow`,
+/// `slo_violation`, `causes`), and for slow requests the evidence read (GPU
+/// readings included).
+#[derive(Debug, Serialize)]
+pub struct RequestLine<'a> {
+    #[serde(flatten)]
+    pub record: &'a RequestRecord,
+    pub workload: &'a WorkloadLabels,
+    /// The workload's root process.
+    pub workload_pid: u32,
+    #[serde(flatten)]
+    pub attribution: &'a Attribution,
+    /// TCP retransmits on the request's connection between its arrival and
+    /// its last send (all requests, slow or not).
+    pub tcp_retransmits: usize,
+    /// NVML readings over [arrival, first token] of the GPU that served it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<&'a WindowReadings>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub evidence: Option<&'a causes::Evidence>,
+}
+
+/// A request line as read back: the fields a reader (the report, the
+/// tests) uses. Absent optional figures are `None`; fields a line of an
+/// older tracer may lack take their default. A line without `pid`,
+/// `t_arrive_ns` or `outcome` is not a request line.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+pub struct Request {
+    pub pid: u32,
+    #[serde(default)]
+    pub conn: String,
+    #[serde(default)]
+    pub client_addr: String,
+    #[serde(default)]
+    pub client_port: u16,
+    #[serde(default)]
+    pub request_index: u32,
+    pub t_arrive_ns: u64,
+    pub t_first_token_ns: Option<u64>,
+    pub t_done_ns: Option<u64>,
+    pub ttft_ns: Option<u64>,
+    pub t_first_token_acked_ns: Option<u64>,
+    pub client_ttft_estimate_ns: Option<u64>,
+    pub queue_ns: Option<u64>,
+    pub gpu_ns: Option<u64>,
+    pub egress_ns: Option<u64>,
+    pub gpu_steps_waited: Option<u32>,
+    /// A reader may move these out (the report keeps them in its ITL
+    /// figures).
+    #[serde(default)]
+    pub itl_ns: Vec<u64>,
+    #[serde(default)]
+    pub chunks: u32,
+    pub tpot_ns: Option<u64>,
+    pub e2e_ns: Option<u64>,
+    pub http_status: Option<u16>,
+    pub outcome: String,
+    #[serde(default)]
+    pub notes: Vec<String>,
+    #[serde(default)]
+    pub workload: Workload,
+    #[serde(default)]
+    pub slow: bool,
+    #[serde(default)]
+    pub causes: Vec<Cause>,
+    #[serde(default)]
+    pub tcp_retransmits: u64,
+    /// Only on slow requests (the tracer reads evidence for those).
+    pub evidence: Option<Evidence>,
+}
+
+/// The workload's labels as read back (`workloads::WorkloadLabels`).
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+pub struct Workload {
+    #[serde(default)]
+    pub comm: String,
+    #[serde(default)]
+    pub pod: String,
+    #[serde(default)]
+    pub namespace: String,
+}
+
+/// One cause as read back (`causes::Cause`).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+pub struct Cause {
+    pub class: String,
+    pub explained_ns: u64,
+    #[serde(default)]
+    pub evidence: BTreeMap<String, Value>,
+}
+
+/// The kernel's evidence over a slow request as read back
+/// (`causes::Evidence`): totals over its windows, and the retransmits'
+/// times.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct Evidence {
+    pub runq_ns: u64,
+    pub runq_max_ns: u64,
+    pub cpu_stage_oncpu_ns: u64,
+    pub cpu_stage_blocked_ns: u64,
+    pub cpu_stage_thread_max_ns: u64,
+    pub gpu_thread_blocked_ns: u64,
+    pub retransmits: u64,
+    pub retransmit_times_ns: Vec<u64>,
+    pub resets: u64,
+    pub large_copies: u64,
+    pub large_copy_bytes: u64,
+    pub large_copy_h2d_bytes: u64,
+    pub large_copy_d2h_bytes: u64,
+    pub large_copy_queue_span_ns: u64,
+    pub first_gpu_work_in_window: bool,
+}
