@@ -2,10 +2,16 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{CheckConfig, Item, Report, features_missing, parse_release, tracefs_mounts};
+use super::{
+    CheckConfig, Item, Report, features_missing,
+    hooks::{ack_timing_item, event_hook_item, fields_item, segment_hook_item, send_hook_item},
+    parse_release, tracefs_mounts,
+};
 use crate::host::caps::{self, CAP_SYS_ADMIN, CAP_SYS_RESOURCE, CapSet};
-use crate::host::tracefs::{self, Format};
-use crate::probes::{self, EventHook, LoadConfig, Probes, SegmentHook, SendHook, TRACEPOINTS};
+use crate::host::tracefs;
+use crate::probes::{
+    KernelDescription, LoadConfig, Overrides, Plan, PlanError, Probes, TRACEPOINTS,
+};
 
 const UNIT_HINT: &str = "as a service: deploy/systemd/ttft-trace.service";
 
@@ -13,28 +19,39 @@ const UNIT_HINT: &str = "as a service: deploy/systemd/ttft-trace.service";
 /// they load into this kernel and detach before returning.
 pub fn run(cfg: &CheckConfig) -> Report {
     let caps = CapSet::effective().unwrap_or_default();
-    let release = kernel_release();
-    let version = release.as_deref().and_then(parse_release);
-    let mut items = vec![kernel(release.as_deref(), version), btf()];
+    // tracefs first: reading the kernel mounts it where it is not, and the
+    // tracefs item says whether it was.
     let (tracefs_item, root) = tracefs_item(caps);
+    let kernel = KernelDescription::read();
+    let load = load_config();
+    let plan = Plan::new(&kernel, &Overrides::from_env(), &load);
+    let release = kernel.release.as_deref();
+    let version = release.and_then(parse_release);
+    let mut items = vec![kernel_item(release, version), btf(&kernel)];
     items.push(tracefs_item);
     items.push(uprobe_support(root.as_deref()));
-    items.extend(tracepoints(root.as_deref()));
+    items.extend(tracepoints(root.is_some(), &kernel, &plan));
     items.extend(capabilities(caps));
     items.push(memlock(version, caps));
     items.push(sysctls());
-    items.extend(load_and_fire(root.is_some()));
+    items.extend(load_and_fire(root.is_some(), &load));
     items.push(nvml(cfg));
     Report { items }
 }
 
-fn kernel_release() -> Option<String> {
-    std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .ok()
-        .map(|s| s.trim().to_string())
+/// The settings `check` loads the probes with.
+pub(super) fn load_config() -> LoadConfig {
+    LoadConfig {
+        ringbuf_bytes: 1 << 16,
+        sched_min_ns: 1_000_000,
+        large_copy_bytes: 1 << 20,
+        discover: false,
+        map_entries: Vec::new(),
+        sched_programs: true,
+    }
 }
 
-fn kernel(release: Option<&str>, version: Option<(u32, u32, u32)>) -> Item {
+fn kernel_item(release: Option<&str>, version: Option<(u32, u32, u32)>) -> Item {
     let (Some(release), Some(version)) = (release, version) else {
         return Item::warn(
             "kernel",
@@ -60,9 +77,8 @@ fn kernel(release: Option<&str>, version: Option<(u32, u32, u32)>) -> Item {
     }
 }
 
-fn btf() -> Item {
-    let path = Path::new("/sys/kernel/btf/vmlinux");
-    if path.is_file() {
+fn btf(kernel: &KernelDescription) -> Item {
+    if kernel.btf.is_ok() {
         Item::ok(
             "btf",
             "/sys/kernel/btf/vmlinux present (gives the send hook its struct offsets)",
@@ -161,21 +177,30 @@ fn uprobe_support(root: Option<&Path>) -> Item {
     }
 }
 
-/// One item per tracepoint the probes attach to, then one for the fields read.
-fn tracepoints(root: Option<&Path>) -> Vec<Item> {
-    let Some(root) = root else {
+/// One item per tracepoint the probes attach to, then the ACK timing and
+/// the fields read, as the plan has them.
+fn tracepoints(
+    tracefs_ok: bool,
+    kernel: &KernelDescription,
+    plan: &Result<Plan, PlanError>,
+) -> Vec<Item> {
+    if !tracefs_ok {
         return vec![Item::fail(
             "tracepoints",
             "not checked: tracefs is not readable",
             "fix tracefs first",
         )];
-    };
+    }
     let mut items: Vec<Item> = TRACEPOINTS
         .iter()
         .map(|&(_, category, name)| {
             let label = format!("tracepoint {category}:{name}");
-            match Format::read(root, category, name) {
-                Ok(_) => Item::ok(label, "present"),
+            let format = match &kernel.tracefs {
+                Ok(tracepoints) => tracepoints.format(category, name).map(drop),
+                Err(why) => Err(tracefs::TracefsError::Recorded(why.clone())),
+            };
+            match format {
+                Ok(()) => Item::ok(label, "present"),
                 Err(e) => Item::fail(
                     label,
                     e.to_string(),
@@ -188,96 +213,13 @@ fn tracepoints(root: Option<&Path>) -> Vec<Item> {
             }
         })
         .collect();
-    items.push(ack_timing_item());
-    items.push(match probes::tracepoint_offsets() {
-        Ok(mut offsets) => match send_hook_planned(root, &mut offsets) {
-            Ok(()) => Item::ok(
-                "tracepoint fields",
-                "every field the probes read is in its format file",
-            ),
-            Err(e) => Item::fail(
-                "tracepoint fields",
-                e,
-                "a kernel with CONFIG_FTRACE_SYSCALLS=y, or with BTF and tcp:tcp_sendmsg_locked \
-                 and tcp:tcp_rcv_space_adjust",
-            ),
-        },
-        Err(e) => Item::fail(
-            "tracepoint fields",
-            e.to_string(),
-            "a kernel whose tracepoints have these fields (report it: the layout changed)",
-        ),
-    });
+    let ack_timing = match plan {
+        Ok(plan) => plan.ack_timing.clone(),
+        Err(e) => Err(e.to_string()),
+    };
+    items.push(ack_timing_item(ack_timing));
+    items.push(fields_item(plan.as_ref().map(drop)));
     items
-}
-
-/// Whether `tcp_probe` can read what each segment acknowledged, which
-/// decides whether a first token acknowledged just before the server's
-/// close gets a delivery time.
-fn ack_timing_item() -> Item {
-    let plan = probes::tracepoint_offsets()
-        .map_err(|e| e.to_string())
-        .and_then(|offsets| probes::StructOffsets::read(&offsets).ack_seq);
-    match plan {
-        Ok(_) => Item::ok(
-            "ACK timing",
-            "each client segment's own acknowledgment number (tcp_probe skbaddr + BTF)",
-        ),
-        Err(why) => Item::warn(
-            "ACK timing",
-            format!(
-                "at the next segment ({why}): a first token acknowledged by the last segment \
-                 before the server's close gets no client estimate"
-            ),
-            "Linux with skbaddr in tcp:tcp_probe and BTF (CONFIG_DEBUG_INFO_BTF=y)",
-        ),
-    }
-}
-
-/// Checks what the planned send hook reads: the kernel's BTF and the raw
-/// tracepoint, or the syscall tracepoints' fields for the fallback.
-fn send_hook_planned(
-    root: &Path,
-    offsets: &mut ttft_trace_common::TracepointOffsets,
-) -> Result<(), String> {
-    let has_tracepoint = Format::read(root, "tcp", "tcp_sendmsg_locked").is_ok()
-        && Format::read(root, "tcp", "tcp_rcv_space_adjust").is_ok();
-    match probes::send_hook_plan() {
-        Ok(_) if has_tracepoint => Ok(()),
-        _ => probes::syscall_offsets(offsets).map_err(|e| e.to_string()),
-    }
-}
-
-/// The send hook this host gets, and what it costs everything else.
-fn send_hook_item(hook: SendHook) -> Item {
-    match hook {
-        SendHook::Tcp => Item::ok(
-            "send hook",
-            format!(
-                "{}: the syscalls and UNIX-socket calls of processes not traced pay \
-                 nothing; their TCP sends and receives run a program that returns after an \
-                 array read, and their context switches the sched programs (see the event hook)",
-                hook.describe()
-            ),
-        ),
-        SendHook::Syscalls => {
-            let why = match probes::send_hook_plan() {
-                Err(why) => format!(" ({why})"),
-                Ok(_) => {
-                    " (attaching tcp:tcp_sendmsg_locked or tcp_rcv_space_adjust failed)".into()
-                }
-            };
-            Item::warn(
-                "send hook",
-                format!(
-                    "{}{why}: about +0.5 µs per syscall for every task on the host while tracing",
-                    hook.describe()
-                ),
-                "a kernel with BTF (CONFIG_DEBUG_INFO_BTF=y) and the tcp:tcp_sendmsg_locked \
-                 tracepoint (Linux 6.2+); unset TTFT_TRACE_SEND_HOOK",
-            )
-        }
-    }
 }
 
 fn capabilities(caps: CapSet) -> Vec<Item> {
@@ -363,7 +305,7 @@ fn sysctls() -> Item {
 
 /// Loads every program (the verifier's verdict), attaches the tracepoints,
 /// then a uprobe on this binary that must fire once.
-fn load_and_fire(tracefs_ok: bool) -> Vec<Item> {
+fn load_and_fire(tracefs_ok: bool, cfg: &LoadConfig) -> Vec<Item> {
     if !tracefs_ok {
         return vec![Item::fail(
             "ebpf load",
@@ -371,15 +313,7 @@ fn load_and_fire(tracefs_ok: bool) -> Vec<Item> {
             "fix tracefs first",
         )];
     }
-    let cfg = LoadConfig {
-        ringbuf_bytes: 1 << 16,
-        sched_min_ns: 1_000_000,
-        large_copy_bytes: 1 << 20,
-        discover: false,
-        map_entries: Vec::new(),
-        sched_programs: true,
-    };
-    let mut probes = match Probes::load(&cfg) {
+    let mut probes = match Probes::load(cfg) {
         Ok(p) => p,
         Err(e) => {
             return vec![
@@ -401,8 +335,8 @@ fn load_and_fire(tracefs_ok: bool) -> Vec<Item> {
         "ebpf load",
         format!("{programs} programs accepted by the verifier, {tracepoints} tracepoints attached"),
     );
-    let hook = send_hook_item(probes.send_hook());
-    let events = event_hook_item(probes.event_hook());
+    let hook = send_hook_item(&probes.hooks().send);
+    let events = event_hook_item(&probes.hooks().event);
     let segments = segment_hook_item(&probes.segment_hook());
     let fire = match probes.uprobe_selftest() {
         Ok(1) => Item::ok(
@@ -445,81 +379,6 @@ fn sched_source_item() -> Item {
              --sched exact",
         )
     }
-}
-
-/// How the per-event programs are attached, and what that costs tasks the
-/// tracer does not follow.
-fn event_hook_item(hook: EventHook) -> Item {
-    match hook {
-        EventHook::Raw => Item::ok(
-            "event hook",
-            format!(
-                "{}: a context switch or wakeup of untraced tasks runs a program that \
-                 returns after an array read per task, with no hash lookup (the README's cost \
-                 table)",
-                hook.describe()
-            ),
-        ),
-        EventHook::Tracepoints => {
-            let why = match probes::event_hook_plan() {
-                Err(why) => format!(" ({why})"),
-                Ok(_) => " (attaching the raw tracepoints failed)".into(),
-            };
-            Item::warn(
-                "event hook",
-                format!(
-                    "{}{why}: every context switch and socket call on the host pays for it",
-                    hook.describe()
-                ),
-                "a kernel with BTF (CONFIG_DEBUG_INFO_BTF=y), Linux 6.3+; unset \
-                 TTFT_TRACE_EVENT_HOOK",
-            )
-        }
-    }
-}
-
-/// How TCP segments are seen, and what that costs connections the tracer
-/// does not follow.
-fn segment_hook_item(hook: &SegmentHook) -> Item {
-    const RAW: &str = "raw tracepoint tcp:tcp_probe: every TCP segment on the host runs a \
-                       program; for a connection not followed it returns after a read of its \
-                       local port and one array load (one hash lookup more where that port is \
-                       a followed listening port)";
-    match hook {
-        SegmentHook::Cgroups(_) => {
-            return Item::ok(
-                "segment hook",
-                "cgroup_skb ingress on the traced workloads' cgroups and their listening \
-                 sockets' cgroups: segments of processes outside them run no program (the \
-                 kernel's cgroup check only); host-wide on tcp:tcp_probe where a workload or its \
-                 listener is in the root cgroup, with --port, or when the self-check finds \
-                 followed connections whose segments it does not see",
-            );
-        }
-        SegmentHook::Raw(why) if why.starts_with(probes::SEGMENT_HOOK_ENV) => {
-            return Item::ok("segment hook", format!("{RAW} ({why})"));
-        }
-        SegmentHook::Raw(why) => {
-            return Item::warn(
-                "segment hook",
-                format!("{RAW} (not on cgroups: {why})"),
-                "a kernel with cgroup v2 mounted (cgroup_skb programs)",
-            );
-        }
-        SegmentHook::Classic => {}
-    }
-    let why = match probes::segment_plan() {
-        Err(why) => format!(" ({why})"),
-        Ok(_) => " (attaching the raw tracepoint failed)".into(),
-    };
-    Item::warn(
-        "segment hook",
-        format!(
-            "classic tracepoint tcp:tcp_probe{why}: the kernel fills a perf record of every TCP \
-             segment on the host before the program runs"
-        ),
-        "a kernel with BTF (CONFIG_DEBUG_INFO_BTF=y); unset TTFT_TRACE_EVENT_HOOK",
-    )
 }
 
 fn nvml(cfg: &CheckConfig) -> Item {

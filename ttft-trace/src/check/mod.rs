@@ -5,6 +5,7 @@
 //!
 //! The pure parts (verdicts, parsing, rendering) are here; [`host`] reads the host.
 
+mod hooks;
 mod host;
 
 use std::path::PathBuf;

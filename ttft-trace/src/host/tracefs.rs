@@ -6,6 +6,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 const TRACEFS: &str = "/sys/kernel/tracing";
@@ -29,6 +30,10 @@ pub enum TracefsError {
     NoField { tracepoint: String, field: String },
     #[error("cannot parse the format file of {0}: {1}")]
     Parse(String, String),
+    /// An error met reading tracefs earlier, kept as its text in a kernel
+    /// description, and said again as it was.
+    #[error("{0}")]
+    Recorded(String),
 }
 
 /// The tracefs root, mounting it at /sys/kernel/tracing when neither it nor
@@ -68,7 +73,7 @@ fn mount_tracefs() -> Result<(), TracefsError> {
 }
 
 /// The fields of one tracepoint's format file.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Format {
     name: String,
     fields: Vec<(String, u32)>,

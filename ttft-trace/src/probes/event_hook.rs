@@ -9,13 +9,11 @@
 //! which fill a perf record of every event before the program runs, where
 //! the kernel lacks BTF or the prototypes differ.
 
+use super::ProbeError;
 use aya::{
     Btf, Ebpf,
     programs::{BtfTracePoint, RawTracePoint},
 };
-use ttft_trace_common::offsets::{ABSENT, SegmentOffsets, TaskOffsets};
-
-use super::{ProbeError, btf};
 
 /// How the per-event programs are attached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,35 +97,6 @@ const HOT: &[(&str, &str, Kind, &str)] = &[
     ),
     ("tcp_probe", "raw_tcp_probe", Kind::Raw, "tcp_probe"),
 ];
-
-/// The event hook this host gets, with the BTF offsets it needs, or why the
-/// fallback is used.
-pub fn event_hook_plan() -> Result<TaskOffsets, String> {
-    let mut wakeup_programs = false;
-    match std::env::var(EVENT_HOOK_ENV).as_deref() {
-        Ok("tracepoints") => return Err(format!("{EVENT_HOOK_ENV}=tracepoints")),
-        Ok("btf-wakeups") => wakeup_programs = true,
-        Ok("btf") | Err(_) => {}
-        Ok(other) => log::warn!("{EVENT_HOOK_ENV}={other} is not an event hook; ignored"),
-    }
-    let btf = btf::Btf::vmlinux().map_err(|e| e.to_string())?;
-    let mut offsets = btf::task_offsets(&btf).map_err(|e| e.to_string())?;
-    if wakeup_programs {
-        (offsets.last_queued, offsets.last_arrival) = (ABSENT, ABSENT);
-    }
-    Ok(offsets)
-}
-
-/// The BTF offsets the raw `tcp:tcp_probe` program needs, or why the
-/// classic tracepoint is used for segments (also when the event hook is
-/// forced to the classic tracepoints).
-pub fn segment_plan() -> Result<SegmentOffsets, String> {
-    if std::env::var(EVENT_HOOK_ENV).as_deref() == Ok("tracepoints") {
-        return Err(format!("{EVENT_HOOK_ENV}=tracepoints"));
-    }
-    let btf = btf::Btf::vmlinux().map_err(|e| e.to_string())?;
-    btf::segment_offsets(&btf).map_err(|e| e.to_string())
-}
 
 /// Which of the default programs [`attach_default`] attaches.
 pub(super) struct Wanted {

@@ -44,9 +44,6 @@ pub(super) const PROGRAM: &str = "skb_segment";
 /// two (`cargo xtask bench`) and testing the host-wide path.
 pub const SEGMENT_HOOK_ENV: &str = "TTFT_TRACE_SEGMENT_HOOK";
 
-/// Most bytes read of `/proc/self/mounts`.
-const MOUNTS_MAX: u64 = 1 << 20;
-
 /// Connections on listeners outside the cgroups before the self-check
 /// widens the reach: more than one, so that one odd connection (its
 /// listener's handshakes evicted from the kernel's table) does not.
@@ -67,8 +64,8 @@ pub enum SegmentHook {
     Cgroups(Vec<String>),
     /// The raw tracepoint, host-wide, and why.
     Raw(String),
-    /// The classic tracepoint (no BTF offsets for the raw one).
-    Classic,
+    /// The classic tracepoint, and why not the raw one.
+    Classic(String),
 }
 
 /// The cgroup program's attachments, or the host-wide program.
@@ -100,20 +97,6 @@ impl Scope {
     pub(super) fn scoped(&self) -> bool {
         self.host_wide.is_none()
     }
-}
-
-/// Whether the cgroup program may be used, with the v2 mount, or why not.
-pub(super) fn plan() -> Result<PathBuf, String> {
-    if let Ok(v) = std::env::var(SEGMENT_HOOK_ENV) {
-        if v == "tcp_probe" {
-            return Err(format!("{SEGMENT_HOOK_ENV}=tcp_probe"));
-        }
-        log::warn!("{SEGMENT_HOOK_ENV}={v} is not a segment hook (tcp_probe); ignored");
-    }
-    let mounts = crate::host::rootfs::read_proc(Path::new("/proc/self/mounts"), MOUNTS_MAX)
-        .map_err(|e| format!("reading /proc/self/mounts: {e}"))?;
-    cgroup2_mount(&String::from_utf8_lossy(&mounts))
-        .ok_or_else(|| "no cgroup v2 hierarchy is mounted".into())
 }
 
 /// Where the cgroup v2 hierarchy is mounted, from a mounts table.
@@ -188,7 +171,7 @@ impl Probes {
         match &self.scope.host_wide {
             None => SegmentHook::Cgroups(self.scope.links.keys().cloned().collect()),
             Some(why) if self.raw_segments => SegmentHook::Raw(why.clone()),
-            Some(_) => SegmentHook::Classic,
+            Some(why) => SegmentHook::Classic(why.clone()),
         }
     }
 

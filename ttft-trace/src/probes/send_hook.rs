@@ -9,10 +9,8 @@ use aya::{
     Ebpf,
     programs::{RawTracePoint, raw_trace_point::RawTracePointLinkId},
 };
-use ttft_trace_common::{SendOffsets, TracepointOffsets};
 
-use super::{ProbeError, btf};
-use crate::host::tracefs::{self, Format, TracefsError};
+use super::ProbeError;
 
 /// Where sends and receives on followed connections are seen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,18 +48,6 @@ impl SendHook {
 /// testing the fallback: `syscalls` or `tcp` (the default).
 pub const SEND_HOOK_ENV: &str = "TTFT_TRACE_SEND_HOOK";
 
-/// The send hook this host gets, with the BTF offsets it needs, or why the
-/// fallback is used.
-pub fn send_hook_plan() -> Result<SendOffsets, String> {
-    match std::env::var(SEND_HOOK_ENV).as_deref() {
-        Ok("syscalls") => return Err(format!("{SEND_HOOK_ENV}=syscalls")),
-        Ok("tcp") | Err(_) => {}
-        Ok(other) => log::warn!("{SEND_HOOK_ENV}={other} is not a send hook; ignored"),
-    }
-    let btf = btf::Btf::vmlinux().map_err(|e| e.to_string())?;
-    btf::send_offsets(&btf).map_err(|e| e.to_string())
-}
-
 /// Programs of the syscall send hook: (program, tracepoint in `syscalls`).
 pub(super) const SYSCALL_SEND_TRACEPOINTS: &[(&str, &str)] = &[
     ("sys_enter_write", "sys_enter_write"),
@@ -82,22 +68,6 @@ pub(super) const TCP_PROGRAMS: &[&str] = &["tcp_sendmsg_locked", "tcp_rcv_space_
 /// [`super::EventHook`]); the TCP hook does without them.
 pub(super) fn is_socket_length(program: &str) -> bool {
     matches!(program, "sock_send_length" | "sock_recv_length")
-}
-
-/// Reads the syscall send hook's fields into `offsets`: only that hook
-/// needs them (CONFIG_FTRACE_SYSCALLS may be off where the default works).
-pub fn syscall_offsets(offsets: &mut TracepointOffsets) -> Result<(), TracefsError> {
-    let root = tracefs::root()?;
-    let write = Format::read(&root, "syscalls", "sys_enter_write")?;
-    let sendto = Format::read(&root, "syscalls", "sys_enter_sendto")?;
-    let writev = Format::read(&root, "syscalls", "sys_enter_writev")?;
-    let sendmsg = Format::read(&root, "syscalls", "sys_enter_sendmsg")?;
-    offsets.write_buf = write.offset("buf")?;
-    offsets.sendto_buf = sendto.offset("buff")?;
-    offsets.writev_vec = writev.offset("vec")?;
-    offsets.writev_vlen = writev.offset("vlen")?;
-    offsets.sendmsg_msg = sendmsg.offset("msg")?;
-    Ok(())
 }
 
 /// Loads and attaches the raw tracepoints of the default send hook, both or
