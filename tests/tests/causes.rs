@@ -299,7 +299,7 @@ fn network_loss_is_named() -> Result<()> {
 /// prefill keeps the clean requests under 350 ms and the late ones above.
 /// Every ACK before the close is read from the segment itself (its
 /// acknowledgment number), so one after the close is known to be late
-/// (README, "TCP after the application's close"). Before that was read, a
+/// (docs/figures.md, "TCP at the handshake and after the application's close"). Before that was read, a
 /// client segment between the first token and the close left the delivery
 /// unknown, and recall fell to 2/5 in one CI run.
 #[test]

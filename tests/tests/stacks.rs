@@ -4,7 +4,7 @@
 //! `curl`: tests/stacks/client.py). Per stack: every request sent is found in
 //! the trace (client port and request index on the connection), each
 //! complete response is `ok` with E2E and TPOT, and the traced TTFT agrees
-//! with the client's own. Prints one markdown table (README, "Real HTTP
+//! with the client's own. Prints one markdown table (docs/measurements.md, "Real HTTP
 //! stacks under the tracer"). `TTFT_STACKS=a,b` runs only those stacks.
 
 use std::{
@@ -960,7 +960,7 @@ fn chosen_stacks() -> Vec<&'static str> {
 /// last on this code), with a connection's deliveries keyed by its serial
 /// and exact per-segment ACK numbers. Every slow request of every stack was
 /// named (132 of 133) but one on libmicrohttpd (3/4): its first token's ACK
-/// came 20 ms after the request, yet curl read it 655 ms after (README,
+/// came 20 ms after the request, yet curl read it 655 ms after (docs/measurements.md,
 /// network recall per stack). gunicorn's sync workers close after every
 /// response and were asked only a third before: 13 of 13 now.
 fn min_recall(stack: &str) -> f64 {

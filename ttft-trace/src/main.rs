@@ -67,7 +67,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     // One thread: the session is one loop, and /metrics is served between
     // its turns (each a few milliseconds at most). A second worker only
     // added hand-offs to every timer wakeup (four futex calls a tick):
-    // 20 % of the tracer's own CPU (see README, "Scheduler spells, sampled").
+    // 20 % of the tracer's own CPU (see docs/causes.md and docs/costs.md, the sampling tick).
     let rt = || {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()

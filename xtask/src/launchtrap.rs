@@ -135,7 +135,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// Runs `rounds` rounds of every shape; returns the results and the shapes
-/// over the limit (reported, see the README's cost section).
+/// over the limit (reported, see docs/costs.md).
 pub fn run(root: &Path, rounds: usize) -> Result<(Value, Vec<String>)> {
     let mut rows = Vec::new();
     let mut over = Vec::new();

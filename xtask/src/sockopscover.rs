@@ -1,6 +1,6 @@
 //! Which received segments a cgroup `sock_ops` program sees, and a
 //! `cgroup_skb` one (`cargo xtask bench --only sockops`): the check behind
-//! the README's answer to "why not replace `tcp_probe` with per-socket
+//! docs/limits.md's answer to "why not replace `tcp_probe` with per-socket
 //! `sock_ops` callbacks?", and the coverage of the hook that could scope
 //! the segment program to the workload's cgroup instead.
 //!

@@ -87,8 +87,7 @@ pub(super) fn event_hook_item(event: &Choice<EventHook>) -> Item {
             "event hook",
             format!(
                 "{}: a context switch or wakeup of untraced tasks runs a program that \
-                 returns after an array read per task, with no hash lookup (the README's cost \
-                 table)",
+                 returns after an array read per task, with no hash lookup (docs/costs.md)",
                 hook.describe()
             ),
         ),

@@ -365,7 +365,7 @@ fn sched_source_item() -> Item {
     let text = "--sched sampled (default): no program on any context switch, the traced \
                 threads' /proc schedstat read every --sched-sample-ms; --sched exact: every \
                 context switch on the host runs the switch program (about one BPF dispatch \
-                each, the README's cost table)";
+                each, docs/costs.md)";
     if readable {
         Item::ok(
             "scheduler source",

@@ -66,7 +66,7 @@ pub struct AttachArgs {
 /// `ttft-trace daemon`: every inference workload on the host.
 #[derive(clap::Args)]
 pub struct DaemonArgs {
-    /// TOML settings (see the README); flags override them.
+    /// TOML settings (see docs/usage.md, "The settings file"); flags override them.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Prometheus endpoint address ("" turns it off).

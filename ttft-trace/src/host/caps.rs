@@ -1,7 +1,7 @@
 //! Linux capabilities: this process's effective set (from `/proc/self/status`),
 //! what ttft-trace needs of it and why, and messages naming what is missing.
 //!
-//! Measured on Linux 6.18 (README, "Deployment"): loading the programs needs
+//! Measured on Linux 6.18 (docs/deployment.md): loading the programs needs
 //! CAP_BPF and CAP_PERFMON, creating uprobes needs CAP_SYS_ADMIN (since Linux
 //! 6.13, commit ba677dbe77af, backported to the stable kernels), and
 //! CAP_SYS_ADMIN implies the other two. Reaching other users' processes needs

@@ -4,7 +4,7 @@
 //!
 //! `tcp_probe` runs for every TCP segment of the host, followed or not: on
 //! a 1-byte loopback ping-pong that alone was about half of the tracer's
-//! +5 % (the README's cost table). A socket's segments run the programs of
+//! +5 % (docs/costs.md). A socket's segments run the programs of
 //! the cgroup the socket was created in (and its ancestors'), so the
 //! program on the workloads' cgroups leaves every other process's segments
 //! to a cgroup check in the kernel, with no program.

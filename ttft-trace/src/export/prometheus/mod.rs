@@ -139,7 +139,7 @@ impl Metrics {
             Opts::new(
                 "ttft_trace_table_evictions_total",
                 "Entries dropped from a bounded userspace table because it was full \
-                 (README: the bounds table)",
+                 (docs/hostile-input.md: the bounds table)",
             ),
             &["table"],
         )?;
