@@ -2,6 +2,7 @@
 
 pub mod btf;
 mod byte_arrays;
+pub mod cuda;
 mod detach;
 mod event_hook;
 mod kernel_maps;
@@ -10,15 +11,14 @@ mod segment_scope;
 mod selftest;
 mod send_hook;
 pub mod symbols;
-mod uprobes;
 
 pub use detach::detach_in_background;
 pub use event_hook::{EVENT_HOOK_ENV, EventHook, event_hook_plan, segment_plan};
+use libraries::Probed;
+pub use libraries::{Attached, Reach};
 pub use segment_scope::{SEGMENT_HOOK_ENV, SegmentHook, SegmentReach, attachable};
 pub use send_hook::{SEND_HOOK_ENV, SendHook, send_hook_plan, syscall_offsets};
 use send_hook::{SYSCALL_SEND_TRACEPOINTS, attach_tcp, is_socket_length};
-use uprobes::Probed;
-pub use uprobes::{Attached, Reach};
 
 use std::{
     collections::{BTreeMap, HashMap},

@@ -7,7 +7,7 @@ use aya::programs::uprobe::UProbeScope;
 
 use super::{
     ProbeError, Probes, Reach,
-    uprobes::{uprobe, uprobe_error},
+    libraries::{uprobe, uprobe_error},
 };
 
 /// The program attached: it counts a kernel launch for a tracked process.

@@ -17,7 +17,7 @@ const MAX_ANNOUNCED: usize = 4096;
 use crate::{
     host::ports,
     host::targets,
-    probes::libraries::CudaLibrary,
+    probes::libraries::Library,
     workloads::{
         Filters,
         discover::{self, workload_root},
@@ -146,7 +146,7 @@ impl Tracking {
     /// Decides on `pid`, which passed the filters and maps `libs`: the
     /// workload it belongs to (an existing one, or a new one rooted at its
     /// topmost serving ancestor), then probes and tracking.
-    fn consider(&mut self, pid: u32, libs: Vec<Arc<CudaLibrary>>) -> Result<()> {
+    fn consider(&mut self, pid: u32, libs: Vec<Arc<Library>>) -> Result<()> {
         let Mode::Daemon(d) = &self.mode else {
             return Ok(());
         };

@@ -8,7 +8,6 @@
 
 mod counters;
 mod discovery;
-mod launch_layer;
 mod segments;
 mod wait;
 
@@ -31,9 +30,9 @@ use crate::{
     host::targets,
     probes::{
         Attached, ProbeError, Probes, Reach,
+        cuda::{self, launch_layer},
         libraries::FileId,
-        libraries::{self, CudaLibrary, Scanner},
-        symbols::Api,
+        libraries::{self, Library, Scanner},
     },
 };
 use counters::CounterTracker;
@@ -127,7 +126,7 @@ pub struct Tracking {
     named: HashSet<FileId>,
     /// The libraries named by the user, in `attach` mode: bound to each
     /// traced process.
-    named_libs: Vec<Arc<CudaLibrary>>,
+    named_libs: Vec<Arc<Library>>,
     /// Exited processes the kernel kept a workload for at the last
     /// [`Tracking::forget_exited`].
     exited_seen: BTreeSet<u32>,
@@ -238,7 +237,7 @@ impl Tracking {
     }
 
     /// Attaches the probes to `lib` for `reach` unless they are there.
-    fn attach(&mut self, lib: &CudaLibrary, reach: Reach) -> Result<()> {
+    fn attach(&mut self, lib: &Library, reach: Reach) -> Result<()> {
         if let Some(a) = self.probes.attach_library(lib, reach)? {
             self.changes.push(Change::Attached(a));
         }
@@ -269,7 +268,7 @@ impl Tracking {
     /// Attaches the probes to a library found in process `pid`'s mappings
     /// (or named). The process may exit meanwhile (its /proc path is then
     /// gone): a warning, and a later scan of another process tries again.
-    fn attach_found(&mut self, lib: &CudaLibrary, pid: u32) {
+    fn attach_found(&mut self, lib: &Library, pid: u32) {
         self.last_mapped.insert(lib.id.clone(), Instant::now());
         match self.attach(lib, self.reach(pid)) {
             Ok(()) => {}
@@ -362,8 +361,8 @@ impl Tracking {
         }
         let (mut runtime_libs, mut driver_libs) = (0, 0);
         for a in self.probes.attached() {
-            runtime_libs += usize::from(a.apis.contains(&Api::Runtime));
-            driver_libs += usize::from(a.apis.contains(&Api::Driver));
+            runtime_libs += usize::from(a.apis.contains(&&cuda::RUNTIME));
+            driver_libs += usize::from(a.apis.contains(&&cuda::DRIVER));
         }
         Ok(Rescan {
             live,
@@ -380,7 +379,7 @@ impl Tracking {
         };
         let named = self.named_libs.clone();
         let runtimes = scan.libraries.iter().chain(&named);
-        let runtimes = runtimes.filter(|l| l.apis.contains(&Api::Runtime));
+        let runtimes = runtimes.filter(|l| l.is(&cuda::RUNTIME));
         self.runtime_files
             .insert(pid, runtimes.map(|l| l.id.clone()).collect());
         for lib in scan.libraries.iter().chain(&named) {
@@ -501,7 +500,11 @@ impl Tracking {
                 continue;
             };
             self.driver_launches.insert(tgid);
-            let dropped = self.probes.drop_runtime_launches(Reach::Process(pid), None);
+            let dropped = self.probes.detach_programs(
+                Reach::Process(pid),
+                None,
+                launch_layer::is_runtime_launch,
+            );
             if dropped > 0 {
                 let c = &reading[&tgid];
                 log::info!(
@@ -534,7 +537,11 @@ impl Tracking {
             }
         }
         for (file, users) in ready {
-            let dropped = self.probes.drop_runtime_launches(Reach::Host, Some(&file));
+            let dropped = self.probes.detach_programs(
+                Reach::Host,
+                Some(&file),
+                launch_layer::is_runtime_launch,
+            );
             if dropped > 0 {
                 let path = self
                     .probes

@@ -11,17 +11,18 @@ use aya::{
     },
 };
 
-use super::{
+use super::{FileId, Library};
+use crate::probes::{
     ProbeError, Probes,
-    libraries::{CudaLibrary, FileId},
-    symbols::{self, Api},
+    symbols::{Family, ProbedSymbol},
 };
 
 /// What attaching one library did.
 #[derive(Debug, Clone)]
 pub struct Attached {
     pub path: PathBuf,
-    pub apis: Vec<Api>,
+    /// The families (APIs) of the file ([`Library::apis`]).
+    pub apis: Vec<&'static Family>,
     /// Symbols probed.
     pub symbols: usize,
     /// Symbols whose attach failed, with the reason.
@@ -46,7 +47,7 @@ type Links = Vec<(&'static str, UProbeLinkId)>;
 
 /// One file's probes: what was attached, and the links to detach them by,
 /// per reach.
-pub(super) struct Probed {
+pub(in crate::probes) struct Probed {
     report: Attached,
     links: BTreeMap<Reach, Links>,
 }
@@ -57,7 +58,7 @@ impl Probes {
     /// after (another process, or the same again).
     pub fn attach_library(
         &mut self,
-        lib: &CudaLibrary,
+        lib: &Library,
         reach: Reach,
     ) -> Result<Option<Attached>, ProbeError> {
         // The real file's identity: one set of probes per reach however
@@ -72,7 +73,7 @@ impl Probes {
         let started = std::time::Instant::now();
         let mut report = Attached {
             path: lib.path.clone(),
-            apis: lib.apis.iter().copied().collect(),
+            apis: lib.apis.clone(),
             symbols: 0,
             failed: Vec::new(),
             attach_ms: 0.0,
@@ -162,23 +163,27 @@ impl Probes {
         }
     }
 
-    /// Detaches the runtime's launch probes bound to `reach` (of one file,
-    /// or of all), leaving those launches to the driver's probes: one trap
-    /// per launch instead of two. Returns how many were detached. Entry
-    /// probes only (runtime launches have no return probe), so a launch in
-    /// flight meanwhile is counted once, at one layer or the other.
-    pub fn drop_runtime_launches(&mut self, reach: Reach, file: Option<&FileId>) -> usize {
+    /// Detaches the probes of the programs `which` picks that are bound to
+    /// `reach` (of one file, or of all), leaving the rest of each file's
+    /// probes; a family's policy says which (the CUDA launch layer: the
+    /// runtime's launches). Returns how many were detached.
+    pub fn detach_programs(
+        &mut self,
+        reach: Reach,
+        file: Option<&FileId>,
+        which: impl Fn(&str) -> bool,
+    ) -> usize {
         let mut dropped = Vec::new();
         for (id, probed) in &mut self.attached {
             if file.is_some_and(|f| f != id) {
                 continue;
             }
             if let Some(links) = probed.links.get_mut(&reach) {
-                let (launches, rest): (Links, Links) = std::mem::take(links)
+                let (picked, rest): (Links, Links) = std::mem::take(links)
                     .into_iter()
-                    .partition(|(program, _)| symbols::is_runtime_launch(program));
+                    .partition(|(program, _)| which(program));
                 *links = rest;
-                dropped.extend(launches);
+                dropped.extend(picked);
             }
         }
         let n = dropped.len();
@@ -205,9 +210,9 @@ impl Probes {
     /// takes long while another tracer detaches: the kernel serialises it).
     fn attach_symbol(
         &mut self,
-        sym: &symbols::ProbedSymbol,
+        sym: &ProbedSymbol,
         offset: u64,
-        lib: &CudaLibrary,
+        lib: &Library,
         reach: Reach,
     ) -> Result<Links, ProbeError> {
         let scope = match reach {
@@ -215,8 +220,7 @@ impl Probes {
             Reach::Process(pid) => UProbeScope::OneProcess(pid),
         };
         let mut links = Vec::with_capacity(2);
-        if sym.needs_return {
-            let ret_name = sym.api.return_program();
+        if let Some(ret_name) = sym.returns {
             let ret = uprobe(&mut self.ebpf, ret_name)?;
             let link = ret
                 .attach(offset, &lib.open_path, scope)
@@ -241,7 +245,7 @@ impl Probes {
 
 /// A uprobe attach error; a permission error of perf_event_open names the
 /// capability the kernel wants.
-pub(super) fn uprobe_error(
+pub(in crate::probes) fn uprobe_error(
     program: &'static str,
     path: &std::path::Path,
     reach: Reach,
@@ -266,7 +270,7 @@ pub(super) fn uprobe_error(
     ProbeError::Program(program, e)
 }
 
-pub(super) fn uprobe<'a>(
+pub(in crate::probes) fn uprobe<'a>(
     ebpf: &'a mut Ebpf,
     name: &'static str,
 ) -> Result<&'a mut UProbe, ProbeError> {

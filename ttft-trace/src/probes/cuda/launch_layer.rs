@@ -17,6 +17,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use ttft_trace_common::GpuCounters;
 
+use super::RUNTIME;
+
 /// Runtime launches a process must have made, every one seen again at the
 /// driver, before its launches are left to the driver's probes.
 pub const EVIDENCE_LAUNCHES: u64 = 256;
@@ -35,6 +37,15 @@ pub fn ready(reading: &BTreeMap<u32, GpuCounters>, done: &BTreeSet<u32>) -> Vec<
         .filter(|(tgid, c)| !done.contains(tgid) && shown(c))
         .map(|(tgid, _)| *tgid)
         .collect()
+}
+
+/// Whether `program` is the entry program of a runtime launch: the probes
+/// detached once the launches are left to the driver's.
+pub fn is_runtime_launch(program: &str) -> bool {
+    RUNTIME
+        .symbols
+        .iter()
+        .any(|s| s.program == program && s.is_launch())
 }
 
 /// Whether a file's launches may be left to the driver's probes host-wide,
@@ -90,5 +101,11 @@ mod tests {
             "one runtime launch missed the driver"
         );
         assert!(!file_ready(&[]));
+    }
+
+    #[test]
+    fn only_the_runtime_launches_are_left_to_the_driver() {
+        assert!(is_runtime_launch("cuda_launch_kernel") && is_runtime_launch("cuda_graph_launch"));
+        assert!(!is_runtime_launch("cu_launch_kernel") && !is_runtime_launch("cuda_memcpy"));
     }
 }
