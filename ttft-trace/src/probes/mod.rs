@@ -5,6 +5,7 @@ mod byte_arrays;
 pub mod cuda;
 mod detach;
 mod event_hook;
+pub mod family;
 mod kernel_maps;
 pub mod libraries;
 mod segment_scope;

@@ -4,7 +4,7 @@
 
 pub mod launch_layer;
 
-use super::symbols::{Family, ProbedSymbol, Role};
+use super::family::{Family, ProbedSymbol, Role};
 
 /// libcudart (the runtime), wherever it lives: `libcudart.so.12`, a hashed
 /// copy in a wheel, or statically linked into an extension.
