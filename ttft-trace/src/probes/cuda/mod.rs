@@ -12,12 +12,12 @@ pub static RUNTIME: Family = Family {
     name: "runtime",
     markers: &["cudaLaunchKernel", "cudaGraphLaunch"],
     symbols: &[
-        rt_launch("cudaLaunchKernel", "cuda_launch_kernel"),
-        rt_launch("cudaLaunchKernel_ptsz", "cuda_launch_kernel"),
-        rt_launch("cudaLaunchKernelExC", "cuda_launch_kernel_ex"),
-        rt_launch("cudaLaunchKernelExC_ptsz", "cuda_launch_kernel_ex"),
-        rt_launch("cudaGraphLaunch", "cuda_graph_launch"),
-        rt_launch("cudaGraphLaunch_ptsz", "cuda_graph_launch"),
+        launch("cudaLaunchKernel", "cuda_launch_kernel"),
+        launch("cudaLaunchKernel_ptsz", "cuda_launch_kernel"),
+        launch("cudaLaunchKernelExC", "cuda_launch_kernel_ex"),
+        launch("cudaLaunchKernelExC_ptsz", "cuda_launch_kernel_ex"),
+        launch("cudaGraphLaunch", "cuda_graph_launch"),
+        launch("cudaGraphLaunch_ptsz", "cuda_graph_launch"),
         rt("cudaMemcpyAsync", "cuda_memcpy_async"),
         rt("cudaMemcpyAsync_ptsz", "cuda_memcpy_async"),
         rt("cudaMemcpy", "cuda_memcpy"),
@@ -34,12 +34,12 @@ pub static DRIVER: Family = Family {
     name: "driver",
     markers: &["cuLaunchKernel"],
     symbols: &[
-        drv_launch("cuLaunchKernel", "cu_launch_kernel"),
-        drv_launch("cuLaunchKernel_ptsz", "cu_launch_kernel"),
-        drv_launch("cuLaunchKernelEx", "cu_launch_kernel_ex"),
-        drv_launch("cuLaunchKernelEx_ptsz", "cu_launch_kernel_ex"),
-        drv_launch("cuGraphLaunch", "cu_graph_launch"),
-        drv_launch("cuGraphLaunch_ptsz", "cu_graph_launch"),
+        launch("cuLaunchKernel", "cu_launch_kernel"),
+        launch("cuLaunchKernel_ptsz", "cu_launch_kernel"),
+        launch("cuLaunchKernelEx", "cu_launch_kernel_ex"),
+        launch("cuLaunchKernelEx_ptsz", "cu_launch_kernel_ex"),
+        launch("cuGraphLaunch", "cu_graph_launch"),
+        launch("cuGraphLaunch_ptsz", "cu_graph_launch"),
         drv("cuMemcpyDtoHAsync_v2", "cu_memcpy_dtoh_async", false),
         drv("cuMemcpyDtoHAsync_v2_ptsz", "cu_memcpy_dtoh_async", false),
         drv("cuMemcpyHtoDAsync_v2", "cu_memcpy_htod_async", false),
@@ -73,9 +73,10 @@ const fn rt(name: &'static str, program: &'static str) -> ProbedSymbol {
     }
 }
 
-/// A runtime launch: entry only (its own driver launch is recognised from
-/// entries alone, one trap fewer per launch).
-const fn rt_launch(name: &'static str, program: &'static str) -> ProbedSymbol {
+/// A launch, of the runtime or the driver: entry only (a runtime launch's
+/// own driver launch is recognised from entries alone, one trap fewer per
+/// launch).
+const fn launch(name: &'static str, program: &'static str) -> ProbedSymbol {
     ProbedSymbol {
         name,
         program,
@@ -92,16 +93,6 @@ const fn drv(name: &'static str, program: &'static str, returns: bool) -> Probed
         program,
         returns: if returns { Some(DRIVER_RETURN) } else { None },
         role: Role::Completes,
-    }
-}
-
-/// A driver launch: entry only.
-const fn drv_launch(name: &'static str, program: &'static str) -> ProbedSymbol {
-    ProbedSymbol {
-        name,
-        program,
-        returns: None,
-        role: Role::Opens,
     }
 }
 
