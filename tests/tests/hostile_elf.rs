@@ -1,5 +1,6 @@
 //! The ELF inspection of the stub CUDA libraries built for the tests, no
-//! root needed: the order their probes are attached in, and regression
+//! root needed: the family each is found as, the order their probes are
+//! attached in, and regression
 //! tests for what the fuzzers found (a mapped file's headers are its
 //! owner's, and a CUDA library whose program headers wrap the address
 //! space must be refused or read, never panic; the stub is patched on disk).
@@ -75,6 +76,31 @@ fn launch_probes_are_attached_last() -> Result<()> {
             "{name}: {:?}",
             lib.symbols
         );
+    }
+    Ok(())
+}
+
+/// The generic finder reads the family tables: each stub is found as its
+/// own family, at symbols of that family's table only, every marker of it
+/// among them.
+#[test]
+fn the_stubs_are_found_as_their_family() -> Result<()> {
+    for (name, family) in [
+        ("libcudart.so.12", &ttft_trace::probes::cuda::RUNTIME),
+        ("libcuda.so.1", &ttft_trace::probes::cuda::DRIVER),
+    ] {
+        let path = existing_fixture(name)?;
+        let lib = libraries::inspect(&path, &path)?.context("a CUDA library")?;
+        assert_eq!(lib.apis, [family], "{name}");
+        for (symbol, _) in &lib.symbols {
+            assert!(family.symbols.contains(symbol), "{name}: {symbol:?}");
+        }
+        for marker in family.markers {
+            assert!(
+                lib.symbols.iter().any(|(s, _)| s.name == *marker),
+                "{name}: {marker}"
+            );
+        }
     }
     Ok(())
 }

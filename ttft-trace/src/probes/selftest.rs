@@ -5,7 +5,10 @@ use std::{num::NonZeroU32, path::PathBuf};
 
 use aya::programs::uprobe::UProbeScope;
 
-use super::{ProbeError, Probes, Reach, uprobe, uprobe_error};
+use super::{
+    ProbeError, Probes, Reach,
+    libraries::{uprobe, uprobe_error},
+};
 
 /// The program attached: it counts a kernel launch for a tracked process.
 const PROGRAM: &str = "cu_launch_kernel";

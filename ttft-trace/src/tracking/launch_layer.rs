@@ -1,94 +1,115 @@
-//! Which layer a traced process's launches are probed at. Both are at
-//! first: the runtime's launch probes see `cudaLaunchKernel`, and the
-//! driver's see the `cuLaunchKernel` it makes (recognised and skipped) and
-//! the launches of direct driver users. Once a process's runtime has shown
-//! that every launch of its reaches the driver's probed entry points, the
-//! runtime's launch probes are redundant: detaching them leaves one trap
-//! per launch. A runtime that reaches the driver some other way (through
-//! entry points not probed) never shows it, and keeps both.
-//!
-//! Probes bound to one process (`attach`) follow that process's evidence.
-//! Host-wide probes (the daemon, `--host-wide-probes`) serve every process
-//! that maps the file: they follow the evidence of the traced processes
-//! that map it, together (one of them has shown it, and none has a runtime
-//! launch the driver's probes did not see).
+//! Which layer each traced process's launches are probed at, as the
+//! processes go: the state the CUDA launch-layer policy
+//! ([`crate::probes::cuda::launch_layer`]) is applied to.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
+    num::NonZeroU32,
+};
 
 use ttft_trace_common::GpuCounters;
 
-/// Runtime launches a process must have made, every one seen again at the
-/// driver, before its launches are left to the driver's probes.
-pub const EVIDENCE_LAUNCHES: u64 = 256;
+use crate::probes::{
+    Probes, Reach,
+    cuda::launch_layer::{self, is_runtime_launch},
+    libraries::FileId,
+};
 
-/// Whether one process has shown that its runtime's launches all reach
-/// the driver's probes.
-fn shown(c: &GpuCounters) -> bool {
-    c.runtime_launches >= EVIDENCE_LAUNCHES && c.runtime_launches_at_driver == c.runtime_launches
+#[derive(Default)]
+pub(super) struct LaunchLayer {
+    /// Traced processes whose launches are left to the driver's probes,
+    /// and with host-wide probes, the runtime files.
+    driver_launches: BTreeSet<u32>,
+    driver_launch_files: HashSet<FileId>,
+    /// The runtime libraries each live traced process maps, at its last
+    /// scan: whose evidence speaks for a file's host-wide probes.
+    runtime_files: HashMap<u32, Vec<FileId>>,
 }
 
-/// The processes of `reading` whose launches may now be left to the
-/// driver's probes, leaving out those in `done`.
-pub fn ready(reading: &BTreeMap<u32, GpuCounters>, done: &BTreeSet<u32>) -> Vec<u32> {
-    reading
-        .iter()
-        .filter(|(tgid, c)| !done.contains(tgid) && shown(c))
-        .map(|(tgid, _)| *tgid)
-        .collect()
-}
+impl LaunchLayer {
+    /// The runtime files `pid` maps, at its scan now.
+    pub fn note_runtimes(&mut self, pid: u32, files: Vec<FileId>) {
+        self.runtime_files.insert(pid, files);
+    }
 
-/// Whether a file's launches may be left to the driver's probes host-wide,
-/// from the counters of the traced processes that map it.
-pub fn file_ready(users: &[&GpuCounters]) -> bool {
-    users.iter().any(|c| shown(c))
-        && users
-            .iter()
-            .all(|c| c.runtime_launches_at_driver == c.runtime_launches)
-}
+    /// Forgets the runtime files of the processes not in `live`.
+    pub fn keep_live(&mut self, live: &[(u32, u32)]) {
+        self.runtime_files
+            .retain(|pid, _| live.iter().any(|(p, _)| p == pid));
+    }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+    /// Forgets a process gone from the kernel's counters.
+    pub fn forget_process(&mut self, tgid: u32) {
+        self.driver_launches.remove(&tgid);
+    }
 
-    fn counters(runtime: u64, at_driver: u64) -> GpuCounters {
-        GpuCounters {
-            runtime_launches: runtime,
-            runtime_launches_at_driver: at_driver,
-            ..GpuCounters::default()
+    /// Forgets a file whose probes were detached.
+    pub fn forget_file(&mut self, id: &FileId) {
+        self.driver_launch_files.remove(id);
+    }
+
+    /// Leaves the launches of the processes whose runtime showed that they
+    /// all reach the driver's probes to those alone: per process where the
+    /// probes are bound to each, per file where they are `host_wide`.
+    pub fn choose(
+        &mut self,
+        probes: &mut Probes,
+        reading: &BTreeMap<u32, GpuCounters>,
+        host_wide: bool,
+    ) {
+        if host_wide {
+            self.choose_per_file(probes, reading);
+            return;
+        }
+        for tgid in launch_layer::ready(reading, &self.driver_launches) {
+            let Some(pid) = NonZeroU32::new(tgid) else {
+                continue;
+            };
+            self.driver_launches.insert(tgid);
+            let dropped = probes.detach_programs(Reach::Process(pid), None, is_runtime_launch);
+            if dropped > 0 {
+                let c = &reading[&tgid];
+                log::info!(
+                    "launches of pid {tgid} are traced at the driver from now: all {} of its \
+                     runtime's launches reached it ({dropped} runtime launch probes detached)",
+                    c.runtime_launches
+                );
+            }
         }
     }
 
-    #[test]
-    fn only_full_evidence_hands_launches_to_the_driver() {
-        let reading = BTreeMap::from([
-            (1, counters(EVIDENCE_LAUNCHES, EVIDENCE_LAUNCHES)),
-            (2, counters(EVIDENCE_LAUNCHES - 1, EVIDENCE_LAUNCHES - 1)),
-            (3, counters(10_000, 9_999)),
-            (4, counters(10_000, 0)),
-            (5, counters(0, 0)),
-            (6, counters(1_000, 1_000)),
-        ]);
-        assert_eq!(ready(&reading, &BTreeSet::new()), [1, 6]);
-        assert_eq!(ready(&reading, &BTreeSet::from([6])), [1]);
-    }
-
-    #[test]
-    fn a_file_needs_one_user_that_showed_it_and_none_against() {
-        let (shown, young, against) = (
-            counters(EVIDENCE_LAUNCHES, EVIDENCE_LAUNCHES),
-            counters(10, 10),
-            counters(10, 9),
-        );
-        assert!(file_ready(&[&shown]));
-        assert!(file_ready(&[&shown, &young]));
-        assert!(
-            !file_ready(&[&young]),
-            "no process has made enough launches"
-        );
-        assert!(
-            !file_ready(&[&shown, &against]),
-            "one runtime launch missed the driver"
-        );
-        assert!(!file_ready(&[]));
+    /// Host-wide probes: a runtime file's launch probes go once the traced
+    /// processes that map it show, together, that its launches reach the
+    /// driver's probes ([`launch_layer::file_ready`]).
+    fn choose_per_file(&mut self, probes: &mut Probes, reading: &BTreeMap<u32, GpuCounters>) {
+        let files: HashSet<&FileId> = self.runtime_files.values().flatten().collect();
+        let mut ready = Vec::new();
+        for file in files {
+            if self.driver_launch_files.contains(file) {
+                continue;
+            }
+            let users: Vec<&GpuCounters> = self
+                .runtime_files
+                .iter()
+                .filter(|(_, files)| files.contains(file))
+                .filter_map(|(pid, _)| reading.get(pid))
+                .collect();
+            if launch_layer::file_ready(&users) {
+                ready.push((file.clone(), users.len()));
+            }
+        }
+        for (file, users) in ready {
+            let dropped = probes.detach_programs(Reach::Host, Some(&file), is_runtime_launch);
+            if dropped > 0 {
+                let path = probes.attached_path(&file).map(|p| p.display().to_string());
+                log::info!(
+                    "launches through {} are traced at the driver from now: the {users} traced \
+                     process(es) that map it showed all their runtime launches reach it \
+                     ({dropped} runtime launch probes detached host-wide)",
+                    path.as_deref().unwrap_or("a runtime")
+                );
+            }
+            self.driver_launch_files.insert(file);
+        }
     }
 }

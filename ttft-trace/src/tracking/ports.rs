@@ -1,5 +1,6 @@
-//! Where the segment program goes: the cgroups of the traced processes and
-//! of their listening sockets (see [`crate::probes::SegmentReach`]).
+//! The listening ports followed, and where the segment program goes: the
+//! cgroups of the traced processes and of their listening sockets (see
+//! [`crate::probes::SegmentReach`]).
 //!
 //! A connection accepted on a listener belongs to the listener's cgroup,
 //! which is the server's own unless another process made the socket
@@ -15,22 +16,32 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use anyhow::Result;
 
-use super::Tracking;
 use crate::{
     host::cgroups,
     host::ports::{self, HeldListener},
     host::sock_diag,
     host::targets,
-    probes::{SegmentReach, attachable},
+    probes::{Probes, SegmentReach, attachable},
 };
 
 /// Most listening sockets whose cgroups are kept: a traced process opens
 /// as many as it likes; past this, segments are seen host-wide.
 const LISTENERS_MAX: usize = 1024;
 
+/// The ports followed, and the listeners' cgroups.
+#[derive(Default)]
+pub(super) struct Ports {
+    /// (network namespace, port) followed; None: every namespace.
+    listen_ports: BTreeSet<(Option<u32>, u16)>,
+    /// Ports followed by `--port`: their servers may run anywhere, so
+    /// segments are seen host-wide.
+    extra_ports: bool,
+    listeners: ListenerCgroups,
+}
+
 /// The cgroups of the traced processes' listening sockets.
 #[derive(Default)]
-pub(super) struct ListenerCgroups {
+struct ListenerCgroups {
     /// By socket inode: its cgroup path (None: the kernel named none) and
     /// port. Only sockets the traced processes hold at the last lookup.
     by_inode: BTreeMap<u64, (Option<String>, u16)>,
@@ -42,10 +53,37 @@ pub(super) struct ListenerCgroups {
     unseen_pinned: u64,
 }
 
-impl Tracking {
+impl Ports {
+    /// Follows connections accepted on the ports the `live` traced
+    /// processes listen on now (later `listen()` calls are seen in the
+    /// kernel) and on `extra` ports.
+    pub fn follow(&mut self, probes: &mut Probes, live: &[u32], extra: &[u16]) -> Result<()> {
+        self.extra_ports |= !extra.is_empty();
+        let held = ports::listening_sockets(live);
+        self.find_listener_cgroups(probes, &held);
+        // Before the ports: a connection accepted in between has its
+        // segments seen.
+        self.scope_segments(probes, live)?;
+        let mut found: BTreeSet<(Option<u32>, u16)> =
+            held.iter().map(|l| (l.netns, l.port)).collect();
+        found.extend(extra.iter().map(|&port| (None, port)));
+        let mut new = Vec::new();
+        for (netns, port) in found {
+            // A port refused (its map full) is tried again at the next scan.
+            if !self.listen_ports.contains(&(netns, port)) && probes.add_listen_port(netns, port)? {
+                self.listen_ports.insert((netns, port));
+                new.push(port.to_string());
+            }
+        }
+        if !new.is_empty() {
+            log::info!("following requests on port(s) {}", new.join(", "));
+        }
+        Ok(())
+    }
+
     /// Puts the segment program on the cgroups the `live` traced processes
     /// and their listeners are in.
-    pub(super) fn scope_segments(&mut self, live: &[u32]) -> Result<()> {
+    pub fn scope_segments(&mut self, probes: &mut Probes, live: &[u32]) -> Result<()> {
         let reach = if self.extra_ports {
             SegmentReach::Host("ports given with --port may be served from any cgroup".into())
         } else if self.listeners.overflowed {
@@ -61,13 +99,13 @@ impl Tracking {
             }));
             with_listeners(processes, self.listeners.by_inode.values())
         };
-        Ok(self.probes.scope_segments(&reach)?)
+        Ok(probes.scope_segments(&reach)?)
     }
 
     /// Asks the kernel for the cgroups of the listeners in `held` not
     /// asked about before, and forgets those no longer held; true when a
     /// cgroup was added.
-    pub(super) fn find_listener_cgroups(&mut self, held: &BTreeSet<HeldListener>) -> bool {
+    fn find_listener_cgroups(&mut self, probes: &Probes, held: &BTreeSet<HeldListener>) -> bool {
         let inodes: BTreeSet<u64> = held.iter().map(|l| l.inode).collect();
         let known = &mut self.listeners.by_inode;
         known.retain(|inode, _| inodes.contains(inode));
@@ -75,7 +113,7 @@ impl Tracking {
             .iter()
             .filter(|l| !known.contains_key(&l.inode))
             .collect();
-        if new.is_empty() || !self.probes.segments_scoped() {
+        if new.is_empty() || !probes.segments_scoped() {
             return false;
         }
         // Sockets, not holders: a server's workers share its listeners.
@@ -103,7 +141,7 @@ impl Tracking {
         for l in new {
             let id = cgroup_ids.get(&l.inode).copied().unwrap_or(0);
             // Id 0: the kernel named no cgroup.
-            let path = match (id != 0).then(|| self.probes.cgroup_path(id)).flatten() {
+            let path = match (id != 0).then(|| probes.cgroup_path(id)).flatten() {
                 Some(Ok(path)) => Some(path),
                 Some(Err(e)) => {
                     log::debug!("segments: cgroup {id} of port {}: {e}", l.port);
@@ -125,8 +163,13 @@ impl Tracking {
     /// program never saw. Looks the listeners up again; host-wide when
     /// that adds no cgroup and more than one was counted since the last
     /// one added.
-    pub(super) fn check_listeners(&mut self, unseen: u64, live: &[u32]) -> Result<()> {
-        if unseen <= self.listeners.unseen_looked || !self.probes.segments_scoped() {
+    pub fn check_listeners(
+        &mut self,
+        probes: &mut Probes,
+        unseen: u64,
+        live: &[u32],
+    ) -> Result<()> {
+        if unseen <= self.listeners.unseen_looked || !probes.segments_scoped() {
             return Ok(());
         }
         self.listeners.unseen_looked = unseen;
@@ -134,18 +177,16 @@ impl Tracking {
         // lookup (a listen() after the tracer started) are asked about.
         let before: BTreeSet<String> = self.listener_paths();
         let held = ports::listening_sockets(live);
-        self.find_listener_cgroups(&held);
+        self.find_listener_cgroups(probes, &held);
         if self.listener_paths().difference(&before).next().is_some() {
             log::info!(
                 "segments: {unseen} connections were read on listeners outside the cgroups \
                  followed; adding the listeners' cgroups"
             );
             self.listeners.unseen_pinned = unseen;
-            return self.scope_segments(live);
+            return self.scope_segments(probes, live);
         }
-        Ok(self
-            .probes
-            .check_segment_scope(unseen - self.listeners.unseen_pinned)?)
+        Ok(probes.check_segment_scope(unseen - self.listeners.unseen_pinned)?)
     }
 
     fn listener_paths(&self) -> BTreeSet<String> {

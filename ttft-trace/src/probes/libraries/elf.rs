@@ -1,0 +1,208 @@
+//! Reading an ELF file's symbol tables for the probed functions, with
+//! plain reads under a budget.
+
+use std::{
+    fs::File,
+    os::{fd::AsRawFd, unix::fs::FileExt},
+    path::{Path, PathBuf},
+    sync::Arc,
+};
+
+use object::{Object, ObjectSegment, ObjectSymbol, ReadCache, ReadCacheOps, SymbolKind};
+
+use super::{FileId, Library, LibraryError};
+use crate::probes::symbols::{self, FAMILIES, Family, ProbedSymbol};
+
+/// Most bytes read of one ELF file: its headers and symbol tables, not its
+/// code. A large `libtorch_cuda.so` has symbol tables of tens of MiB.
+pub(super) const ELF_READ_MAX: u64 = 256 << 20;
+/// Most symbols looked at in one file (both tables).
+pub(super) const SYMBOLS_MAX: usize = 4_000_000;
+
+/// An open file read at offsets (pread: no shared file position, no
+/// mapping), at most `budget` bytes in all.
+struct Budgeted<'a> {
+    file: &'a File,
+    len: u64,
+    pos: u64,
+    budget: u64,
+    exhausted: bool,
+}
+
+impl ReadCacheOps for Budgeted<'_> {
+    fn len(&mut self) -> Result<u64, ()> {
+        Ok(self.len)
+    }
+
+    fn seek(&mut self, pos: u64) -> Result<u64, ()> {
+        self.pos = pos;
+        Ok(pos)
+    }
+
+    fn read(&mut self, buf: &mut [u8]) -> Result<usize, ()> {
+        let want = (buf.len() as u64).min(self.budget);
+        if want == 0 && !buf.is_empty() {
+            self.exhausted = true;
+            return Err(());
+        }
+        let n = self
+            .file
+            .read_at(&mut buf[..want as usize], self.pos)
+            .map_err(|_| ())?;
+        self.pos += n as u64;
+        self.budget -= n as u64;
+        Ok(n)
+    }
+
+    fn read_exact(&mut self, buf: &mut [u8]) -> Result<(), ()> {
+        if buf.len() as u64 > self.budget {
+            self.exhausted = true;
+            return Err(());
+        }
+        self.file.read_exact_at(buf, self.pos).map_err(|_| ())?;
+        self.pos += buf.len() as u64;
+        self.budget -= buf.len() as u64;
+        Ok(())
+    }
+}
+
+/// [`super::inspect`] of a file already open (and checked to be regular).
+pub(super) fn inspect_file(path: &Path, file: File) -> Result<Option<Library>, LibraryError> {
+    inspect_budgeted(path, file, ELF_READ_MAX)
+}
+
+/// A probed function found in a file, at a file offset.
+type Found = (&'static Family, &'static ProbedSymbol, u64);
+
+/// [`inspect_file`], reading at most `budget` bytes.
+fn inspect_budgeted(path: &Path, file: File, budget: u64) -> Result<Option<Library>, LibraryError> {
+    let len = file
+        .metadata()
+        .map_err(|e| LibraryError::Io(path.into(), e))?
+        .len();
+    let cache = ReadCache::new(Budgeted {
+        file: &file,
+        len,
+        pos: 0,
+        budget,
+        exhausted: false,
+    });
+    let parsed = object::File::parse(&cache).map(|elf| probed_symbols(&elf, path));
+    let found = match parsed {
+        Ok(found) => found?,
+        // Section headers past the budget read as no ELF file.
+        Err(_) if cache.into_inner().exhausted => return Err(LibraryError::TooLarge(path.into())),
+        Err(_) => return Ok(None),
+    };
+    // A symbol table cut short by the budget reads as an empty one: say so
+    // rather than call the file no library to probe.
+    if cache.into_inner().exhausted {
+        return Err(LibraryError::TooLarge(path.into()));
+    }
+    if !found.iter().any(|(_, s, _)| symbols::is_marker(s.name)) {
+        return Ok(None);
+    }
+    let id = FileId::of(&file).map_err(|e| LibraryError::Io(path.into(), e))?;
+    let open_path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+    Ok(Some(Library {
+        path: path.into(),
+        file: Arc::new(file),
+        open_path,
+        id,
+        apis: FAMILIES
+            .iter()
+            .copied()
+            .filter(|f| found.iter().any(|(of, _, _)| of == f))
+            .collect(),
+        symbols: attach_order(found),
+    }))
+}
+
+/// The probed functions an ELF file defines (both symbol tables), each at
+/// each of its file offsets once.
+fn probed_symbols<'d, R: object::ReadRef<'d>>(
+    elf: &object::File<'d, R>,
+    path: &Path,
+) -> Result<Vec<Found>, LibraryError> {
+    let mut found: Vec<Found> = Vec::new();
+    for (n, sym) in elf.dynamic_symbols().chain(elf.symbols()).enumerate() {
+        if n >= SYMBOLS_MAX {
+            return Err(LibraryError::TooLarge(path.into()));
+        }
+        if !sym.is_definition() || sym.kind() != SymbolKind::Text {
+            continue;
+        }
+        let Some((family, probed)) = sym.name().ok().and_then(symbols::lookup) else {
+            continue;
+        };
+        if let Some(offset) = file_offset(elf, sym.address())
+            && !found
+                .iter()
+                .any(|(_, s, o)| s.name == probed.name && *o == offset)
+        {
+            found.push((family, probed, offset));
+        }
+    }
+    Ok(found)
+}
+
+/// The order a file's probes are attached in: role by role
+/// ([`super::super::symbols::Role`]: the calls that open work last), then
+/// by name and offset.
+fn attach_order(mut found: Vec<Found>) -> Vec<(&'static ProbedSymbol, u64)> {
+    found.sort_by_key(|(_, s, o)| (s.role, s.name, *o));
+    found.into_iter().map(|(_, s, o)| (s, o)).collect()
+}
+
+/// Converts a virtual address to the file offset a uprobe wants, through the
+/// loadable segment that holds it.
+fn file_offset<'d, R: object::ReadRef<'d>>(elf: &object::File<'d, R>, addr: u64) -> Option<u64> {
+    // The header's values are the file owner's: a segment that wraps the
+    // address space is no segment (found by the elf_files fuzz target).
+    elf.segments().find_map(|seg| {
+        let (offset, size) = seg.file_range();
+        let start = seg.address();
+        let end = start.checked_add(size)?;
+        if addr < start || addr >= end {
+            return None;
+        }
+        (addr - start).checked_add(offset)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::rootfs;
+
+    #[test]
+    fn the_read_budget_is_enforced() {
+        let exe = std::env::current_exe().expect("test binary path");
+        let file = rootfs::open_regular_file(&exe).expect("open");
+        let len = file.metadata().expect("stat").len();
+        let mut b = Budgeted {
+            file: &file,
+            len,
+            pos: 0,
+            budget: 16,
+            exhausted: false,
+        };
+        let mut buf = [0u8; 8];
+        assert!(b.read_exact(&mut buf).is_ok());
+        assert_eq!(&buf[..4], b"\x7fELF");
+        assert!(b.read_exact(&mut [0u8; 9]).is_err());
+        assert!(b.exhausted);
+        // A file whose headers and symbols do not fit is too large, not
+        // "no CUDA library": both at the headers and at the symbol tables.
+        for budget in [64, 64 << 10] {
+            let file = rootfs::open_regular_file(&exe).expect("open");
+            assert!(
+                matches!(
+                    inspect_budgeted(&exe, file, budget),
+                    Err(LibraryError::TooLarge(_))
+                ),
+                "{budget}"
+            );
+        }
+    }
+}

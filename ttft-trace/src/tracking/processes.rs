@@ -1,0 +1,139 @@
+//! The traced processes and their workloads, as the kernel's maps hold
+//! them: which workloads are traced, which processes are live, and what
+//! the kernel announced or kept of processes that exited.
+
+use std::collections::BTreeSet;
+
+use anyhow::Result;
+
+use super::Change;
+use crate::{host::targets, probes::Probes};
+
+/// Announced processes kept per turn of the event loop (see
+/// [`Workloads::announce`]).
+const MAX_ANNOUNCED: usize = 4096;
+
+#[derive(Default)]
+pub(super) struct Workloads {
+    /// Roots of the workloads traced now.
+    roots: BTreeSet<u32>,
+    /// Processes announced by the kernel, to consider.
+    announced: Vec<u32>,
+    /// Exited processes the kernel kept a workload for at the last
+    /// [`Workloads::forget_exited`].
+    exited_seen: BTreeSet<u32>,
+}
+
+impl Workloads {
+    /// How many workloads are traced.
+    pub fn count(&self) -> usize {
+        self.roots.len()
+    }
+
+    /// Whether `root` is the root of a workload traced now.
+    pub fn is_traced(&self, root: u32) -> bool {
+        self.roots.contains(&root)
+    }
+
+    /// Starts tracing the workload rooted at `root`: the root and its
+    /// descendants are tracked (the kernel adds later children).
+    pub fn add(&mut self, probes: &mut Probes, root: u32, changes: &mut Vec<Change>) -> Result<()> {
+        // Track first, then list the children: a child forked in between is
+        // then tracked by the kernel and found by the listing. A full map
+        // refuses the root (counted): it is not a workload, and a later scan
+        // tries again.
+        if !probes.track(root, root)? {
+            return Ok(());
+        }
+        let members = targets::descendants(root);
+        for child in &members {
+            probes.track(*child, root)?;
+        }
+        self.roots.insert(root);
+        changes.push(Change::Started { root, members });
+        Ok(())
+    }
+
+    /// Adds `pid` to the traced workload rooted at `root`.
+    pub fn join(probes: &mut Probes, pid: u32, root: u32, changes: &mut Vec<Change>) -> Result<()> {
+        // Refused by a full map: counted, and a later scan tries again.
+        if probes.track(pid, root)? {
+            changes.push(Change::Joined { pid, root });
+        }
+        Ok(())
+    }
+
+    /// Live processes among the tracked ids, each with its workload; ids of
+    /// exited processes and of threads are dropped from the kernel's map on
+    /// the way.
+    pub fn live(probes: &mut Probes) -> Result<Vec<(u32, u32)>> {
+        let mut live = Vec::new();
+        for (id, root) in probes.tracked()? {
+            if targets::is_process(id) {
+                live.push((id, root));
+            } else if !std::path::Path::new(&format!("/proc/{id}")).exists() {
+                probes.untrack(id)?;
+            }
+        }
+        Ok(live)
+    }
+
+    /// The workloads none of whose processes is alive: no longer traced.
+    pub fn ended(&mut self, live: &[(u32, u32)]) -> Vec<u32> {
+        let alive: BTreeSet<u32> = live.iter().map(|(_, root)| *root).collect();
+        let ended: Vec<u32> = self.roots.difference(&alive).copied().collect();
+        for root in &ended {
+            self.roots.remove(root);
+        }
+        ended
+    }
+
+    /// Drops the kernel's workload of processes that exited before the
+    /// previous call: a whole rescan and drain have read their last events
+    /// since. Bounds EXITED by the processes that exit in one period.
+    pub fn forget_exited(&mut self, probes: &mut Probes) -> Result<()> {
+        let now: BTreeSet<u32> = probes.exited()?.into_iter().collect();
+        for tgid in now.intersection(&self.exited_seen) {
+            probes.forget_exited(*tgid)?;
+        }
+        self.exited_seen = now.difference(&self.exited_seen).copied().collect();
+        Ok(())
+    }
+
+    /// Notes a process the kernel announced, to consider at the next turn;
+    /// beyond [`MAX_ANNOUNCED`] a turn, the rest wait for the next /proc
+    /// scan.
+    pub fn announce(&mut self, pid: u32) {
+        if self.announced.len() < MAX_ANNOUNCED {
+            self.announced.push(pid);
+        }
+    }
+
+    /// The processes announced since the last call.
+    pub fn take_announced(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.announced)
+    }
+
+    /// Forgets the announced processes that exited (turned down: not
+    /// traced), so that the kernel's map holds live processes only and a
+    /// process reusing one of their pids is announced again.
+    pub fn forget_announced_exited(probes: &mut Probes) -> Result<()> {
+        let gone: Vec<u32> = probes
+            .announced()?
+            .into_iter()
+            .filter(|tgid| !std::path::Path::new(&format!("/proc/{tgid}")).exists())
+            .collect();
+        Self::forget_announced(probes, gone.into_iter());
+        Ok(())
+    }
+
+    /// Forgets that the kernel announced `members` of an ended workload,
+    /// so that a process reusing one of their pids is announced again.
+    pub fn forget_announced(probes: &mut Probes, members: impl Iterator<Item = u32>) {
+        for tgid in members {
+            if let Err(e) = probes.forget_announced(tgid) {
+                log::debug!("forgetting announced {tgid}: {e}");
+            }
+        }
+    }
+}
