@@ -461,9 +461,12 @@ fn traced_run(stack: &str, cudart: &Path, load: &Load) -> Result<Option<Run>> {
     );
     let loss = load
         .loss
-        .map(|pct| match load.loss_spares_handshake {
-            true => PacketLoss::from_server_after_handshake(port, pct),
-            false => PacketLoss::start_with(port, pct, faults::Direction::FromServer),
+        .map(|pct| {
+            if load.loss_spares_handshake {
+                PacketLoss::from_server_after_handshake(port, pct)
+            } else {
+                PacketLoss::start_with(port, pct, faults::Direction::FromServer)
+            }
         })
         .transpose()?;
     let mut clients: Vec<ClientRecord> = Vec::new();
