@@ -128,12 +128,14 @@ pub fn real_cudart_status() -> Result<PathBuf, String> {
 }
 
 /// The real runtime if it is there and `workload_real` was built against it;
-/// `None` (with the reason on stderr) otherwise, so a test can skip.
-pub fn real_cudart() -> Option<PathBuf> {
+/// `None` (with the reason on stderr) otherwise, so `test` can skip, or a
+/// failure under `TTFT_TRACE_REQUIRE_FIXTURES` (`cargo xtask setup` fetches
+/// the runtime).
+pub fn real_cudart(test: &str) -> Option<PathBuf> {
     match real_cudart_status() {
         Ok(p) => Some(p),
         Err(why) => {
-            eprintln!("real CUDA runtime unavailable: {why}");
+            crate::skip_or_fail(test, &format!("real CUDA runtime unavailable: {why}"));
             None
         }
     }

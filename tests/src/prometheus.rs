@@ -18,6 +18,7 @@ use anyhow::{Context as _, Result, bail};
 use serde_json::Value;
 
 use crate::fixtures::{self, ChildGuard};
+use crate::skip_or_fail;
 
 /// The repository's deploy/ folder.
 pub fn deploy_dir() -> PathBuf {
@@ -60,14 +61,6 @@ pub fn validators_python(test: &str) -> Option<PathBuf> {
         );
         None
     }
-}
-
-fn skip_or_fail(test: &str, why: &str) {
-    assert!(
-        std::env::var_os("TTFT_TRACE_REQUIRE_FIXTURES").is_none(),
-        "{test}: {why}, and TTFT_TRACE_REQUIRE_FIXTURES is set"
-    );
-    eprintln!("SKIP {test}: {why}");
 }
 
 /// A loopback port that was free a moment ago.

@@ -31,11 +31,10 @@ static SERIAL: Mutex<()> = Mutex::new(());
 pub fn root_test(name: &str) -> Option<MutexGuard<'static, ()>> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        assert!(
-            std::env::var_os("TTFT_TRACE_REQUIRE_FIXTURES").is_none(),
-            "{name}: needs root to load eBPF, and TTFT_TRACE_REQUIRE_FIXTURES is set"
+        crate::skip_or_fail(
+            name,
+            "needs root (loads eBPF programs and attaches uprobes)",
         );
-        eprintln!("SKIP {name}: needs root (loads eBPF programs and attaches uprobes)");
         return None;
     }
     Some(SERIAL.lock().unwrap_or_else(|e| e.into_inner()))

@@ -333,11 +333,7 @@ fn real_libcudart_probes_fire() -> Result<()> {
     let Some(_g) = root_test("real_libcudart_probes_fire") else {
         return Ok(());
     };
-    let Some(real) = fixtures::real_cudart() else {
-        assert!(
-            std::env::var_os("TTFT_TRACE_REQUIRE_FIXTURES").is_none(),
-            "the real libcudart.so.12 is required (cargo xtask setup fetches it)"
-        );
+    let Some(real) = fixtures::real_cudart("real_libcudart_probes_fire") else {
         return Ok(());
     };
     for style in [Style::Stream, Style::Sync, Style::Event, Style::Graph] {

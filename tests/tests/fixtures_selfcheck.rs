@@ -542,7 +542,7 @@ fn header_abi_matches_cuda_12() -> Result<()> {
 
 #[test]
 fn real_runtime_runs_with_ignore_errors() -> Result<()> {
-    let Some(lib) = real_cudart() else {
+    let Some(lib) = real_cudart("real_runtime_runs_with_ignore_errors") else {
         return Ok(());
     };
     let syms = tool_output("readelf", &["--dyn-syms", "-W"], &lib)?;

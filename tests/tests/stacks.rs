@@ -410,11 +410,7 @@ fn traced_run(stack: &str, cudart: &Path, load: &Load) -> Result<Option<Run>> {
     let cmd = match server(stack, port, upstream, cudart, &writes_log) {
         Ok(c) => c,
         Err(why) => {
-            assert!(
-                std::env::var_os("TTFT_TRACE_REQUIRE_FIXTURES").is_none(),
-                "{stack}: {why}, and TTFT_TRACE_REQUIRE_FIXTURES is set"
-            );
-            eprintln!("SKIP {stack}: {why}");
+            ttft_trace_tests::skip_or_fail(stack, &why);
             return Ok(None);
         }
     };

@@ -29,5 +29,7 @@ pub mod routing;
 pub mod schedstat;
 pub mod session;
 pub mod signals;
+#[cfg(test)]
+mod test_support;
 pub mod tracking;
 pub mod workloads;

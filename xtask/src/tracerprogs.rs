@@ -148,7 +148,12 @@ mod tests {
         let root = crate::process::repo_root()?;
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 || object(&root).is_err() {
-            eprintln!("skipped: needs root and a build of the tracer (its eBPF object)");
+            let why = "needs root and a build of the tracer (its eBPF object)";
+            assert!(
+                std::env::var_os("TTFT_TRACE_REQUIRE_FIXTURES").is_none(),
+                "the_tracers_programs_load_and_attach: {why}, and TTFT_TRACE_REQUIRE_FIXTURES is set"
+            );
+            eprintln!("SKIP the_tracers_programs_load_and_attach: {why}");
             return Ok(());
         }
         let names = |set| -> Result<Vec<String>> {

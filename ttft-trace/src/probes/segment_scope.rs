@@ -370,12 +370,15 @@ mod tests {
             .ok()
             .and_then(|m| cgroup2_mount(&m))
         else {
-            eprintln!("SKIP: no cgroup v2 hierarchy");
+            crate::test_support::skip_or_fail("names_a_cgroup_by_its_id", "no cgroup v2 hierarchy");
             return;
         };
         // SAFETY: geteuid(2) has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
-            eprintln!("SKIP: opening a file handle needs root");
+            crate::test_support::skip_or_fail(
+                "names_a_cgroup_by_its_id",
+                "opening a file handle needs root",
+            );
             return;
         }
         let name = format!("ttft-trace-unit-{}", std::process::id());

@@ -83,7 +83,7 @@ mod tests {
     #[test]
     fn reads_this_kernels_btf() {
         if !Path::new(VMLINUX).exists() {
-            eprintln!("skipped: no {VMLINUX}");
+            crate::test_support::skip_or_fail("reads_this_kernels_btf", &format!("no {VMLINUX}"));
             return;
         }
         let btf = Btf::vmlinux().expect("vmlinux BTF");
