@@ -4,6 +4,7 @@ Run with the validators' venv that `cargo xtask setup` makes in the cache:
 
     python validate.py servicemonitor FILE...   # prometheus-operator CRD models
     python validate.py grafana FILE...          # Grafana's schema (foundation SDK)
+    python validate.py hardening FILE...        # DaemonSet / systemd unit confinement
 
 Both decode the document with models generated from the real schema (the
 prometheus-operator CRDs' openAPIV3Schema, Grafana's dashboard and panel
@@ -96,11 +97,105 @@ def grafana(path):
     return errors, f"{panels} panels, {targets} Prometheus targets"
 
 
+# The capabilities the daemon needs (docs/deployment.md): nothing else may be
+# added, and these must be.
+CAPS_ALLOWED = {"SYS_ADMIN", "BPF", "PERFMON", "SYS_PTRACE", "DAC_READ_SEARCH"}
+CAPS_NEEDED = {"SYS_ADMIN", "SYS_PTRACE", "DAC_READ_SEARCH"}
+
+
+def daemonset_hardening(path):
+    """The DaemonSet's containers: all capabilities dropped and only the
+    needed ones added, the runtime's (or our own) seccomp profile, a
+    read-only root, not privileged."""
+    errors = []
+    with open(path) as f:
+        docs = [d for d in yaml.safe_load_all(f) if d and d.get("kind") == "DaemonSet"]
+    for ds in docs:
+        pod = ds["spec"]["template"]["spec"]
+        pod_seccomp = (pod.get("securityContext") or {}).get("seccompProfile") or {}
+        for c in pod.get("containers", []):
+            where = f"{path}: container {c.get('name')}"
+            sc = c.get("securityContext") or {}
+            caps = sc.get("capabilities") or {}
+            if caps.get("drop") != ["ALL"]:
+                errors.append(f"{where}: capabilities.drop is {caps.get('drop')!r}, not [ALL]")
+            added = set(caps.get("add") or [])
+            if added - CAPS_ALLOWED:
+                errors.append(f"{where}: adds {sorted(added - CAPS_ALLOWED)} it does not need")
+            if CAPS_NEEDED - added:
+                errors.append(f"{where}: lacks {sorted(CAPS_NEEDED - added)}")
+            seccomp = sc.get("seccompProfile") or pod_seccomp
+            if seccomp.get("type") not in ("RuntimeDefault", "Localhost"):
+                errors.append(f"{where}: seccomp {seccomp.get('type')!r}, not RuntimeDefault")
+            if sc.get("readOnlyRootFilesystem") is not True:
+                errors.append(f"{where}: root filesystem not read-only")
+            if sc.get("privileged") is not False:
+                errors.append(f"{where}: privileged not set to false")
+    if not docs:
+        errors.append(f"{path}: no DaemonSet")
+    return errors, f"{len(docs)} DaemonSet(s) confined"
+
+
+# systemd directives the unit must keep, with their value.
+UNIT_REQUIRED = {
+    "NoNewPrivileges": "yes",
+    "DynamicUser": "yes",
+    "ProtectSystem": "strict",
+    "ProtectHome": "read-only",
+    "PrivateTmp": "yes",
+    "ProtectKernelTunables": "yes",
+    "ProtectKernelModules": "yes",
+    "ProtectControlGroups": "yes",
+    "RestrictNamespaces": "net",
+    "RestrictSUIDSGID": "yes",
+    "MemoryDenyWriteExecute": "yes",
+    "UMask": "0027",
+}
+UNIT_FAMILIES = {"AF_UNIX", "AF_INET", "AF_INET6", "AF_NETLINK"}
+
+
+def unit_hardening(path):
+    """The systemd unit: its sandboxing directives, and capabilities no
+    wider than the daemon needs."""
+    settings = {}
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if "=" in line and not line.startswith(("#", ";")):
+                key, value = line.split("=", 1)
+                settings[key] = value
+    errors = [
+        f"{path}: {k}={settings.get(k)!r}, not {v}"
+        for k, v in UNIT_REQUIRED.items()
+        if settings.get(k) != v
+    ]
+    bounding = set(settings.get("CapabilityBoundingSet", "").split())
+    wide = {c for c in bounding if c.removeprefix("CAP_") not in CAPS_ALLOWED}
+    if wide or not bounding:
+        errors.append(f"{path}: CapabilityBoundingSet holds {sorted(wide) or 'nothing'}")
+    if set(settings.get("AmbientCapabilities", "").split()) - bounding:
+        errors.append(f"{path}: AmbientCapabilities outside the bounding set")
+    families = set(settings.get("RestrictAddressFamilies", "").split())
+    if not families or families - UNIT_FAMILIES:
+        errors.append(f"{path}: RestrictAddressFamilies {sorted(families)}")
+    for bound in ("LimitNOFILE", "MemoryMax"):
+        if bound not in settings:
+            errors.append(f"{path}: no {bound}")
+    return errors, f"{len(settings)} settings"
+
+
+def hardening(path):
+    return unit_hardening(path) if path.endswith(".service") else daemonset_hardening(path)
+
+
+CHECKS = {"servicemonitor": servicemonitor, "grafana": grafana, "hardening": hardening}
+
+
 def main():
-    if len(sys.argv) < 3 or sys.argv[1] not in ("servicemonitor", "grafana"):
+    if len(sys.argv) < 3 or sys.argv[1] not in CHECKS:
         print(__doc__)
         return 2
-    check = servicemonitor if sys.argv[1] == "servicemonitor" else grafana
+    check = CHECKS[sys.argv[1]]
     failed = False
     for path in sys.argv[2:]:
         errors, what = check(path)

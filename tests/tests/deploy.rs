@@ -156,6 +156,30 @@ fn kubernetes_manifests_validate_against_real_schemas() -> Result<()> {
     Ok(())
 }
 
+#[test]
+fn the_daemonset_and_the_unit_are_confined() -> Result<()> {
+    // Capabilities dropped but the needed ones, seccomp RuntimeDefault, a
+    // read-only root (DaemonSet); the unit's sandboxing (systemd).
+    let test = "the_daemonset_and_the_unit_are_confined";
+    let Some(python) = validators_python(test) else {
+        return Ok(());
+    };
+    let dir = deploy_dir();
+    let out = run_ok(
+        Command::new(&python)
+            .arg(validate_py())
+            .arg("hardening")
+            .arg(dir.join("kubernetes/daemonset.yaml"))
+            .arg(dir.join("systemd/ttft-trace.service")),
+    )?;
+    eprintln!("{out}");
+    ensure!(
+        out.contains("1 DaemonSet(s) confined") && out.matches("OK ").count() == 2,
+        "{out}"
+    );
+    Ok(())
+}
+
 fn validate_py() -> std::path::PathBuf {
     std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("deploy/validate.py")
 }
@@ -174,7 +198,45 @@ fn the_validators_reject_broken_files() -> Result<()> {
     let ds = fs::read_to_string(dir.join("kubernetes/daemonset.yaml"))?;
     let sm = fs::read_to_string(dir.join("kubernetes/servicemonitor.yaml"))?;
     let dash = fs::read_to_string(dir.join("grafana/ttft-trace.json"))?;
+    let unit = fs::read_to_string(dir.join("systemd/ttft-trace.service"))?;
     let cases = [
+        // Confinement (issue 28): each loosening is refused.
+        (
+            "ds-seccomp.yaml",
+            ds.replace("type: RuntimeDefault", "type: Unconfined"),
+            "hardening",
+        ),
+        (
+            "ds-nodrop.yaml",
+            ds.replace("- ALL", "- NET_RAW"),
+            "hardening",
+        ),
+        (
+            "ds-extra-cap.yaml",
+            ds.replace("- BPF ", "- NET_ADMIN "),
+            "hardening",
+        ),
+        (
+            "ds-rw-root.yaml",
+            ds.replace(
+                "readOnlyRootFilesystem: true",
+                "readOnlyRootFilesystem: false",
+            ),
+            "hardening",
+        ),
+        (
+            "unit-nnp.service",
+            unit.replace("NoNewPrivileges=yes", "NoNewPrivileges=no"),
+            "hardening",
+        ),
+        (
+            "unit-caps.service",
+            unit.replace(
+                "CapabilityBoundingSet=CAP_SYS_ADMIN",
+                "CapabilityBoundingSet=CAP_NET_ADMIN CAP_SYS_ADMIN",
+            ),
+            "hardening",
+        ),
         (
             "ds-field.yaml",
             ds.replace("hostPID: true", "hostPid: true"),

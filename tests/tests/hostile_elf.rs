@@ -40,12 +40,22 @@ fn wrapping_segments() -> Result<Vec<u8>> {
     Ok(elf)
 }
 
-#[test]
-fn program_headers_that_wrap_the_address_space_do_not_panic() -> Result<()> {
-    let path = temp_path("wrapping-elf", "so");
-    std::fs::write(&path, wrapping_segments()?).context("writing the patched copy")?;
+/// What the finder makes of a patched copy of a stub, written to a
+/// temporary file (removed after).
+fn inspect_patched(
+    name: &str,
+    elf: Vec<u8>,
+) -> Result<Result<Option<libraries::Library>, libraries::LibraryError>> {
+    let path = temp_path(name, "so");
+    std::fs::write(&path, elf).context("writing the patched copy")?;
     let found = libraries::inspect(&path, &path);
     let _ = std::fs::remove_file(&path);
+    Ok(found)
+}
+
+#[test]
+fn program_headers_that_wrap_the_address_space_do_not_panic() -> Result<()> {
+    let found = inspect_patched("wrapping-elf", wrapping_segments()?)?;
     // Either refused or found with no probe offset out of the file: no panic
     // and no offset computed from a wrapped sum.
     if let Ok(Some(lib)) = found {
@@ -101,6 +111,77 @@ fn the_stubs_are_found_as_their_family() -> Result<()> {
                 "{name}: {marker}"
             );
         }
+    }
+    Ok(())
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+
+/// The stub runtime with every defined function of each symbol table
+/// renamed `cudaLaunchKernel`: one name at some forty addresses, as a
+/// hostile file with tens of thousands of copies has, in small.
+fn one_name_at_every_function() -> Result<Vec<u8>> {
+    let mut elf = std::fs::read(existing_fixture("libcudart.so.12")?)?;
+    let shoff = usize::try_from(u64_at(&elf, 0x28))?;
+    let (shentsize, shnum) = (u16_at(&elf, 0x3a), u16_at(&elf, 0x3c));
+    let section = |i: usize| shoff + i * shentsize;
+    let mut renamed = 0;
+    for i in 0..shnum {
+        let sh = section(i);
+        // SHT_SYMTAB (2) and SHT_DYNSYM (11), with their string table.
+        if !matches!(u32_at(&elf, sh + 4), 2 | 11) {
+            continue;
+        }
+        let strtab = section(usize::try_from(u32_at(&elf, sh + 40))?);
+        let (str_off, str_len) = (u64_at(&elf, strtab + 24), u64_at(&elf, strtab + 32));
+        let strings = &elf[usize::try_from(str_off)?..usize::try_from(str_off + str_len)?];
+        let name = strings
+            .windows(17)
+            .position(|w| w == b"cudaLaunchKernel\0")
+            .context("cudaLaunchKernel in the string table")?;
+        let (off, size) = (u64_at(&elf, sh + 24), u64_at(&elf, sh + 32));
+        for sym in (usize::try_from(off)?..usize::try_from(off + size)?).step_by(24) {
+            let is_func = elf[sym + 4] & 0xf == 2;
+            if is_func && u16_at(&elf, sym + 6) != 0 {
+                elf[sym..sym + 4].copy_from_slice(&u32::try_from(name)?.to_le_bytes());
+                renamed += 1;
+            }
+        }
+    }
+    assert!(renamed > 20, "{renamed} functions renamed");
+    Ok(elf)
+}
+
+/// One name at more addresses than the cap refuses the file, with the
+/// reason, rather than attach a uprobe at each (issue 28: tens of
+/// thousands of copies made ten thousand uprobes and froze the host's
+/// uprobe registration).
+#[test]
+fn a_name_defined_at_many_addresses_refuses_the_library() -> Result<()> {
+    let found = inspect_patched("many-copies-elf", one_name_at_every_function()?)?;
+    match found {
+        Err(e @ libraries::LibraryError::TooManyCopies { .. }) => {
+            assert!(e.to_string().contains("cudaLaunchKernel"), "{e}");
+        }
+        other => panic!("expected TooManyCopies, got {other:?}"),
+    }
+    Ok(())
+}
+
+/// Each probed name is probed at one address: the stubs, which define each
+/// once in both tables, get one probe per name.
+#[test]
+fn each_name_is_probed_once() -> Result<()> {
+    for name in ["libcudart.so.12", "libcuda.so.1"] {
+        let path = existing_fixture(name)?;
+        let lib = libraries::inspect(&path, &path)?.context("a CUDA library")?;
+        let mut names: Vec<&str> = lib.symbols.iter().map(|(s, _)| s.name).collect();
+        let probes = names.len();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), probes, "{name}: {:?}", lib.symbols);
     }
     Ok(())
 }

@@ -3,12 +3,12 @@
 //! is logged once and counted (`ttft_trace_jsonl_write_errors_total`), and
 //! tracing goes on. The file is opened for append (a restarted daemon adds
 //! to it), created mode 0640 (request lines name clients), and reopened on
-//! SIGHUP so that logrotate can move it away.
+//! SIGHUP so that logrotate can move it away; never through a symlink in
+//! any component of its path (`host::own_files`).
 
 use std::{
-    fs::{File, OpenOptions},
+    fs::File,
     io::{BufWriter, Write},
-    os::unix::fs::OpenOptionsExt,
     path::{Path, PathBuf},
 };
 
@@ -19,7 +19,7 @@ use ttft_trace_common::{Direction, GpuCounters};
 use super::view::{LibraryView, WorkloadView};
 use crate::{
     episodes::EpisodeRecord,
-    host::clock::monotonic_ns,
+    host::{clock::monotonic_ns, own_files::open_append_no_symlinks},
     jsonl_schema::{Attach, Detach, RequestLine, Totals, WorkloadStats, kind},
     judging::JudgedRequest,
     requests::CorrelatorStats,
@@ -63,12 +63,9 @@ impl Jsonl {
     /// now on.
     pub fn open(&mut self, path: &Path) -> anyhow::Result<()> {
         use anyhow::Context as _;
-        let file = OpenOptions::new()
-            .append(true)
-            .create(true)
-            .mode(0o640)
-            .open(path)
-            .with_context(|| format!("opening {}", path.display()))?;
+        // No symlink followed in any component: see host::own_files.
+        let file = open_append_no_symlinks(path, 0o640)
+            .with_context(|| format!("opening the JSONL file {}", path.display()))?;
         self.out = Some(BufWriter::new(file));
         self.path = Some(path.to_path_buf());
         Ok(())

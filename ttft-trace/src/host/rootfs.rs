@@ -219,18 +219,37 @@ fn read_capped(file: File, cap: u64) -> io::Result<(Vec<u8>, bool)> {
     Ok((bytes, complete))
 }
 
-fn openat2(dir: &OwnedFd, path: &Path, flags: libc::c_int, resolve: u64) -> io::Result<OwnedFd> {
+/// `openat2(2)` of `path` from `dir` (mode 0 unless `flags` creates).
+pub(super) fn openat2(
+    dir: &impl AsRawFd,
+    path: &Path,
+    flags: libc::c_int,
+    resolve: u64,
+) -> io::Result<OwnedFd> {
+    openat2_mode(dir.as_raw_fd(), path, flags, 0, resolve)
+}
+
+/// `openat2(2)` from the raw directory `dir` (`AT_FDCWD` allowed), with the
+/// `mode` of a file it creates.
+pub(super) fn openat2_mode(
+    dir: libc::c_int,
+    path: &Path,
+    flags: libc::c_int,
+    mode: u32,
+    resolve: u64,
+) -> io::Result<OwnedFd> {
     let c = cstring(path)?;
     // SAFETY: open_how is plain data; zeroed is a valid value.
     let mut how: libc::open_how = unsafe { std::mem::zeroed() };
     how.flags = flags as u64;
+    how.mode = u64::from(mode);
     how.resolve = resolve;
     // SAFETY: a valid dirfd, a NUL-terminated path and a correctly sized
     // open_how; the result is checked.
     let fd = unsafe {
         libc::syscall(
             libc::SYS_openat2,
-            dir.as_raw_fd(),
+            dir,
             c.as_ptr(),
             &how as *const libc::open_how,
             std::mem::size_of::<libc::open_how>(),

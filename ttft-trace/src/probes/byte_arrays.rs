@@ -89,6 +89,17 @@ impl SharedBytes {
     }
 }
 
+impl SharedBytes {
+    /// Sets byte `at` back to 0 (a port no longer followed).
+    pub(super) fn clear(&mut self, at: u32) {
+        let at = at as usize;
+        if at < self.len {
+            // SAFETY: in bounds of the live mapping; a one-byte store.
+            unsafe { self.base.as_ptr().add(at).write_volatile(0) };
+        }
+    }
+}
+
 impl Drop for SharedBytes {
     fn drop(&mut self) {
         // SAFETY: the mapping made in `map`, unmapped once.

@@ -227,6 +227,19 @@ fn attach_raw(
 
 /// Attaches the raw `tcp_probe` program, host-wide: the segments' fallback
 /// from the workloads' cgroups.
-pub(super) fn attach_raw_segments(ebpf: &mut Ebpf) -> Result<(), ProbeError> {
-    attach_raw(ebpf, "raw_tcp_probe", "tcp_probe").map(drop)
+pub(super) fn attach_raw_segments(
+    ebpf: &mut Ebpf,
+) -> Result<aya::programs::raw_trace_point::RawTracePointLinkId, ProbeError> {
+    attach_raw(ebpf, "raw_tcp_probe", "tcp_probe")
+}
+
+/// Detaches the raw `tcp_probe` program attached by [`attach_raw_segments`].
+pub(super) fn detach_raw_segments(
+    ebpf: &mut Ebpf,
+    link: aya::programs::raw_trace_point::RawTracePointLinkId,
+) -> Result<(), ProbeError> {
+    let name = "raw_tcp_probe";
+    program::<RawTracePoint>(ebpf, name)?
+        .detach(link)
+        .map_err(|e| ProbeError::Program(name, e))
 }

@@ -128,6 +128,49 @@ impl Probes {
         Ok(true)
     }
 
+    /// The (network namespace, port) pairs `LISTEN_NETNS` holds: those
+    /// userspace added and those the kernel added at a traced `listen()`.
+    pub fn listen_netns_pairs(&self) -> Result<Vec<(u32, u16)>, ProbeError> {
+        let name = "LISTEN_NETNS";
+        let map: BpfHashMap<_, ListenKey, u32> =
+            BpfHashMap::try_from(self.ebpf.map(name).ok_or(ProbeError::Missing(name))?)
+                .map_err(|e| ProbeError::Map(name, e))?;
+        Ok(map
+            .keys()
+            .filter_map(Result::ok)
+            .map(|k| (k.netns, k.port))
+            .collect())
+    }
+
+    /// Stops following `port` in namespace `netns` (its listener closed,
+    /// or its namespace is gone). `port_elsewhere`: another namespace
+    /// still follows the port, which then keeps its `LISTEN_PORTS` mark.
+    pub fn remove_listen_pair(
+        &mut self,
+        netns: u32,
+        port: u16,
+        port_elsewhere: bool,
+    ) -> Result<(), ProbeError> {
+        let name = "LISTEN_NETNS";
+        let map = self.ebpf.map_mut(name).ok_or(ProbeError::Missing(name))?;
+        let key = ListenKey {
+            netns,
+            port,
+            _pad: 0,
+        };
+        match BpfHashMap::<_, ListenKey, u32>::try_from(map).and_then(|mut m| m.remove(&key)) {
+            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
+            Err(aya::maps::MapError::SyscallError(e))
+                if e.io_error.raw_os_error() == Some(libc::ENOENT) => {}
+            Err(e) => return Err(ProbeError::Map(name, e)),
+        }
+        if !port_elsewhere {
+            self.listen_ports
+                .clear(listen_byte(port, LISTEN_SOME_NETNS));
+        }
+        Ok(())
+    }
+
     /// Stops tracing an id (a process that exited, or a thread's id).
     pub fn untrack(&mut self, pid: u32) -> Result<(), ProbeError> {
         remove_key::<u32>(&mut self.ebpf, "TRACKED", pid)

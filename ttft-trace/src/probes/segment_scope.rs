@@ -54,7 +54,11 @@ const LISTENER_UNSEEN_MAX: u64 = 1;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SegmentReach {
     Cgroups(BTreeSet<String>),
+    /// Host-wide for good.
     Host(String),
+    /// Host-wide while the reason lasts (more listening sockets than are
+    /// kept): left again at the first reach that is cgroups.
+    HostWhile(String),
 }
 
 /// How segments are seen now.
@@ -76,6 +80,10 @@ pub(super) struct Scope {
     links: BTreeMap<String, CgroupSkbLinkId>,
     /// Why segments are seen host-wide, once they are.
     host_wide: Option<String>,
+    /// The raw tracepoint's link, once attached here.
+    raw_link: Option<aya::programs::raw_trace_point::RawTracePointLinkId>,
+    /// Host-wide for a reason that may pass ([`SegmentReach::HostWhile`]).
+    host_wide_passes: bool,
 }
 
 impl Scope {
@@ -90,6 +98,8 @@ impl Scope {
             mount,
             links: BTreeMap::new(),
             host_wide,
+            raw_link: None,
+            host_wide_passes: false,
         }
     }
 
@@ -186,10 +196,24 @@ impl Probes {
     /// longer wanted are left first, so that no segment is seen twice.
     pub fn scope_segments(&mut self, reach: &SegmentReach) -> Result<(), ProbeError> {
         if self.scope.host_wide.is_some() {
-            return Ok(());
+            match (reach, self.scope.host_wide_passes) {
+                (SegmentReach::Host(why), true) => {
+                    // Host-wide now for good: the link stays.
+                    self.scope.host_wide_passes = false;
+                    self.scope.host_wide = Some(why.clone());
+                    return Ok(());
+                }
+                (SegmentReach::Cgroups(_), true) => self.leave_host_wide()?,
+                _ => return Ok(()),
+            }
         }
         let wanted = match reach {
             SegmentReach::Host(why) => return self.segments_host_wide(why.clone()),
+            SegmentReach::HostWhile(why) => {
+                self.segments_host_wide(why.clone())?;
+                self.scope.host_wide_passes = true;
+                return Ok(());
+            }
             SegmentReach::Cgroups(paths) => outermost(paths),
         };
         if let Some(bad) = wanted.iter().find(|p| !attachable(p)) {
@@ -263,11 +287,27 @@ impl Probes {
         for path in paths {
             self.leave_cgroup(&path);
         }
-        event_hook::attach_raw_segments(&mut self.ebpf)?;
+        self.scope.raw_link = Some(event_hook::attach_raw_segments(&mut self.ebpf)?);
         self.raw_segments = true;
         self.tracepoints += 1;
         log::info!("segments: raw tracepoint tcp:tcp_probe, host-wide ({why})");
         self.scope.host_wide = Some(why);
+        Ok(())
+    }
+
+    /// Leaves the raw tracepoint of a [`SegmentReach::HostWhile`] whose
+    /// reason passed; the caller then puts the program on the cgroups (a
+    /// segment in between is missed rather than seen twice).
+    fn leave_host_wide(&mut self) -> Result<(), ProbeError> {
+        self.scope.host_wide_passes = false;
+        if let Some(link) = self.scope.raw_link.take() {
+            event_hook::detach_raw_segments(&mut self.ebpf, link)?;
+            self.raw_segments = false;
+            self.tracepoints = self.tracepoints.saturating_sub(1);
+        }
+        if let Some(why) = self.scope.host_wide.take() {
+            log::info!("segments: no longer host-wide ({why} no more)");
+        }
         Ok(())
     }
 

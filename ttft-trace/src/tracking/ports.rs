@@ -37,6 +37,10 @@ pub(super) struct Ports {
     /// segments are seen host-wide.
     extra_ports: bool,
     listeners: ListenerCgroups,
+    /// `LISTEN_NETNS` pairs no traced process held at the last scan: removed
+    /// when still unheld at the next (a `listen()` the kernel saw between a
+    /// scan's read of /proc and its read of the map is not removed).
+    unheld: BTreeSet<(u32, u16)>,
 }
 
 /// The cgroups of the traced processes' listening sockets.
@@ -45,7 +49,7 @@ struct ListenerCgroups {
     /// By socket inode: its cgroup path (None: the kernel named none) and
     /// port. Only sockets the traced processes hold at the last lookup.
     by_inode: BTreeMap<u64, (Option<String>, u16)>,
-    /// More listeners than [`LISTENERS_MAX`] were held.
+    /// More listeners than [`LISTENERS_MAX`] are held (at the last lookup).
     overflowed: bool,
     /// The self-check's count at the last lookup, and when a cgroup was
     /// last added by one.
@@ -78,6 +82,43 @@ impl Ports {
         if !new.is_empty() {
             log::info!("following requests on port(s) {}", new.join(", "));
         }
+        self.forget_closed(probes, &held)
+    }
+
+    /// Removes the `LISTEN_NETNS` pairs that no traced process has held for
+    /// two scans (the listener closed, its process or namespace is gone),
+    /// so that ports coming and going never fill the map.
+    fn forget_closed(&mut self, probes: &mut Probes, held: &BTreeSet<HeldListener>) -> Result<()> {
+        let held: BTreeSet<(u32, u16)> = held
+            .iter()
+            .filter_map(|l| Some((l.netns?, l.port)))
+            .collect();
+        let in_kernel = probes.listen_netns_pairs()?;
+        let unheld: BTreeSet<(u32, u16)> = in_kernel
+            .iter()
+            .filter(|pair| !held.contains(pair))
+            .copied()
+            .collect();
+        let gone: Vec<(u32, u16)> = unheld.intersection(&self.unheld).copied().collect();
+        let kept: BTreeSet<u16> = in_kernel
+            .iter()
+            .filter(|pair| !gone.contains(pair))
+            .map(|&(_, port)| port)
+            .collect();
+        for &(netns, port) in &gone {
+            probes.remove_listen_pair(netns, port, kept.contains(&port))?;
+            self.listen_ports.remove(&(Some(netns), port));
+        }
+        if !gone.is_empty() {
+            log::debug!(
+                "{} listening port(s) closed: no longer followed",
+                gone.len()
+            );
+        }
+        self.unheld = unheld
+            .difference(&gone.iter().copied().collect())
+            .copied()
+            .collect();
         Ok(())
     }
 
@@ -87,7 +128,8 @@ impl Ports {
         let reach = if self.extra_ports {
             SegmentReach::Host("ports given with --port may be served from any cgroup".into())
         } else if self.listeners.overflowed {
-            SegmentReach::Host(format!(
+            // Scoped again once they close.
+            SegmentReach::HostWhile(format!(
                 "the traced processes hold more than {LISTENERS_MAX} listening sockets"
             ))
         } else {
@@ -107,6 +149,8 @@ impl Ports {
     /// cgroup was added.
     fn find_listener_cgroups(&mut self, probes: &Probes, held: &BTreeSet<HeldListener>) -> bool {
         let inodes: BTreeSet<u64> = held.iter().map(|l| l.inode).collect();
+        // Recomputed at each lookup: fewer listeners scope segments again.
+        self.listeners.overflowed = inodes.len() > LISTENERS_MAX;
         let known = &mut self.listeners.by_inode;
         known.retain(|inode, _| inodes.contains(inode));
         let new: Vec<&HeldListener> = held
@@ -117,8 +161,7 @@ impl Ports {
             return false;
         }
         // Sockets, not holders: a server's workers share its listeners.
-        if inodes.len() > LISTENERS_MAX {
-            self.listeners.overflowed = true;
+        if self.listeners.overflowed {
             return true;
         }
         // One dump per network namespace, through a process in it.

@@ -6,6 +6,7 @@
 //! and low-cardinality labels only (never a pid, request or kernel name).
 
 mod causes;
+pub mod connections;
 mod requests;
 mod signals;
 
@@ -346,9 +347,28 @@ pub fn bind(addr: SocketAddr) -> Result<TcpListener, MetricsError> {
     Ok(listener)
 }
 
-/// Serves `/metrics` (and a plain `/` pointing at it) until the task is dropped.
+/// Serves `/metrics` (and a plain `/` pointing at it) until the task is
+/// dropped, through [`connections::GuardedListener`] (connections capped
+/// and timed out).
 pub async fn serve(listener: TcpListener, registry: Registry) -> std::io::Result<()> {
+    serve_guarded(
+        listener,
+        registry,
+        connections::MAX_CONNECTIONS,
+        connections::CONNECTION_DEADLINE,
+    )
+    .await
+}
+
+/// [`serve`] with the guard's cap and deadline given (tests).
+pub async fn serve_guarded(
+    listener: TcpListener,
+    registry: Registry,
+    max: usize,
+    deadline: std::time::Duration,
+) -> std::io::Result<()> {
     use axum::{Router, http::header, response::IntoResponse, routing::get};
+    let registry_for_guard = registry.clone();
     let app = Router::new()
         .route(
             "/metrics",
@@ -368,7 +388,9 @@ pub async fn serve(listener: TcpListener, registry: Registry) -> std::io::Result
         )
         .route("/", get(|| async { "ttft-trace: metrics at /metrics\n" }));
     let listener = tokio::net::TcpListener::from_std(listener)?;
-    axum::serve(listener, app).await
+    let guarded = connections::GuardedListener::new(listener, &registry_for_guard, max, deadline)
+        .map_err(std::io::Error::other)?;
+    axum::serve(guarded, app).await
 }
 
 #[cfg(test)]

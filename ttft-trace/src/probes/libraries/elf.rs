@@ -2,6 +2,7 @@
 //! plain reads under a budget.
 
 use std::{
+    collections::{HashMap, HashSet},
     fs::File,
     os::{fd::AsRawFd, unix::fs::FileExt},
     path::{Path, PathBuf},
@@ -18,6 +19,12 @@ use crate::probes::symbols::{self, FAMILIES, Family, ProbedSymbol};
 pub(super) const ELF_READ_MAX: u64 = 256 << 20;
 /// Most symbols looked at in one file (both tables).
 pub(super) const SYMBOLS_MAX: usize = 4_000_000;
+/// Most other addresses one probed name may have in a file beyond the one
+/// probed (both tables). A real library defines each function once (a
+/// static copy may add a local one); a file with thousands of copies of
+/// `cudaLaunchKernel` would cost the host one uprobe per copy, and the
+/// kernel removes uprobes one by one (issue 28).
+pub(super) const COPIES_MAX: usize = 16;
 
 /// An open file read at offsets (pread: no shared file position, no
 /// mapping), at most `budget` bytes in all.
@@ -118,13 +125,17 @@ fn inspect_budgeted(path: &Path, file: File, budget: u64) -> Result<Option<Libra
     }))
 }
 
-/// The probed functions an ELF file defines (both symbol tables), each at
-/// each of its file offsets once.
+/// The probed functions an ELF file defines (both symbol tables), each name
+/// at one file offset: the first seen, the dynamic table's, which callers
+/// resolve to. Linear in the symbols read; a name with more than
+/// [`COPIES_MAX`] other addresses refuses the file.
 fn probed_symbols<'d, R: object::ReadRef<'d>>(
     elf: &object::File<'d, R>,
     path: &Path,
 ) -> Result<Vec<Found>, LibraryError> {
-    let mut found: Vec<Found> = Vec::new();
+    let mut first: HashMap<&'static str, Found> = HashMap::new();
+    let mut seen: HashSet<(&'static str, u64)> = HashSet::new();
+    let mut copies: HashMap<&'static str, usize> = HashMap::new();
     for (n, sym) in elf.dynamic_symbols().chain(elf.symbols()).enumerate() {
         if n >= SYMBOLS_MAX {
             return Err(LibraryError::TooLarge(path.into()));
@@ -135,15 +146,26 @@ fn probed_symbols<'d, R: object::ReadRef<'d>>(
         let Some((family, probed)) = sym.name().ok().and_then(symbols::lookup) else {
             continue;
         };
-        if let Some(offset) = file_offset(elf, sym.address())
-            && !found
-                .iter()
-                .any(|(_, s, o)| s.name == probed.name && *o == offset)
-        {
-            found.push((family, probed, offset));
+        let Some(offset) = file_offset(elf, sym.address()) else {
+            continue;
+        };
+        if !seen.insert((probed.name, offset)) {
+            continue;
         }
+        if first.contains_key(probed.name) {
+            let n = copies.entry(probed.name).or_default();
+            *n += 1;
+            if *n > COPIES_MAX {
+                return Err(LibraryError::TooManyCopies {
+                    path: path.into(),
+                    name: probed.name,
+                });
+            }
+            continue;
+        }
+        first.insert(probed.name, (family, probed, offset));
     }
-    Ok(found)
+    Ok(first.into_values().collect())
 }
 
 /// The order a file's probes are attached in: role by role

@@ -38,7 +38,7 @@ use thiserror::Error;
 
 use super::symbols::{Family, ProbedSymbol};
 use crate::host::rootfs::{self, RootfsError};
-use elf::{ELF_READ_MAX, SYMBOLS_MAX};
+use elf::{COPIES_MAX, ELF_READ_MAX, SYMBOLS_MAX};
 
 #[derive(Debug, Error)]
 pub enum LibraryError {
@@ -62,9 +62,19 @@ pub enum LibraryError {
         "{0}: over {ELF_READ_MAX} bytes of headers and symbol tables, or over {SYMBOLS_MAX} symbols"
     )]
     TooLarge(PathBuf),
+    #[error("{path}: {name} defined at over {COPIES_MAX} addresses; not probed")]
+    TooManyCopies { path: PathBuf, name: &'static str },
 }
 
 impl LibraryError {
+    /// Whether the file was refused for a cap on the ELF work it asks for.
+    fn is_over_cap(&self) -> bool {
+        matches!(
+            self,
+            LibraryError::TooLarge(_) | LibraryError::TooManyCopies { .. }
+        )
+    }
+
     fn is_permission(&self) -> bool {
         match self {
             LibraryError::File(RootfsError::Open { source, .. }) => {

@@ -119,7 +119,14 @@ fn inspect_mapped(mapped: &maps::MappedFile) -> Option<Seen> {
         Ok(None) => Some(Seen::Other),
         Err(e) if e.is_transient() => None,
         Err(e) => {
-            log::debug!("not inspecting {}: {e}", mapped.path.display());
+            // A file over a cap is worth an operator's eye (a hostile or
+            // broken library is left unprobed); it is remembered, so this
+            // is said once per file.
+            if e.is_over_cap() {
+                log::warn!("not probing {}: {e}", mapped.path.display());
+            } else {
+                log::debug!("not inspecting {}: {e}", mapped.path.display());
+            }
             Some(if e.is_permission() {
                 Seen::Denied
             } else {
