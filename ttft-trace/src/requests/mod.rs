@@ -120,6 +120,7 @@ mod join;
 mod outcome;
 mod record;
 mod response;
+pub mod stream_stalls;
 mod summary;
 
 pub use correlator::{Correlator, CorrelatorConfig, CorrelatorStats, ends_socket};

@@ -7,6 +7,7 @@ mod framing;
 mod http1;
 mod join;
 mod output;
+mod stream_stalls;
 
 use std::collections::HashMap;
 
