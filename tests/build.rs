@@ -362,29 +362,24 @@ fn cache_dir() -> PathBuf {
 /// every build), so while it is missing, watch the deepest directory on its
 /// way that exists instead (its mtime changes when an entry is added), but
 /// never above the cache directory (which is created for that purpose).
+/// Cargo walks a watched directory whole, following symlinks: a missing
+/// explicit path (`TTFT_TRACE_REAL_CUDART=/nonexistent`) once made it watch
+/// `/` and loop in `/sys`, so outside the cache only the file is watched.
 fn watch_real_cudart(real: &Path) {
-    if real.exists() {
-        println!("cargo:rerun-if-changed={}", real.display());
-        return;
-    }
     let cache = cache_dir();
-    let under_cache = real.starts_with(&cache);
-    if under_cache {
+    if !real.exists() && real.starts_with(&cache) {
         let _ = fs::create_dir_all(&cache);
-    }
-    let mut dir = real.parent();
-    while let Some(d) = dir {
-        if d.is_dir() {
-            println!("cargo:rerun-if-changed={}", d.display());
-            return;
+        let mut dir = real.parent();
+        while let Some(d) = dir.filter(|d| d.starts_with(&cache)) {
+            if d.is_dir() {
+                println!("cargo:rerun-if-changed={}", d.display());
+                return;
+            }
+            dir = d.parent();
         }
-        if under_cache && d == cache {
-            break;
-        }
-        dir = d.parent();
     }
-    // Nothing to watch (an explicit path whose directories are all missing):
-    // watch the file itself, at the price of a rerun on every build.
+    // Present, or an explicit path outside the cache: the file itself (a
+    // missing one reruns this script on every build).
     println!("cargo:rerun-if-changed={}", real.display());
 }
 

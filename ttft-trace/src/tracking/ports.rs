@@ -93,32 +93,19 @@ impl Ports {
             .iter()
             .filter_map(|l| Some((l.netns?, l.port)))
             .collect();
-        let in_kernel = probes.listen_netns_pairs()?;
-        let unheld: BTreeSet<(u32, u16)> = in_kernel
-            .iter()
-            .filter(|pair| !held.contains(pair))
-            .copied()
-            .collect();
-        let gone: Vec<(u32, u16)> = unheld.intersection(&self.unheld).copied().collect();
-        let kept: BTreeSet<u16> = in_kernel
-            .iter()
-            .filter(|pair| !gone.contains(pair))
-            .map(|&(_, port)| port)
-            .collect();
-        for &(netns, port) in &gone {
-            probes.remove_listen_pair(netns, port, kept.contains(&port))?;
+        let in_kernel: BTreeSet<(u32, u16)> = probes.listen_netns_pairs()?.into_iter().collect();
+        let closed = closed_listeners(&in_kernel, &held, &self.unheld);
+        for &(netns, port) in &closed.gone {
+            probes.remove_listen_pair(netns, port, closed.ports_kept.contains(&port))?;
             self.listen_ports.remove(&(Some(netns), port));
         }
-        if !gone.is_empty() {
+        if !closed.gone.is_empty() {
             log::debug!(
                 "{} listening port(s) closed: no longer followed",
-                gone.len()
+                closed.gone.len()
             );
         }
-        self.unheld = unheld
-            .difference(&gone.iter().copied().collect())
-            .copied()
-            .collect();
+        self.unheld = closed.unheld;
         Ok(())
     }
 
@@ -288,9 +275,66 @@ fn with_listeners<'a>(
     SegmentReach::Cgroups(paths)
 }
 
+/// What one scan finds of the `LISTEN_NETNS` pairs: those to remove, the
+/// ports some remaining pair still follows, and those unheld this time.
+#[derive(Debug, PartialEq, Eq)]
+struct ClosedListeners {
+    /// Unheld at this scan and the one before.
+    gone: BTreeSet<(u32, u16)>,
+    /// Ports of the pairs that stay: their `LISTEN_PORTS` mark stays.
+    ports_kept: BTreeSet<u16>,
+    /// Unheld for the first time: removed at the next scan if still so.
+    unheld: BTreeSet<(u32, u16)>,
+}
+
+/// Pure: the kernel's pairs `in_kernel`, the pairs a traced process `held`
+/// at this scan, and those `unheld_before` at the last one.
+fn closed_listeners(
+    in_kernel: &BTreeSet<(u32, u16)>,
+    held: &BTreeSet<(u32, u16)>,
+    unheld_before: &BTreeSet<(u32, u16)>,
+) -> ClosedListeners {
+    let unheld_now: BTreeSet<(u32, u16)> = in_kernel.difference(held).copied().collect();
+    let gone: BTreeSet<(u32, u16)> = unheld_now.intersection(unheld_before).copied().collect();
+    ClosedListeners {
+        ports_kept: in_kernel.difference(&gone).map(|&(_, port)| port).collect(),
+        unheld: unheld_now.difference(&gone).copied().collect(),
+        gone,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn pairs(list: &[(u32, u16)]) -> BTreeSet<(u32, u16)> {
+        list.iter().copied().collect()
+    }
+
+    #[test]
+    fn a_listener_unheld_at_two_scans_goes_and_one_unheld_once_stays() {
+        let in_kernel = pairs(&[(1, 80), (2, 80), (1, 81), (3, 82)]);
+        let held = pairs(&[(1, 80)]);
+        // (2, 80) and (1, 81) were unheld at the last scan too; (3, 82) is
+        // new in the map (a listen() after the /proc read), so it stays.
+        let before = pairs(&[(2, 80), (1, 81), (9, 9)]);
+        let closed = closed_listeners(&in_kernel, &held, &before);
+        assert_eq!(closed.gone, pairs(&[(2, 80), (1, 81)]));
+        assert_eq!(closed.unheld, pairs(&[(3, 82)]));
+        // Port 80 is still followed in namespace 1: its mark stays; 81 goes.
+        assert_eq!(closed.ports_kept, [80, 82].into_iter().collect());
+    }
+
+    #[test]
+    fn thousands_of_ports_closed_leave_the_map_empty_after_two_scans() {
+        let opened: BTreeSet<(u32, u16)> = (0..4000u16).map(|port| (7, 10_000 + port)).collect();
+        let nothing = BTreeSet::new();
+        let first = closed_listeners(&opened, &nothing, &nothing);
+        assert!(first.gone.is_empty());
+        let second = closed_listeners(&opened, &nothing, &first.unheld);
+        assert_eq!(second.gone, opened);
+        assert!(second.unheld.is_empty() && second.ports_kept.is_empty());
+    }
 
     fn cgroups(paths: &[&str]) -> SegmentReach {
         SegmentReach::Cgroups(paths.iter().map(|p| p.to_string()).collect())
