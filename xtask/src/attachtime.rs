@@ -18,10 +18,11 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use serde_json::{Value, json};
 
-use crate::{demo::signal, setup::real_cudart};
-
-/// What a user waits for, each way.
-pub const LIMIT_MS: f64 = 300.0;
+use crate::{
+    bounds::{self, Verdicts},
+    demo::signal,
+    setup::real_cudart,
+};
 
 /// The number after `key` in `line` (`"in 12.5 ms"` -> 12.5).
 fn number_after(line: &str, key: &str) -> Option<f64> {
@@ -155,9 +156,9 @@ fn once(root: &std::path::Path) -> Result<Value> {
 }
 
 /// `runs` attach/detach cycles, each once every earlier tracer's uprobes
-/// are gone (see [`wait_for_detaches`]). Returns the runs, and the failures of the
-/// 300 ms limit (attach, and the tracer's exit) by the median.
-pub fn run(root: &std::path::Path, runs: usize) -> Result<(Value, Vec<String>)> {
+/// are gone (see [`wait_for_detaches`]). Returns the runs, and the verdicts
+/// of attach and the tracer's exit (medians) against [`bounds::ATTACH_MS`].
+pub fn run(root: &std::path::Path, runs: usize) -> Result<(Value, Verdicts)> {
     let mut all = Vec::new();
     for _ in 0..runs {
         let r = once(root)?;
@@ -182,12 +183,12 @@ pub fn run(root: &std::path::Path, runs: usize) -> Result<(Value, Vec<String>)> 
         v.sort_by(f64::total_cmp);
         v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
     };
-    let mut failures = Vec::new();
+    let mut verdicts = Verdicts::default();
     for (key, what) in [("attach_ms", "attach"), ("exit_ms", "detach (exit)")] {
         let m = median(key);
-        if m.is_nan() || m > LIMIT_MS {
-            failures.push(format!("{what}: {m:.0} ms (median) > {LIMIT_MS:.0} ms"));
-        }
+        verdicts.judge(m, bounds::ATTACH_MS, |limit| {
+            format!("{what}: {m:.0} ms (median; limit {limit:.0} ms)")
+        });
     }
-    Ok((json!({ "runs": all }), failures))
+    Ok((json!({ "runs": all }), verdicts))
 }

@@ -72,6 +72,7 @@ use anyhow::{Context as _, Result, anyhow, bail};
 use serde_json::{Value, json};
 
 use crate::{
+    bounds::{self, Verdicts},
     bpfobj::{link_ids, prog_info, settled_link_ids},
     bpfprogs::{BpfStats, other_tracer},
     hosttax::{self, CASES},
@@ -118,7 +119,7 @@ pub const QUICK: Plan = Plan {
     all: false,
 };
 
-/// Judged against [`hosttax::THRESHOLD`]: the default path's programs alone
+/// Judged against [`bounds::HOST_TAX`]: the default path's programs alone
 /// (none -> one) and the tracer as shipped (one -> two); the opt-in exact
 /// source is reported beside them.
 pub const JUDGED: &[&str] = &["programs", "attach", "daemon"];
@@ -372,7 +373,7 @@ fn measure_setup(
 
 /// Runs the toggling bench; returns its results and the lines that break
 /// the threshold (`--quick` prints them without failing).
-pub fn run(root: &Path, plan: &Plan) -> Result<(Value, Vec<String>)> {
+pub fn run(root: &Path, plan: &Plan) -> Result<(Value, Verdicts)> {
     let started = Instant::now();
     let place = Placement::new()?;
     let cpu = place.measured;
@@ -413,7 +414,7 @@ pub fn run(root: &Path, plan: &Plan) -> Result<(Value, Vec<String>)> {
     println!("| operation | off ns/op | {} |", names.join(" | "));
     println!("| --- | --- |{}", " --- |".repeat(names.len()));
     let pct = |r: f64| (r - 1.0) * 100.0;
-    let mut failures = Vec::new();
+    let mut verdicts = Verdicts::default();
     for &(case, what) in CASES {
         let off = setups[0]["cases"][case]["off_ns_per_op"].as_f64();
         let mut line = format!("| {case} | {:.0} |", off.unwrap_or(f64::NAN));
@@ -433,22 +434,24 @@ pub fn run(root: &Path, plan: &Plan) -> Result<(Value, Vec<String>)> {
                 v["phases"],
                 f("added_ns_per_op")
             );
-            if JUDGED.contains(&name) && med > hosttax::THRESHOLD {
+            if JUDGED.contains(&name) {
                 let step = if name.starts_with("programs") {
                     "the tracer's programs, none -> one"
                 } else {
                     "its programs once more"
                 };
-                failures.push(format!(
-                    "toggle: {case} ({what}) costs {:+.1} % under {name} ({step}; median of {} on \
-                     phases against the off phases beside them, quartiles {:+.1} / {:+.1} %), over \
-                     +{:.0} %",
-                    pct(med),
-                    v["phases"],
-                    pct(q1),
-                    pct(q3),
-                    pct(hosttax::THRESHOLD)
-                ));
+                verdicts.judge(med, bounds::HOST_TAX, |limit| {
+                    format!(
+                        "toggle (limit +{:.0} %): {case} ({what}) costs {:+.1} % under {name} \
+                         ({step}; median of {} on phases against the off phases beside them, \
+                         quartiles {:+.1} / {:+.1} %)",
+                        pct(limit),
+                        pct(med),
+                        v["phases"],
+                        pct(q1),
+                        pct(q3)
+                    )
+                });
             }
         }
         println!("{line}");
@@ -459,29 +462,15 @@ pub fn run(root: &Path, plan: &Plan) -> Result<(Value, Vec<String>)> {
         "slice_us": plan.slice_us,
         "ms_per_case": plan.ms_per_case,
         "placement": placement,
-        "threshold_ratio": hosttax::THRESHOLD,
+        "guard_ratio": bounds::HOST_TAX.guard,
+        "goal_ratio": bounds::HOST_TAX.goal,
         "judged_setups": JUDGED,
         "judged_on": "paired_median",
         "cases": CASES.iter().map(|&(c, w)| json!({"case": c, "what": w})).collect::<Vec<_>>(),
         "setups": setups,
-        "failures": failures,
+        "guards_broken": verdicts.broken(),
         "other_tracer_seen": other,
         "seconds": seconds,
     });
-    Ok((results, failures))
-}
-
-/// Prints the verdict of `--only toggle`; true when the threshold holds.
-pub fn verdict(failures: &[String]) -> bool {
-    for f in failures {
-        println!("FAIL {f}");
-    }
-    if failures.is_empty() {
-        println!(
-            "toggle: every operation within +{:.0} % (paired median) under {}",
-            (hosttax::THRESHOLD - 1.0) * 100.0,
-            JUDGED.join(", ")
-        );
-    }
-    failures.is_empty()
+    Ok((results, verdicts))
 }

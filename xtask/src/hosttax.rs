@@ -72,6 +72,7 @@ use anyhow::{Context as _, Result, bail};
 use serde_json::{Value, json};
 
 use crate::{
+    bounds::{self, Verdicts},
     bpfprogs::{BpfStats, other_tracer, program_costs, tracer_like_ids},
     placement::Placement,
     taxsetups::{Setup, setups, start, start_workload, stop},
@@ -98,10 +99,7 @@ pub(crate) const CASES: &[(&str, &str)] = &[
     ),
 ];
 
-/// The most a shipped setup may add to any operation.
-pub const THRESHOLD: f64 = 1.05;
-
-/// Setups judged against [`THRESHOLD`].
+/// Setups judged against [`bounds::HOST_TAX`].
 pub const JUDGED: &[&str] = &["attach", "daemon"];
 
 pub struct Plan {
@@ -188,9 +186,8 @@ fn measure(bin: &Path, ms: u32, cpu: usize) -> Result<BTreeMap<&'static str, f64
     Ok(out)
 }
 
-/// Runs the host-tax measurement; returns its results and the lines that
-/// break the threshold.
-pub fn run(root: &Path, plan: &Plan) -> Result<(Value, Vec<String>)> {
+/// Runs the host-tax measurement; returns its results and their verdicts.
+pub fn run(root: &Path, plan: &Plan) -> Result<(Value, Verdicts)> {
     let bpftrace = Command::new("bpftrace")
         .arg("--version")
         .output()
@@ -303,7 +300,7 @@ fn measure_rounds(
 
 /// Prints the table and builds the results; the lines that break the
 /// threshold come with them.
-fn report(plan: &Plan, setups: &[Setup], placement: Value, m: &Measured) -> (Value, Vec<String>) {
+fn report(plan: &Plan, setups: &[Setup], placement: Value, m: &Measured) -> (Value, Verdicts) {
     let Measured {
         untraced,
         traced,
@@ -317,7 +314,7 @@ fn report(plan: &Plan, setups: &[Setup], placement: Value, m: &Measured) -> (Val
         );
     }
     let mut rows = Vec::new();
-    let mut failures = Vec::new();
+    let mut verdicts = Verdicts::default();
     println!(
         "host tax: untraced processes on CPU {} (the workload and tracer on the others), ns per \
          operation (median of {} rounds x {} runs of {} ms each, alternating untraced and traced); \
@@ -352,19 +349,22 @@ fn report(plan: &Plan, setups: &[Setup], placement: Value, m: &Measured) -> (Val
                 pct(q1),
                 pct(q3)
             );
-            if JUDGED.contains(&setup.name) && pm > THRESHOLD {
-                failures.push(format!(
-                    "host tax over +{:.0} %: {case} ({what}) costs {:+.1} % under {} (paired \
-                     median of {} runs against the untraced runs beside them, quartiles {:+.1} / \
-                     {:+.1} %; medians over all runs {base:.0} -> {ns:.0} ns, {:+.1} %)",
-                    pct(THRESHOLD),
-                    pct(pm),
-                    setup.name,
-                    ratios.len(),
-                    pct(q1),
-                    pct(q3),
-                    pct(ratio)
-                ));
+            if JUDGED.contains(&setup.name) {
+                verdicts.judge(pm, bounds::HOST_TAX, |limit| {
+                    format!(
+                        "host tax (limit +{:.0} %): {case} ({what}) costs {:+.1} % under {} \
+                         (paired median of {} runs against the untraced runs beside them, \
+                         quartiles {:+.1} / {:+.1} %; medians over all runs {base:.0} -> {ns:.0} \
+                         ns, {:+.1} %)",
+                        pct(limit),
+                        pct(pm),
+                        setup.name,
+                        ratios.len(),
+                        pct(q1),
+                        pct(q3),
+                        pct(ratio)
+                    )
+                });
             }
         }
         println!("{line}");
@@ -425,7 +425,8 @@ fn report(plan: &Plan, setups: &[Setup], placement: Value, m: &Measured) -> (Val
         "passes": plan.passes,
         "ms_per_run": plan.ms,
         "placement": placement,
-        "threshold_ratio": THRESHOLD,
+        "guard_ratio": bounds::HOST_TAX.guard,
+        "goal_ratio": bounds::HOST_TAX.goal,
         "judged_setups": JUDGED,
         "judged_on": "paired_ratio",
         "setups": setups_json,
@@ -433,10 +434,10 @@ fn report(plan: &Plan, setups: &[Setup], placement: Value, m: &Measured) -> (Val
         "program_costs": costs,
         "added_ns_per_context_switch": per_switch,
         "added_ns_per_context_switch_paired": per_switch_paired,
-        "failures": failures,
+        "guards_broken": verdicts.broken(),
         "other_tracer_seen": other,
     });
-    (results, failures)
+    (results, verdicts)
 }
 
 #[cfg(test)]

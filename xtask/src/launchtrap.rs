@@ -26,6 +26,7 @@ use serde_json::{Value, json};
 
 use crate::{
     attachtime::wait_for_detaches,
+    bounds::{self, Verdicts},
     bpfprogs::other_tracer,
     demo::{interrupt, signal, start_tracer, wait_stopped},
     taxsetups::start_bpftrace,
@@ -34,8 +35,6 @@ use crate::{
 const LAUNCHES: u32 = 200_000;
 /// Launches per step of a real server shape (eager prefill of a large model).
 const PER_STEP: f64 = 800.0;
-/// Largest traced cost, as a multiple of one empty uprobe's.
-pub const LIMIT: f64 = 1.10;
 
 /// One shape: the workload's style, the library and function bpftrace
 /// probes.
@@ -134,13 +133,13 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// Runs `rounds` rounds of every shape; returns the results and the shapes
-/// over the limit (reported, see docs/costs.md).
-pub fn run(root: &Path, rounds: usize) -> Result<(Value, Vec<String>)> {
+/// Runs `rounds` rounds of the first `shapes` shapes (all: `usize::MAX`);
+/// returns the results and their verdicts against [`bounds::LAUNCH`].
+pub fn run(root: &Path, rounds: usize, shapes: usize) -> Result<(Value, Verdicts)> {
     let mut rows = Vec::new();
-    let mut over = Vec::new();
+    let mut verdicts = Verdicts::default();
     let mut other = false;
-    for shape in SHAPES {
+    for shape in SHAPES.iter().take(shapes) {
         let (mut u, mut e, mut r, mut t, mut b) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for _ in 0..rounds {
@@ -171,12 +170,12 @@ pub fn run(root: &Path, rounds: usize) -> Result<(Value, Vec<String>)> {
             added * PER_STEP / 1e6,
             both / trap
         );
-        if ratio > LIMIT {
-            over.push(format!(
-                "a traced launch ({}) costs {ratio:.2} x one empty uprobe (limit {LIMIT})",
+        verdicts.judge(ratio, bounds::LAUNCH, |limit| {
+            format!(
+                "a traced launch ({}) costs {ratio:.2} x one empty uprobe (limit {limit:.2} x)",
                 shape.name
-            ));
-        }
+            )
+        });
         rows.push(json!({
             "shape": shape.name, "function": shape.function,
             "ns_untraced": um, "ns_empty_uprobe": em, "ns_traced": tm,
@@ -193,8 +192,9 @@ pub fn run(root: &Path, rounds: usize) -> Result<(Value, Vec<String>)> {
         println!("WARNING: another tracer was loaded during the launch runs: they are taxed by it");
     }
     let result = json!({
-        "launches": LAUNCHES, "rounds": rounds, "limit": LIMIT, "shapes": rows,
+        "launches": LAUNCHES, "rounds": rounds, "shapes": rows,
+        "guard": bounds::LAUNCH.guard, "goal": bounds::LAUNCH.goal,
         "other_tracer": other,
     });
-    Ok((result, over))
+    Ok((result, verdicts))
 }

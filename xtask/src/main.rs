@@ -2,6 +2,7 @@
 
 mod attachtime;
 mod bench;
+mod bounds;
 mod bpfobj;
 mod bpfprogs;
 mod cgroup2;

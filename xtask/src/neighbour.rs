@@ -4,7 +4,7 @@
 //! `attach` tracing another (stopped) workload with its uprobes bound to
 //! that tree (the default), and with `--host-wide-probes` (the old reach, as
 //! the daemon's). Rounds alternate the three; medians. The bound setup may
-//! add at most what the host tax allows ([`hosttax::THRESHOLD`]).
+//! add at most half an uprobe trap ([`bounds::neighbour_added_ns`]).
 
 use std::{
     collections::BTreeSet,
@@ -19,9 +19,9 @@ use serde_json::{Value, json};
 
 use crate::{
     attachtime::wait_for_detaches,
+    bounds::{self, Verdicts},
     bpfprogs::other_tracer,
     demo::{start_tracer, wait_stopped},
-    hosttax,
 };
 
 const LAUNCHES: u32 = 200_000;
@@ -69,8 +69,8 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// Runs `rounds` rounds; returns the results and the threshold failures.
-pub fn run(root: &Path, rounds: usize) -> Result<(Value, Vec<String>)> {
+/// Runs `rounds` rounds; returns the results and their verdicts.
+pub fn run(root: &Path, rounds: usize) -> Result<(Value, Verdicts)> {
     let (mut none, mut bound, mut host) = (Vec::new(), Vec::new(), Vec::new());
     let mut other = false;
     for _ in 0..rounds {
@@ -98,16 +98,17 @@ pub fn run(root: &Path, rounds: usize) -> Result<(Value, Vec<String>)> {
             "WARNING: another tracer was loaded during the neighbour runs: they are taxed by it"
         );
     }
-    let mut failures = Vec::new();
-    if b > n * hosttax::THRESHOLD {
-        failures.push(format!(
-            "a neighbour's launch beside attach: {b:.0} ns against {n:.0} ns"
-        ));
-    }
+    let mut verdicts = Verdicts::default();
+    verdicts.judge(b - n, bounds::neighbour_added_ns(n), |limit| {
+        format!(
+            "a neighbour's launch beside attach: {b:.0} ns against {n:.0} ns without a tracer \
+             (limit +{limit:.0} ns)"
+        )
+    });
     let result = json!({
         "launches": LAUNCHES, "rounds": rounds, "other_tracer": other,
         "ns_no_tracer": n, "ns_beside_attach": b, "ns_beside_host_wide_probes": h,
         "runs_no_tracer": none, "runs_beside_attach": bound, "runs_beside_host_wide_probes": host,
     });
-    Ok((result, failures))
+    Ok((result, verdicts))
 }

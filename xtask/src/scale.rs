@@ -35,12 +35,10 @@ use anyhow::{Context as _, Result, bail};
 use serde_json::{Value, json};
 
 use crate::{
+    bounds::{self, Verdicts},
     demo::{free_addr, scrape, signal, start_tracer},
     process::{cmd, output},
 };
-
-/// The most the tracer may hold, in KiB.
-pub const RSS_LIMIT_KIB: u64 = 64 * 1024;
 
 /// One step of load.
 pub struct Step {
@@ -91,6 +89,28 @@ pub const FULL: Plan = Plan {
     seconds: 30.0,
     stagger_s: 5.0,
     warmup_s: 6.0,
+    engines: 8,
+    max_tokens: 100,
+    chunk_ms: 50,
+};
+
+/// `--quick`: 300 connections at 20 chunks a second, then 3 000 at 5 (the
+/// memory per connection between them), 6 s each after a short stagger:
+/// what CI can afford in under a minute.
+pub const QUICK: Plan = Plan {
+    steps: &[
+        Step {
+            connections: 300,
+            steps_per_chunk: 1,
+        },
+        Step {
+            connections: 3_000,
+            steps_per_chunk: 4,
+        },
+    ],
+    seconds: 6.0,
+    stagger_s: 2.0,
+    warmup_s: 3.0,
     engines: 8,
     max_tokens: 100,
     chunk_ms: 50,
@@ -232,7 +252,7 @@ struct Setup<'a> {
 
 /// One step: `connections` held for the plan's time; returns its figures
 /// and what failed.
-fn step(s: &Setup, plan: &Plan, load: &Step) -> Result<(Value, Vec<String>)> {
+fn step(s: &Setup, plan: &Plan, load: &Step) -> Result<(Value, Verdicts)> {
     let connections = load.connections;
     let before = counters(s.metrics)?;
     let mut client = Killed(
@@ -316,29 +336,33 @@ fn step(s: &Setup, plan: &Plan, load: &Step) -> Result<(Value, Vec<String>)> {
          {lost} events lost",
         achieved / offered * 100.0
     );
-    let mut failures = Vec::new();
+    let mut verdicts = Verdicts::default();
     let failed_connects = done["failed_connects"].as_u64().unwrap_or(0);
     let connection_errors = done["connection_errors"].as_u64().unwrap_or(0);
-    if held != connections || failed_connects + connection_errors > 0 {
-        failures.push(format!(
-            "scale: the generator held {held} of {connections} connections \
-             ({failed_connects} failed connects, {connection_errors} connection errors)"
-        ));
-    }
-    if traced_ok != completed || first_tokens != completed || traced_all != completed {
-        failures.push(format!(
-            "scale at {connections}: {completed} requests completed by the client, the tracer \
-             reports {traced_all} ({traced_ok} ok, {first_tokens} with a first token)"
-        ));
-    }
-    if lost > 0 {
-        failures.push(format!("scale at {connections}: {lost} events lost"));
-    }
-    if evicted > 0 {
-        failures.push(format!(
-            "scale at {connections}: {evicted} entries evicted from bounded tables"
-        ));
-    }
+    verdicts.require(
+        held == connections && failed_connects + connection_errors == 0,
+        || {
+            format!(
+                "scale: the generator held {held} of {connections} connections \
+                 ({failed_connects} failed connects, {connection_errors} connection errors)"
+            )
+        },
+    );
+    verdicts.require(
+        traced_ok == completed && first_tokens == completed && traced_all == completed,
+        || {
+            format!(
+                "scale at {connections}: {completed} requests completed by the client, the \
+                 tracer reports {traced_all} ({traced_ok} ok, {first_tokens} with a first token)"
+            )
+        },
+    );
+    verdicts.require(lost == 0, || {
+        format!("scale at {connections}: {lost} events lost")
+    });
+    verdicts.require(evicted == 0, || {
+        format!("scale at {connections}: {evicted} entries evicted from bounded tables")
+    });
     let result = json!({
         "connections": held, "seconds": plan.seconds, "window_s": secs,
         "chunks_per_s_offered": offered, "chunks_per_s_achieved": achieved,
@@ -351,11 +375,11 @@ fn step(s: &Setup, plan: &Plan, load: &Step) -> Result<(Value, Vec<String>)> {
         "machine_busy_percent": machine,
         "loadgen": done, "connect": connected,
     });
-    Ok((result, failures))
+    Ok((result, verdicts))
 }
 
-/// Runs the plan; returns the results and the threshold failures.
-pub fn run(root: &Path, plan: &Plan) -> Result<(Value, Vec<String>)> {
+/// Runs the plan; returns the results and their verdicts.
+pub fn run(root: &Path, plan: &Plan) -> Result<(Value, Verdicts)> {
     // Release: a debug client would not offer the rate.
     cmd(Command::new("cargo").current_dir(root).args([
         "build",
@@ -427,10 +451,10 @@ pub fn run(root: &Path, plan: &Plan) -> Result<(Value, Vec<String>)> {
         hz,
     };
     let mut steps = Vec::new();
-    let mut failures = Vec::new();
+    let mut verdicts = Verdicts::default();
     for load in plan.steps {
-        let (result, f) = step(&setup, plan, load)?;
-        failures.extend(f);
+        let (result, v) = step(&setup, plan, load)?;
+        verdicts.extend(v);
         steps.push(result);
     }
     let hwm_kib = status_kib(tracer_pid, "VmHWM:")?;
@@ -458,16 +482,15 @@ pub fn run(root: &Path, plan: &Plan) -> Result<(Value, Vec<String>)> {
         .flatten()
         .filter_map(|w| w["stats"]["connections_refused"].as_u64())
         .sum();
-    if hwm_kib > RSS_LIMIT_KIB {
-        failures.push(format!(
-            "scale: the tracer's peak RSS is {hwm_kib} KiB, over {RSS_LIMIT_KIB} KiB"
-        ));
-    }
-    if refused > 0 {
-        failures.push(format!(
-            "scale: {refused} connections refused by the correlator"
-        ));
-    }
+    verdicts.judge(hwm_kib as f64, bounds::SCALE_RSS_KIB, |limit| {
+        format!("scale: the tracer's peak RSS is {hwm_kib} KiB (limit {limit:.0} KiB)")
+    });
+    verdicts.require(events_lost == 0, || {
+        format!("scale: {events_lost} events lost over the whole run")
+    });
+    verdicts.require(refused == 0, || {
+        format!("scale: {refused} connections refused by the correlator")
+    });
     // Memory per connection: between the first step and the first with the
     // most connections (the same chunk rate per connection where the plan
     // allows).
@@ -488,18 +511,25 @@ pub fn run(root: &Path, plan: &Plan) -> Result<(Value, Vec<String>)> {
         f64::NAN
     };
     println!(
-        "scale: tracer peak RSS {hwm_kib} KiB (limit {RSS_LIMIT_KIB}); {per_conn_bytes:.0} bytes \
-         per connection ({conns_lo} -> {conns_hi} connections); {events_lost} events lost in all"
+        "scale: tracer peak RSS {hwm_kib} KiB; {per_conn_bytes:.0} bytes per connection \
+         ({conns_lo} -> {conns_hi} connections); {events_lost} events lost in all"
     );
+    verdicts.judge(per_conn_bytes, bounds::BYTES_PER_CONNECTION, |limit| {
+        format!(
+            "scale: {per_conn_bytes:.0} bytes per followed connection ({conns_lo} -> {conns_hi} \
+             connections; limit {limit:.0})"
+        )
+    });
     let result = json!({
         "plan": {"seconds": plan.seconds, "stagger_s": plan.stagger_s,
                  "warmup_s": plan.warmup_s, "engines": plan.engines,
                  "max_tokens": plan.max_tokens, "chunk_ms": plan.chunk_ms},
         "tracer_rss_kib_idle": idle_kib, "tracer_rss_kib_peak_idle": idle_hwm_kib,
         "tracer_rss_kib_peak": hwm_kib,
-        "rss_limit_kib": RSS_LIMIT_KIB, "bytes_per_connection": per_conn_bytes,
+        "rss_guard_kib": bounds::SCALE_RSS_KIB.guard, "bytes_per_connection": per_conn_bytes,
+        "guards_broken": verdicts.broken(),
         "events_lost": events_lost, "connections_refused": refused,
         "steps": steps, "totals": totals,
     });
-    Ok((result, failures))
+    Ok((result, verdicts))
 }
