@@ -290,7 +290,7 @@ pub fn bench(quick: bool, only: Option<Part>) -> Result<()> {
 
 /// `--quick`, for CI: one short round of each guarded figure (the toggle
 /// host tax, attach and detach, a neighbour's launch, a traced launch
-/// against one trap, scale to 3 000 connections), and the stated ones; fails
+/// against one trap (3 rounds, one shape), scale to 3 000 connections), and the stated ones; fails
 /// when a guard is broken. The block host tax is left to the full bench: one
 /// 100 ms round of it moves by 10 to 20 % on this VM, more than it could
 /// judge.
@@ -303,7 +303,7 @@ fn quick_bench(root: &std::path::Path) -> Result<()> {
     let (neighbour, v) = neighbour::run(root, 1)?;
     write_result(root, "neighbour.json", &neighbour)?;
     verdicts.extend(v);
-    let (launches, v) = launchtrap::run(root, 1, 1)?;
+    let (launches, v) = launchtrap::run(root, 3, 1)?;
     write_result(root, "launches.json", &launches)?;
     verdicts.extend(v);
     let (scale, v) = scale::run(root, &scale::QUICK)?;
