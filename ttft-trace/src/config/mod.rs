@@ -24,6 +24,7 @@ use crate::{
         otlp::{OtlpConfig, Protocol},
     },
     nvml::NvmlConfig,
+    requests::stream_stalls::StallConfig,
     workloads::Filters,
 };
 
@@ -68,6 +69,8 @@ pub struct TraceConfig {
     pub sched: SchedSignals,
     /// Thresholds of the cause attribution.
     pub causes: CauseConfig,
+    /// What a stall after the first token is.
+    pub stalls: StallConfig,
     /// NVML sampling; None: off.
     pub nvml: Option<NvmlConfig>,
     pub labels: LabelConfig,
@@ -156,6 +159,7 @@ fn trace_config(
             common.causes_config.as_deref(),
             file.slo_ms,
         )?,
+        stalls: stall_config(common.stall_threshold_ms.unwrap_or(file.stall_threshold_ms)),
         nvml: (file.nvml.enabled && !common.no_nvml).then(|| NvmlConfig {
             period: Duration::from_millis(file.nvml.period_ms),
             library_path: common
@@ -176,6 +180,14 @@ fn trace_config(
         },
         otlp: otlp_config(&file.otlp, common, |v| std::env::var_os(v))?,
     })
+}
+
+/// A fixed stall threshold of `ms`, or the adaptive rule for 0.
+fn stall_config(ms: u64) -> StallConfig {
+    StallConfig {
+        fixed_ns: (ms > 0).then(|| ms.saturating_mul(1_000_000)),
+        ..StallConfig::default()
+    }
 }
 
 /// OTLP export is on when an endpoint is named: by the flag, the file, or
@@ -304,6 +316,7 @@ mod tests {
             duration: None,
             ports: vec![],
             causes_config: None,
+            stall_threshold_ms: None,
             no_nvml: true,
             nvml_lib: None,
             otlp_endpoint: endpoint.map(str::to_string),

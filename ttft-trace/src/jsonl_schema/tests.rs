@@ -15,7 +15,7 @@ use crate::{
         LibraryView, WorkloadView,
         jsonl::{Jsonl, RunTotals},
     },
-    judging::JudgedRequest,
+    judging::{JudgedRequest, JudgedStalls},
     nvml::WindowReadings,
     report::{
         Lines,
@@ -66,6 +66,7 @@ pub(crate) fn slow_request() -> JudgedRequest {
         evidence,
         attribution,
         tcp_retransmits: 2,
+        stalls: JudgedStalls::default(),
     }
 }
 

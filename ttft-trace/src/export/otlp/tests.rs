@@ -17,7 +17,7 @@ use prometheus::Registry;
 use super::{Otlp, OtlpConfig};
 use crate::{
     causes::{Attribution, Cause, CauseClass, Evidence, RequestTimes},
-    judging::JudgedRequest,
+    judging::{JudgedRequest, JudgedStalls},
     report::tests::{MS, record},
     requests::Outcome,
     workloads::WorkloadLabels,
@@ -92,6 +92,7 @@ pub(super) fn judged(i: u64) -> JudgedRequest {
         evidence,
         attribution,
         tcp_retransmits: if slow { 2 } else { 0 },
+        stalls: JudgedStalls::default(),
     }
 }
 
