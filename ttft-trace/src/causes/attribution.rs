@@ -65,6 +65,16 @@ impl Serialize for CauseClass {
 /// absence of one.
 pub const UNEXPLAINED: &str = "unexplained";
 
+/// The `cause` label values of something judged slow (a request, a stall)
+/// with these causes: one per cause, or `unexplained` when none.
+pub fn labels_of(causes: &[Cause]) -> Vec<&'static str> {
+    if causes.is_empty() {
+        vec![UNEXPLAINED]
+    } else {
+        causes.iter().map(|c| c.class.name()).collect()
+    }
+}
+
 /// One cause of one slow request.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Cause {
@@ -113,10 +123,10 @@ impl Attribution {
     /// The `cause` label values this request counts under: one per cause, or `unexplained`.
     /// Empty when not slow.
     pub fn labels(&self) -> Vec<&'static str> {
-        if self.unexplained() {
-            vec![UNEXPLAINED]
+        if self.slow {
+            labels_of(&self.causes)
         } else {
-            self.causes.iter().map(|c| c.class.name()).collect()
+            Vec::new()
         }
     }
 }

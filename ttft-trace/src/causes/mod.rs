@@ -55,7 +55,7 @@ mod rules;
 mod stalls;
 mod summary;
 
-pub use attribution::{Attribution, Cause, CauseClass, UNEXPLAINED};
+pub use attribution::{Attribution, Cause, CauseClass, UNEXPLAINED, labels_of};
 pub use config::CauseConfig;
 pub use evidence::{Evidence, RETRANSMIT_TIMES_CAP, RequestTimes};
 pub use rules::attribute;

@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use super::{evidence, prefills::Prefills};
 use crate::{
-    causes::{Cause, CauseConfig, RequestId, StallEvidence, UNEXPLAINED, attribute_stall},
+    causes::{Cause, CauseConfig, RequestId, StallEvidence, attribute_stall, labels_of},
     nvml::Sampler,
     requests::{
         EpisodeHistory, RequestRecord,
@@ -31,11 +31,7 @@ pub struct JudgedStall {
 impl JudgedStall {
     /// The `cause` label values this stall counts under: one per cause, or `unexplained`.
     pub fn labels(&self) -> Vec<&'static str> {
-        if self.causes.is_empty() {
-            vec![UNEXPLAINED]
-        } else {
-            self.causes.iter().map(|c| c.class.name()).collect()
-        }
+        labels_of(&self.causes)
     }
 }
 
