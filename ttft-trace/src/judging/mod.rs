@@ -21,6 +21,7 @@ use crate::{
     host::clock::monotonic_ns,
     nvml::Sampler,
     requests::{EpisodeHistory, RequestRecord, stream_stalls::StallConfig},
+    routing::Workload,
     signals::SignalStore,
 };
 
@@ -43,6 +44,17 @@ pub struct WorkloadSignals<'a> {
     pub root: u32,
     pub store: &'a SignalStore,
     pub(crate) episodes: Option<&'a EpisodeHistory>,
+}
+
+impl<'a> WorkloadSignals<'a> {
+    /// What workload `w` gives: its signals and its recent GPU episodes.
+    pub fn of(w: &'a Workload) -> Self {
+        Self {
+            root: w.root,
+            store: &w.signals,
+            episodes: Some(w.correlator.episodes()),
+        }
+    }
 }
 
 pub struct Judge {

@@ -165,11 +165,7 @@ impl Session {
                 }
                 Routed::Request { root, record } => {
                     if let Some(w) = self.router.workloads.by_root.get(&root) {
-                        let signals = WorkloadSignals {
-                            root,
-                            store: &w.signals,
-                            episodes: Some(w.correlator.episodes()),
-                        };
+                        let signals = WorkloadSignals::of(w);
                         let judged = self.judge.request(*record, &signals, now);
                         self.sinks.request(workload_view(w), &judged);
                     }
