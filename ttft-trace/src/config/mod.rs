@@ -310,6 +310,38 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// The settings file's `stall_threshold_ms` unless the flag says
+    /// otherwise; 0 is the adaptive rule.
+    #[test]
+    fn the_stall_threshold_from_the_file_or_the_flag() {
+        let common = |ms: Option<u64>| flags::CommonArgs {
+            duration: None,
+            ports: vec![],
+            causes_config: None,
+            stall_threshold_ms: ms,
+            no_nvml: true,
+            nvml_lib: None,
+            otlp_endpoint: None,
+            otlp_sample_ratio: None,
+            sched: None,
+            sched_sample_ms: None,
+        };
+        let file = DaemonConfig {
+            stall_threshold_ms: 300,
+            ..DaemonConfig::default()
+        };
+        let fixed = |file: &DaemonConfig, ms| {
+            trace_config(file, &common(ms))
+                .expect("valid")
+                .stalls
+                .fixed_ns
+        };
+        assert_eq!(fixed(&file, None), Some(300_000_000));
+        assert_eq!(fixed(&file, Some(0)), None);
+        assert_eq!(fixed(&file, Some(150)), Some(150_000_000));
+        assert_eq!(fixed(&DaemonConfig::default(), None), None);
+    }
+
     #[test]
     fn otlp_is_on_when_an_endpoint_is_named_by_flag_file_or_variable() {
         let common = |endpoint: Option<&str>, ratio: Option<f64>| flags::CommonArgs {
