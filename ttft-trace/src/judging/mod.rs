@@ -10,7 +10,6 @@ mod prefills;
 mod stall_tests;
 mod stalls;
 
-pub use prefills::PER_WORKLOAD as PREFILLS_PER_WORKLOAD;
 pub use stalls::{JudgedStall, JudgedStalls};
 
 use ttft_trace_common::{EpisodeEvent, signals::TCP_RETRANSMIT};
@@ -121,13 +120,9 @@ impl Judge {
         let signals = w.store;
         let stalls = stalls::judge(
             &record,
-            &stalls::StallSources {
-                root: w.root,
-                store: signals,
-                episodes: w.episodes,
-                gpu: self.gpu.as_ref(),
-                prefills: &self.prefills,
-            },
+            w,
+            self.gpu.as_ref(),
+            &self.prefills,
             &self.stall_config,
             &self.causes,
         );

@@ -4,15 +4,14 @@
 
 use serde::Serialize;
 
-use super::{evidence, prefills::Prefills};
+use super::{WorkloadSignals, evidence, prefills::Prefills};
 use crate::{
     causes::{Cause, CauseConfig, RequestId, StallEvidence, attribute_stall, labels_of},
     nvml::Sampler,
     requests::{
-        EpisodeHistory, RequestRecord,
+        RequestRecord,
         stream_stalls::{DEGRADING_PERMILLE, StallConfig, find_stalls, tpot_ratio_permille},
     },
-    signals::SignalStore,
 };
 
 /// One stall, judged.
@@ -54,19 +53,13 @@ pub struct JudgedStalls {
     pub degrading: bool,
 }
 
-/// Where a stall's evidence is read.
-pub struct StallSources<'a> {
-    pub root: u32,
-    pub store: &'a SignalStore,
-    pub(crate) episodes: Option<&'a EpisodeHistory>,
-    pub gpu: Option<&'a Sampler>,
-    pub prefills: &'a Prefills,
-}
-
-/// Finds `record`'s stalls under `config` and judges each listed one.
+/// Finds `record`'s stalls under `config` and judges each listed one on
+/// the workload's signals `w`, the GPU readings and the prefills known.
 pub fn judge(
     record: &RequestRecord,
-    src: &StallSources,
+    w: &WorkloadSignals,
+    gpu: Option<&Sampler>,
+    prefills: &Prefills,
     config: &StallConfig,
     causes: &CauseConfig,
 ) -> JudgedStalls {
@@ -81,16 +74,16 @@ pub fn judge(
     };
     let found = find_stalls(ft, &record.itl_ns, config);
     // GPU busy and idle time only for a request joined to GPU work.
-    let episodes = src.episodes.filter(|_| record.queue_ns.is_some());
+    let episodes = w.episodes.filter(|_| record.queue_ns.is_some());
     out.windows = found
         .windows
         .iter()
-        .map(|w| {
-            let (a, b) = (w.t_start_ns, w.t_end_ns);
+        .map(|stall| {
+            let (a, b) = (stall.t_start_ns, stall.t_end_ns);
             let steps = episodes.map(|h| h.steps_in(a, b));
-            let overlaps = src.prefills.overlapping(src.root, record, a, b);
+            let overlaps = prefills.overlapping(w.root, record, a, b);
             let ev = StallEvidence {
-                window: evidence::gather_stall(record, src.store, src.gpu, steps, a, b),
+                window: evidence::gather_stall(record, w.store, gpu, steps, a, b),
                 prefill_overlap_ns: overlaps.union_ns,
                 longest_prefill: overlaps.longest,
                 prefills: overlaps.count,
@@ -99,7 +92,7 @@ pub fn judge(
             JudgedStall {
                 t_start_ns: a,
                 t_end_ns: b,
-                duration_ns: w.duration_ns(),
+                duration_ns: stall.duration_ns(),
                 causes: verdict.causes,
                 interfering_request: verdict.interfering,
             }
