@@ -59,7 +59,7 @@ pub struct CauseConfig {
     /// loaded (a swap moves both ways). 1 GiB: more than any KV-cache swap-in of one step.
     pub load_min_bytes: u64,
     /// A stall after the first token is `prefill_interference` when other requests'
-    /// prefills (their GPU start to their first token) cover at least this share of it. 0.5:
+    /// prefills (the GPU episodes of their first tokens) cover at least this share of it. 0.5:
     /// a prefill that ran through most of the gap held the step that would have sent the
     /// next chunk; one that overlapped its edge did not.
     pub stall_prefill_min_share: f64,

@@ -7,7 +7,7 @@
 //!
 //! | cause | fires when | explains |
 //! | --- | --- | --- |
-//! | `prefill_interference` | other requests' prefills (GPU start to first token, same workload and GPU process) cover ≥ `stall_prefill_min_share` (0.5) of the stall | the covered time; the request with the longest overlap is named |
+//! | `prefill_interference` | other requests' prefills (the GPU episode of each one's first token, same workload and GPU process) cover ≥ `stall_prefill_min_share` (0.5) of the stall | the covered time; the request with the longest overlap is named |
 //! | `network` | the request's connection retransmitted inside the stall or up to [`NETWORK_LOOKBACK_NS`] before it, and the stall from that retransmit on is ≥ the `network` threshold (100 ms, or half the SLO) | the stall from the first such retransmit (all of it when that came before) |
 //! | `queueing`, `batching`, `cpu`, `gpu_memory` | as for TTFT, on the stall's window as the queue window (the GPU's idle and busy time, steps completed, run-queue delay, CPU-stage time, copies, NVML memory in it) | as for TTFT, capped at the stall |
 

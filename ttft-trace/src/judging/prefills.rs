@@ -1,6 +1,7 @@
 //! Recent requests' prefill windows, per workload: what a stall after the first token is
-//! checked against for `prefill_interference`. A request's window, from its GPU work's start
-//! (`t_arrive + queue`) to its first token, is kept when it is judged, that is when it has
+//! checked against for `prefill_interference`. A request's window, the GPU episode that
+//! produced its first token (`t_arrive + queue` to `+ gpu`: the GPU running its first step,
+//! not its egress after it), is kept when it is judged, that is when it has
 //! finished: a stall is compared with the prefills of requests finished before the stalled
 //! one (a long request whose prefill fell in the stall but which ends later is not seen).
 //! At most [`PER_WORKLOAD`] windows per workload, the oldest evicted and counted.
@@ -65,7 +66,7 @@ impl Prefills {
 
     /// Keeps `r`'s prefill window (when its GPU work is known) for workload `root`.
     pub fn insert(&mut self, root: u32, r: &RequestRecord) {
-        let (Some(queue), Some(ft)) = (r.queue_ns, r.t_first_token_ns) else {
+        let (Some(queue), Some(gpu)) = (r.queue_ns, r.gpu_ns) else {
             return;
         };
         let ring = self.by_root.entry(root).or_default();
@@ -77,8 +78,8 @@ impl Prefills {
         ring.push_back(Prefill {
             request: id_of(r),
             gpu_pid: r.gpu_pid,
-            t_start_ns: start.min(ft),
-            t_end_ns: ft,
+            t_start_ns: start,
+            t_end_ns: start.saturating_add(gpu),
         });
     }
 

@@ -117,7 +117,9 @@ fn another_requests_prefill_in_the_gap_is_named() {
         b.request_index = 3;
         b.t_arrive_ns = T0 + arrive_ms * MS;
         b.queue_ns = Some(queue_ms * MS);
-        b.t_first_token_ns = Some(T0 + 600 * MS);
+        // Its GPU step ends at 600 ms, its first token sent at 605 ms.
+        b.gpu_ns = Some((600 - arrive_ms - queue_ms) * MS);
+        b.t_first_token_ns = Some(T0 + 605 * MS);
         b.gpu_pid = Some(gpu_pid);
         (root, b)
     };

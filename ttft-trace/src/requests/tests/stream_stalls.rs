@@ -144,8 +144,8 @@ fn another_requests_prefill_stalls_a_stream_end_to_end() {
     assert_eq!((stall.t_start_ns, stall.t_end_ns), (ms(1140), ms(1565)));
     let classes: Vec<CauseClass> = stall.causes.iter().map(|c| c.class).collect();
     assert_eq!(classes, [CauseClass::PrefillInterference]);
-    // B's prefill: its GPU start (1160 ms) to its first token (1562 ms).
-    assert_eq!(stall.causes[0].explained_ns, ms(402));
+    // B's prefill: its GPU episode, 1160 to 1560 ms (not its egress after).
+    assert_eq!(stall.causes[0].explained_ns, ms(400));
     assert_eq!(
         stall.interfering_request,
         Some(RequestId {
