@@ -1,15 +1,15 @@
 //! Why a stream stalled after its first token (issue 31, item 2): each stall's window
 //! `[send before, send after]` judged by the TTFT rules that read a window's signals
-//! (`queueing`, `batching`, `cpu`, `gpu_memory`, same code and thresholds, the stall standing
-//! for the queue: the request waited for its next step throughout), a `network` rule on the
-//! request's own connection, and `prefill_interference`. A stall no rule explains is
-//! `unexplained`; nothing is forced.
+//! (`queueing`, `batching`, `cpu`, `gpu_memory`, same code and thresholds; the stall split as
+//! TTFT is, at the GPU step that ended it: *queue* from its start to that step's launch, *GPU*
+//! the step), a `network` rule on the request's own connection, and `prefill_interference`. A
+//! stall no rule explains is `unexplained`; nothing is forced.
 //!
 //! | cause | fires when | explains |
 //! | --- | --- | --- |
 //! | `prefill_interference` | other requests' prefills (the GPU episode of each one's first token, same workload and GPU process) cover ≥ `stall_prefill_min_share` (0.5) of the stall | the covered time; the request with the longest overlap is named |
 //! | `network` | the request's connection retransmitted inside the stall or up to [`NETWORK_LOOKBACK_NS`] before it, and the stall from that retransmit on is ≥ the `network` threshold (100 ms, or half the SLO) | the stall from the first such retransmit (all of it when that came before) |
-//! | `queueing`, `batching`, `cpu`, `gpu_memory` | as for TTFT, on the stall's window as the queue window (the GPU's idle and busy time, steps completed, run-queue delay, CPU-stage time, copies, NVML memory in it) | as for TTFT, capped at the stall |
+//! | `queueing`, `batching`, `cpu`, `gpu_memory` | as for TTFT, on the stall as the TTFT window and its part before the step that ended it as the queue (the GPU's idle and busy time, steps completed, CPU-stage time, copies there; run-queue delay, NVML memory over the whole stall) | as for TTFT, capped at the stall |
 
 use serde::{Serialize, Serializer};
 
@@ -47,8 +47,9 @@ pub struct PrefillOverlap {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct StallEvidence {
     /// The TTFT evidence filled over the stall: `request.t_arrive_ns` is its start,
-    /// `ttft_ns` and `queue_ns` its duration, `gpu_ns` the GPU-busy part of it; the
-    /// retransmits are those from [`NETWORK_LOOKBACK_NS`] before it to its end.
+    /// `ttft_ns` its duration, `queue_ns` and `gpu_ns` the wait for the GPU step that ended
+    /// it and that step (`None` when not known); the retransmits are those from
+    /// [`NETWORK_LOOKBACK_NS`] before it to its end.
     pub window: Evidence,
     /// Union of other requests' prefills over the stall.
     pub prefill_overlap_ns: u64,

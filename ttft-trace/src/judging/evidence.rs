@@ -5,7 +5,7 @@ use crate::{
     causes::{Evidence, NETWORK_LOOKBACK_NS, RequestTimes},
     host::targets,
     nvml::Sampler,
-    requests::RequestRecord,
+    requests::{Join, RequestRecord},
     signals::SignalStore,
 };
 use ttft_trace_common::signals::{SCHED_BLOCKED, TCP_RETRANSMIT, TcpEvent};
@@ -44,30 +44,38 @@ pub fn gather(
     ev
 }
 
-/// Evidence over one stall `[start, end]` of `record`'s stream: the TTFT evidence's signals
-/// with the stall as the queue and TTFT window (`causes::StallEvidence`), the GPU's busy
-/// and idle time in it from `steps` (episodes completed in it, time covered by none; `None`
-/// for a request joined to no GPU work), and the connection's retransmits from
-/// `causes::NETWORK_LOOKBACK_NS` before it to its end.
+/// Evidence over one stall `[start, end]` of `record`'s stream (`causes::StallEvidence`):
+/// the TTFT evidence's signals with the stall as the TTFT window, split as TTFT is at the
+/// GPU step that ended it (`join` of the stall's window: the last episode completed in it;
+/// `None` for a request joined to no GPU work): *queue* from the stall's start to that
+/// step's launch, *GPU* the step; without a step, no queue (only the run-queue delay is
+/// read). Retransmits from `causes::NETWORK_LOOKBACK_NS` before the stall to its end.
 pub fn gather_stall(
     record: &RequestRecord,
     store: &SignalStore,
     gpu: Option<&Sampler>,
-    steps: Option<(u32, u64)>,
+    join: Option<&Join>,
     start: u64,
     end: u64,
 ) -> Evidence {
     let span = end.saturating_sub(start);
+    // A step launched before the stall began counts from its start, as a
+    // request that joined a running batch does.
+    let step = join.and_then(|j| j.episode).map(|e| {
+        let launch = e.t_first_launch_ns.clamp(start, end);
+        (launch - start, e.t_copy_done_ns.clamp(launch, end) - launch)
+    });
     let mut ev = Evidence::new(RequestTimes {
         t_arrive_ns: start,
         ttft_ns: Some(span),
-        queue_ns: Some(span),
-        gpu_ns: steps.map(|(_, idle)| span.saturating_sub(idle)),
-        gpu_steps_waited: steps.map(|(n, _)| n),
-        gpu_idle_before_start_ns: steps.map(|(_, idle)| idle.min(span)),
+        queue_ns: step.map(|s| s.0),
+        gpu_ns: step.map(|s| s.1),
+        gpu_steps_waited: join.map(|j| j.steps_waited),
+        gpu_idle_before_start_ns: join.and_then(|j| j.idle_before_start_ns),
         ..RequestTimes::default()
     });
-    fill_window(&mut ev, record, store, gpu, start, Some(end), end);
+    let qe = ev.request.t_gpu_start_ns();
+    fill_window(&mut ev, record, store, gpu, start, qe, end);
     for e in store.tcp_events_in(record.sk, start.saturating_sub(NETWORK_LOOKBACK_NS), end) {
         add_tcp(&mut ev, e);
     }

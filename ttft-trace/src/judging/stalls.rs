@@ -80,10 +80,11 @@ pub fn judge(
         .iter()
         .map(|stall| {
             let (a, b) = (stall.t_start_ns, stall.t_end_ns);
-            let steps = episodes.map(|h| h.steps_in(a, b));
+            // The GPU step that ended the stall, and what ran before it.
+            let join = episodes.map(|h| h.join(a, b));
             let overlaps = prefills.overlapping(w.root, record, a, b);
             let ev = StallEvidence {
-                window: evidence::gather_stall(record, w.store, gpu, steps, a, b),
+                window: evidence::gather_stall(record, w.store, gpu, join.as_ref(), a, b),
                 prefill_overlap_ns: overlaps.union_ns,
                 longest_prefill: overlaps.longest,
                 prefills: overlaps.count,

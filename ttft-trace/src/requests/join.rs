@@ -89,7 +89,12 @@ impl EpisodeHistory {
     }
 
     pub fn join(&self, t_arrive: u64, t_first_token: u64) -> Join {
-        let (lo, hi) = self.completed_in(t_arrive, t_first_token);
+        let lo = self
+            .episodes
+            .partition_point(|e| e.t_copy_done_ns < t_arrive);
+        let hi = self
+            .episodes
+            .partition_point(|e| e.t_copy_done_ns <= t_first_token);
         let episode = (hi > lo).then(|| self.episodes[hi - 1]);
         Join {
             episode,
@@ -97,21 +102,6 @@ impl EpisodeHistory {
             idle_before_start_ns: episode
                 .map(|e| self.idle_between(t_arrive, e.t_first_launch_ns.max(t_arrive), lo)),
         }
-    }
-
-    /// The index range of the episodes that completed in `[a, b]`.
-    fn completed_in(&self, a: u64, b: u64) -> (usize, usize) {
-        let lo = self.episodes.partition_point(|e| e.t_copy_done_ns < a);
-        let hi = self.episodes.partition_point(|e| e.t_copy_done_ns <= b);
-        (lo, hi.max(lo))
-    }
-
-    /// Over `[a, b]` (a stall after the first token): the episodes that
-    /// completed in it, and the time covered by none.
-    pub fn steps_in(&self, a: u64, b: u64) -> (u32, u64) {
-        let (lo, hi) = self.completed_in(a, b);
-        let steps = u32::try_from(hi.saturating_sub(lo)).unwrap_or(u32::MAX);
-        (steps, self.idle_between(a, b.max(a), lo))
     }
 
     /// Time in `[start, end)` not covered by any episode, looking at the
@@ -184,14 +174,6 @@ mod tests {
         assert_eq!(j.episode.map(|e| e.t_copy_done_ns), Some(170));
         assert_eq!(j.steps_waited, 4);
         assert_eq!(j.idle_before_start_ns, Some(90));
-    }
-
-    #[test]
-    fn steps_and_idle_time_inside_a_stall() {
-        let h = history(&[(50, 90), (100, 130), (140, 170), (180, 260)]);
-        // [100, 200]: two completed (130, 170); busy 100..130, 140..170, 180..200.
-        assert_eq!(h.steps_in(100, 200), (2, 20));
-        assert_eq!(h.steps_in(300, 400), (0, 100));
     }
 
     #[test]
