@@ -1,5 +1,6 @@
 //! What the kernel puts in the ring buffer, as bytes: any record, of any
-//! length, routed to a workload's correlator and signals, then judged. A
+//! length, routed to a workload's correlator and signals, then judged (its
+//! stalls after the first token too). A
 //! record the decoder does not know is counted, never a panic.
 
 #![no_main]
@@ -7,7 +8,8 @@
 use libfuzzer_sys::fuzz_target;
 use ttft_trace::{
     causes::CauseConfig,
-    judging::Judge,
+    judging::{Judge, WorkloadSignals},
+    requests::stream_stalls::StallConfig,
     routing::{Routed, Router, Workload},
     workloads::WorkloadLabels,
 };
@@ -17,7 +19,7 @@ fuzz_target!(|data: &[u8]| {
     router
         .workloads
         .insert(Workload::new(10, WorkloadLabels::default()));
-    let judge = Judge::new(CauseConfig::default(), None);
+    let mut judge = Judge::new(CauseConfig::default(), StallConfig::default(), None);
     // Records: a length byte, then that many bytes (the decoder reads the
     // kind from the first four).
     let mut rest = data;
@@ -34,8 +36,9 @@ fuzz_target!(|data: &[u8]| {
             if let Routed::Request { root, record } = routed
                 && let Some(w) = router.workloads.by_root.get(&root)
             {
-                let judged = judge.request(*record, &w.signals, now);
+                let judged = judge.request(*record, &WorkloadSignals::of(w), now);
                 let _ = serde_json::to_string(&judged.attribution);
+                let _ = serde_json::to_string(&judged.stalls);
             }
         }
     }

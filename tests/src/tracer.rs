@@ -13,7 +13,7 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 use serde::de::DeserializeOwned;
-use ttft_trace::jsonl_schema::{Attach, Episode, Totals, kind};
+use ttft_trace::jsonl_schema::{Attach, Episode, Request, Totals, kind};
 
 /// What the tracer's line for a library whose uprobes are in place holds
 /// ("[INFO  ttft_trace::export] attached 11 probes to PATH"): the message
@@ -101,6 +101,10 @@ impl TraceOutput {
 
     pub fn episodes(&self) -> Vec<Episode> {
         self.lines_of(kind::EPISODE)
+    }
+
+    pub fn requests(&self) -> Vec<Request> {
+        self.lines_of(kind::REQUEST)
     }
 
     /// The first totals line.

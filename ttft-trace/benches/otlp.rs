@@ -12,7 +12,7 @@ use prometheus::Registry;
 use ttft_trace::{
     causes::{Attribution, Evidence, RequestTimes},
     export::otlp::{Otlp, OtlpConfig},
-    judging::JudgedRequest,
+    judging::{JudgedRequest, JudgedStalls},
     requests::{Outcome, RequestRecord},
     workloads::WorkloadLabels,
 };
@@ -71,6 +71,7 @@ fn request(i: u64) -> JudgedRequest {
         record,
         attribution: Attribution::default(),
         tcp_retransmits: 0,
+        stalls: JudgedStalls::default(),
     }
 }
 

@@ -5,8 +5,9 @@ use std::collections::BTreeMap;
 
 use serde::{Serialize, Serializer};
 
-/// The six causes of the design. Declaration order breaks ties between causes that explain
-/// the same time, so that output is deterministic.
+/// The six causes of the design, and `prefill_interference`, which only a stall after the
+/// first token can have (`super::stalls`). Declaration order breaks ties between causes that
+/// explain the same time, so that output is deterministic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum CauseClass {
     Queueing,
@@ -15,9 +16,12 @@ pub enum CauseClass {
     Network,
     GpuMemory,
     ColdStart,
+    /// Another request's prefill ran on the GPU during a stall (stalls only).
+    PrefillInterference,
 }
 
 impl CauseClass {
+    /// The causes of a slow TTFT.
     pub const ALL: [CauseClass; 6] = [
         Self::Queueing,
         Self::Batching,
@@ -25,6 +29,16 @@ impl CauseClass {
         Self::Network,
         Self::GpuMemory,
         Self::ColdStart,
+    ];
+
+    /// The causes a stall after the first token can have (`super::stalls`).
+    pub const STALL: [CauseClass; 6] = [
+        Self::PrefillInterference,
+        Self::Queueing,
+        Self::Batching,
+        Self::Cpu,
+        Self::Network,
+        Self::GpuMemory,
     ];
 
     /// The name in the JSONL and the `cause` label.
@@ -36,6 +50,7 @@ impl CauseClass {
             Self::Network => "network",
             Self::GpuMemory => "gpu_memory",
             Self::ColdStart => "cold_start",
+            Self::PrefillInterference => "prefill_interference",
         }
     }
 }
@@ -49,6 +64,16 @@ impl Serialize for CauseClass {
 /// The name a slow request with no cause is counted under. Not a [`CauseClass`]: it is the
 /// absence of one.
 pub const UNEXPLAINED: &str = "unexplained";
+
+/// The `cause` label values of something judged slow (a request, a stall)
+/// with these causes: one per cause, or `unexplained` when none.
+pub fn labels_of(causes: &[Cause]) -> Vec<&'static str> {
+    if causes.is_empty() {
+        vec![UNEXPLAINED]
+    } else {
+        causes.iter().map(|c| c.class.name()).collect()
+    }
+}
 
 /// One cause of one slow request.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -98,10 +123,10 @@ impl Attribution {
     /// The `cause` label values this request counts under: one per cause, or `unexplained`.
     /// Empty when not slow.
     pub fn labels(&self) -> Vec<&'static str> {
-        if self.unexplained() {
-            vec![UNEXPLAINED]
+        if self.slow {
+            labels_of(&self.causes)
         } else {
-            self.causes.iter().map(|c| c.class.name()).collect()
+            Vec::new()
         }
     }
 }

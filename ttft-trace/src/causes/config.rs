@@ -58,6 +58,20 @@ pub struct CauseConfig {
     /// window while device-to-host traffic stays under a quarter of them: weights being
     /// loaded (a swap moves both ways). 1 GiB: more than any KV-cache swap-in of one step.
     pub load_min_bytes: u64,
+    /// A stall after the first token is `prefill_interference` when other requests'
+    /// prefills (the GPU episodes of their first tokens) cover at least this share of it. 0.5:
+    /// a prefill that ran through most of the gap held the step that would have sent the
+    /// next chunk; one that overlapped its edge did not.
+    pub stall_prefill_min_share: f64,
+}
+
+impl CauseConfig {
+    /// The delay `network` needs: `network_min_delivery_ns`, or half the SLO where that is
+    /// less (a tail loss repaired by the probe, RACK-TLP, costs a few round trips, tens of
+    /// ms, not the 200 ms RTO, which a tight SLO counts).
+    pub fn network_min_ns(&self) -> u64 {
+        self.network_min_delivery_ns.min(self.slow_ttft_ns / 2)
+    }
 }
 
 impl Default for CauseConfig {
@@ -76,6 +90,7 @@ impl Default for CauseConfig {
             swap_min_bytes: 256 * MIB,
             cold_start_window_ns: 0,
             load_min_bytes: 1024 * MIB,
+            stall_prefill_min_share: 0.5,
         }
     }
 }

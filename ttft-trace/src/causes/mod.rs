@@ -52,12 +52,16 @@ mod attribution;
 mod config;
 mod evidence;
 mod rules;
+mod stalls;
 mod summary;
 
-pub use attribution::{Attribution, Cause, CauseClass, UNEXPLAINED};
+pub use attribution::{Attribution, Cause, CauseClass, UNEXPLAINED, labels_of};
 pub use config::CauseConfig;
 pub use evidence::{Evidence, RETRANSMIT_TIMES_CAP, RequestTimes};
 pub use rules::attribute;
+pub use stalls::{
+    NETWORK_LOOKBACK_NS, PrefillOverlap, RequestId, StallEvidence, StallVerdict, attribute_stall,
+};
 pub use summary::CauseSummary;
 
 #[cfg(test)]

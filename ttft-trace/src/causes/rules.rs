@@ -11,7 +11,7 @@ use super::attribution::{Attribution, Cause, CauseClass};
 use super::config::CauseConfig;
 use super::evidence::Evidence;
 
-type EvidenceMap = BTreeMap<&'static str, Value>;
+pub(super) type EvidenceMap = BTreeMap<&'static str, Value>;
 
 /// Judges one request: slow or not, SLO violation or not, and for a slow one every cause
 /// whose rule fires, longest explained time first. A request without a TTFT that counts is
@@ -50,15 +50,35 @@ pub fn attribute(ev: &Evidence, cfg: &CauseConfig) -> Attribution {
     .into_iter()
     .flatten()
     .collect();
-    verdict.causes.sort_by(|a, b| {
+    longest_first(&mut verdict.causes);
+    verdict
+}
+
+/// The rules that read a window's signals alone, not the first token's delivery nor a cold
+/// start, on `ev` filled over a window of `span` ns (a stall's, `super::stalls`): `queueing`,
+/// `batching`, `cpu`, `gpu_memory`, with their TTFT thresholds.
+pub(super) fn window_causes(ev: &Evidence, cfg: &CauseConfig, span: u64) -> Vec<Cause> {
+    [
+        queueing(ev, cfg, span),
+        batching(ev, cfg, span),
+        cpu(ev, cfg, span),
+        gpu_memory(ev, cfg, span, false),
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
+}
+
+/// Orders causes by explained time, longest first; ties by class.
+pub(super) fn longest_first(causes: &mut [Cause]) {
+    causes.sort_by(|a, b| {
         b.explained_ns
             .cmp(&a.explained_ns)
             .then(a.class.cmp(&b.class))
     });
-    verdict
 }
 
-fn cause(class: CauseClass, explained_ns: u64, evidence: EvidenceMap) -> Cause {
+pub(super) fn cause(class: CauseClass, explained_ns: u64, evidence: EvidenceMap) -> Cause {
     Cause {
         class,
         explained_ns,
@@ -197,11 +217,7 @@ fn network(ev: &Evidence, cfg: &CauseConfig) -> Option<Cause> {
     let delivery = acked.saturating_sub(sent);
     let srtt = r.srtt_ns.unwrap_or(0);
     let late = delivery.saturating_sub(srtt);
-    // Half the SLO where that is less: a tail loss repaired by the probe
-    // (RACK-TLP, a few round trips, not the 200 ms RTO) costs tens of ms,
-    // which a tight SLO counts.
-    let min = cfg.network_min_delivery_ns.min(cfg.slow_ttft_ns / 2);
-    if late < min || ev.retransmits == 0 {
+    if late < cfg.network_min_ns() || ev.retransmits == 0 {
         return None;
     }
     let e = EvidenceMap::from([

@@ -122,7 +122,10 @@ impl Mix {
         self.violations += u64::from(a.slo_violation);
         self.unexplained += u64::from(a.unexplained());
         for c in &a.causes {
-            let tally = &mut self.per_class[c.class as usize];
+            // A TTFT verdict names only the classes of `CauseClass::ALL`.
+            let Some(tally) = self.per_class.get_mut(c.class as usize) else {
+                continue;
+            };
             tally.0 += 1;
             tally.1 += c.explained_ns;
         }

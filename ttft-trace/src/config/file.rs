@@ -18,6 +18,9 @@ pub struct DaemonConfig {
     pub jsonl: Option<PathBuf>,
     /// TTFT above which a request is slow and its causes are named.
     pub slo_ms: u64,
+    /// A gap between chunks longer than this is a stall; 0: the larger of
+    /// 100 ms and 4 × the request's own median gap.
+    pub stall_threshold_ms: u64,
     /// Scheduler intervals at least this long are kept for attribution.
     pub sched_min_us: u64,
     /// Where the scheduler intervals come from (see [`SchedSource`]).
@@ -169,6 +172,7 @@ impl Default for DaemonConfig {
             listen: "127.0.0.1:9464".into(),
             jsonl: None,
             slo_ms: 350,
+            stall_threshold_ms: 0,
             sched_min_us: 1000,
             sched: SchedSource::Sampled,
             sched_sample_ms: 10,
@@ -272,6 +276,7 @@ mod tests {
 listen = "0.0.0.0:9464"
 jsonl = "/var/log/ttft-trace/requests.jsonl"
 slo_ms = 350
+stall_threshold_ms = 250
 [discovery]
 comm = "^(python|vllm|tritonserver)"
 cgroup_prefix = "/kubepods"
@@ -295,6 +300,7 @@ queueing_min_ns = 2000000000
         let f = cfg.filters().expect("filters");
         assert!(f.comm.as_ref().is_some_and(|re| re.is_match("python3")));
         assert!(cfg.causes.is_some());
+        assert_eq!(cfg.stall_threshold_ms, 250);
     }
 
     #[test]

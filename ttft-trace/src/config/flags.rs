@@ -137,6 +137,11 @@ pub struct CommonArgs {
     /// or shares); --slo-ms overrides its slow_ttft_ns.
     #[arg(long, value_name = "FILE")]
     pub causes_config: Option<PathBuf>,
+    /// A gap between chunks longer than this (ms) is a stall; 0: the
+    /// larger of 100 ms and 4 × the request's own median gap (the default,
+    /// or the settings file's `stall_threshold_ms`).
+    #[arg(long, value_name = "MS")]
+    pub stall_threshold_ms: Option<u64>,
     /// Do not sample GPU readings through NVML.
     #[arg(long)]
     pub no_nvml: bool,
@@ -255,6 +260,15 @@ mod tests {
         assert_eq!(cfg.trace.causes.slow_ttft_ns, 200_000_000);
         assert!(cfg.trace.nvml.is_some());
         assert!(!cfg.host_wide_probes, "bound to the traced processes");
+        assert_eq!(
+            cfg.trace.stalls.fixed_ns, None,
+            "the adaptive rule by default"
+        );
+        let Cli::Attach(a) = parse(&["attach", "--pid", "7", "--stall-threshold-ms", "250"]) else {
+            panic!("attach")
+        };
+        let cfg = a.into_config().expect("valid");
+        assert_eq!(cfg.trace.stalls.fixed_ns, Some(250_000_000));
         let Cli::Attach(a) = parse(&["attach", "--pid", "7", "--host-wide-probes"]) else {
             panic!("attach")
         };

@@ -24,6 +24,7 @@ use crate::{
         otlp::{OtlpConfig, Protocol},
     },
     nvml::NvmlConfig,
+    requests::stream_stalls::StallConfig,
     workloads::Filters,
 };
 
@@ -68,6 +69,8 @@ pub struct TraceConfig {
     pub sched: SchedSignals,
     /// Thresholds of the cause attribution.
     pub causes: CauseConfig,
+    /// What a stall after the first token is.
+    pub stalls: StallConfig,
     /// NVML sampling; None: off.
     pub nvml: Option<NvmlConfig>,
     pub labels: LabelConfig,
@@ -156,6 +159,7 @@ fn trace_config(
             common.causes_config.as_deref(),
             file.slo_ms,
         )?,
+        stalls: stall_config(common.stall_threshold_ms.unwrap_or(file.stall_threshold_ms)),
         nvml: (file.nvml.enabled && !common.no_nvml).then(|| NvmlConfig {
             period: Duration::from_millis(file.nvml.period_ms),
             library_path: common
@@ -176,6 +180,14 @@ fn trace_config(
         },
         otlp: otlp_config(&file.otlp, common, |v| std::env::var_os(v))?,
     })
+}
+
+/// A fixed stall threshold of `ms`, or the adaptive rule for 0.
+fn stall_config(ms: u64) -> StallConfig {
+    StallConfig {
+        fixed_ns: (ms > 0).then(|| ms.saturating_mul(1_000_000)),
+        ..StallConfig::default()
+    }
 }
 
 /// OTLP export is on when an endpoint is named: by the flag, the file, or
@@ -298,12 +310,45 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// The settings file's `stall_threshold_ms` unless the flag says
+    /// otherwise; 0 is the adaptive rule.
+    #[test]
+    fn the_stall_threshold_from_the_file_or_the_flag() {
+        let common = |ms: Option<u64>| flags::CommonArgs {
+            duration: None,
+            ports: vec![],
+            causes_config: None,
+            stall_threshold_ms: ms,
+            no_nvml: true,
+            nvml_lib: None,
+            otlp_endpoint: None,
+            otlp_sample_ratio: None,
+            sched: None,
+            sched_sample_ms: None,
+        };
+        let file = DaemonConfig {
+            stall_threshold_ms: 300,
+            ..DaemonConfig::default()
+        };
+        let fixed = |file: &DaemonConfig, ms| {
+            trace_config(file, &common(ms))
+                .expect("valid")
+                .stalls
+                .fixed_ns
+        };
+        assert_eq!(fixed(&file, None), Some(300_000_000));
+        assert_eq!(fixed(&file, Some(0)), None);
+        assert_eq!(fixed(&file, Some(150)), Some(150_000_000));
+        assert_eq!(fixed(&DaemonConfig::default(), None), None);
+    }
+
     #[test]
     fn otlp_is_on_when_an_endpoint_is_named_by_flag_file_or_variable() {
         let common = |endpoint: Option<&str>, ratio: Option<f64>| flags::CommonArgs {
             duration: None,
             ports: vec![],
             causes_config: None,
+            stall_threshold_ms: None,
             no_nvml: true,
             nvml_lib: None,
             otlp_endpoint: endpoint.map(str::to_string),

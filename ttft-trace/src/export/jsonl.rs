@@ -114,6 +114,7 @@ impl Jsonl {
             tcp_retransmits: j.tcp_retransmits,
             gpu: j.evidence.gpu.as_ref(),
             evidence: j.attribution.slow.then_some(&j.evidence),
+            stalls: &j.stalls,
         });
     }
 
@@ -323,7 +324,12 @@ mod tests {
         r#""mem_used_max_bytes":null,"mem_total_bytes":null,"mem_used_max_ratio":null,"#,
         r#""utilization_max_ratio":0.5,"power_max_watts":null,"temperature_max_celsius":null,"#,
         r#""throttle_reasons":["sw_thermal_slowdown"]},"first_gpu_work_in_window":false,"#,
-        r#""gpu_process_age_ns":null}}"#,
+        r#""gpu_process_age_ns":null},"stalls":{"threshold_ns":100000000,"count":2,"#,
+        r#""total_ns":900000000,"longest_ns":500000000,"windows":[{"t_start_ns":1000020000000,"#,
+        r#""t_end_ns":1000520000000,"duration_ns":500000000,"causes":[{"#,
+        r#""class":"prefill_interference","explained_ns":440000000,"evidence":{"prefills":1}}],"#,
+        r#""interfering_request":{"conn":"0xdef","request_index":3}}],"windows_dropped":1,"#,
+        r#""pace_ratio_permille":2500,"degrading":true}}"#,
         "\n",
     );
     const GOLDEN_ATTACH: &str = concat!(

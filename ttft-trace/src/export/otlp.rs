@@ -36,7 +36,11 @@ use opentelemetry_sdk::{
 use prometheus::{IntCounter, IntCounterVec, Opts, Registry};
 
 use self::metrics::GenAiMetrics;
-use crate::{host::clock::monotonic_ns, judging::JudgedRequest, workloads::WorkloadLabels};
+use crate::{
+    host::clock::monotonic_ns,
+    judging::{JudgedRequest, JudgedStall},
+    workloads::WorkloadLabels,
+};
 
 /// The OTLP transport, as `OTEL_EXPORTER_OTLP_PROTOCOL` names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -511,6 +515,14 @@ pub fn spans(
     for &t in &j.evidence.retransmit_times_ns {
         events.push(Event::new("tcp.retransmit", clock.at(t), vec![], 0));
     }
+    for s in &j.stalls.windows {
+        events.push(Event::new(
+            "stall",
+            clock.at(s.t_start_ns),
+            stall_attributes(s),
+            0,
+        ));
+    }
     events.sort_by_key(|e| e.timestamp);
     root.events.events = events;
     let mut out = vec![root];
@@ -580,16 +592,25 @@ fn request_attributes(j: &JudgedRequest, labels: &WorkloadLabels, root_pid: u32)
         a.extend(v.map(|v| int(key, v)));
     }
     a.extend(workload_place(labels));
+    let s = &j.stalls;
+    a.push(int("ttft_trace.stalls.count", u64::from(s.count)));
+    if s.count > 0 {
+        a.push(int("ttft_trace.stalls.total_ns", s.total_ns));
+        a.push(int("ttft_trace.stalls.longest_ns", s.longest_ns));
+        a.push(int(
+            "ttft_trace.stalls.windows_dropped",
+            u64::from(s.windows_dropped),
+        ));
+    }
+    a.extend(
+        s.pace_ratio_permille
+            .map(|p| int("ttft_trace.pace_ratio_permille", p)),
+    );
+    a.push(KeyValue::new("ttft_trace.degrading", s.degrading));
     if j.attribution.slow {
-        let names: Vec<StringValue> = j
-            .attribution
-            .labels()
-            .into_iter()
-            .map(StringValue::from)
-            .collect();
         a.push(KeyValue::new(
             "ttft_trace.causes",
-            Value::Array(Array::String(names)),
+            names(j.attribution.labels()),
         ));
         for c in &j.attribution.causes {
             a.push(int(cause_key(c.class.name()), c.explained_ns));
@@ -602,6 +623,40 @@ fn request_attributes(j: &JudgedRequest, labels: &WorkloadLabels, root_pid: u32)
             &serde_json::to_value(g).unwrap_or_default(),
             &mut a,
         );
+    }
+    a
+}
+
+/// Cause names as an attribute value.
+fn names(labels: Vec<&'static str>) -> Value {
+    Value::Array(Array::String(
+        labels.into_iter().map(StringValue::from).collect(),
+    ))
+}
+
+/// A stall event's attributes: its duration, its causes (the first, the
+/// longest explained, as `cause`, with the time it explains), and the
+/// request whose prefill interfered.
+fn stall_attributes(s: &JudgedStall) -> Vec<KeyValue> {
+    let labels = s.labels();
+    let mut a = vec![
+        int("ttft_trace.stall.duration_ns", s.duration_ns),
+        KeyValue::new("ttft_trace.stall.cause", labels[0]),
+        int(
+            "ttft_trace.stall.explained_ns",
+            s.causes.first().map_or(0, |c| c.explained_ns),
+        ),
+        KeyValue::new("ttft_trace.stall.causes", names(labels)),
+    ];
+    if let Some(id) = s.interfering_request {
+        a.push(KeyValue::new(
+            "ttft_trace.stall.interfering.connection",
+            format!("{:#x}", id.conn),
+        ));
+        a.push(int(
+            "ttft_trace.stall.interfering.request_index",
+            u64::from(id.request_index),
+        ));
     }
     a
 }

@@ -8,7 +8,9 @@ use std::time::Duration;
 use prometheus::Registry;
 use ttft_trace_common::GpuCounters;
 
-use super::prometheus::{CauseMetrics, Metrics, MetricsError, RequestMetrics, SignalMetrics};
+use super::prometheus::{
+    CauseMetrics, Metrics, MetricsError, RequestMetrics, SignalMetrics, StallMetrics,
+};
 use super::view::KernelView;
 use crate::{
     episodes::EpisodeRecord,
@@ -41,6 +43,7 @@ pub struct Series {
     core: Metrics,
     requests: RequestMetrics,
     causes: CauseMetrics,
+    stalls: StallMetrics,
     signals: SignalMetrics,
     label_sets: LabelSets,
     with_pid: bool,
@@ -53,6 +56,7 @@ impl Series {
         Ok(Self {
             requests: RequestMetrics::new(&core.registry, &names)?,
             causes: CauseMetrics::new(&core.registry, &names)?,
+            stalls: StallMetrics::new(&core.registry, &names)?,
             signals: SignalMetrics::new(&core.registry)?,
             core,
             label_sets: LabelSets::new(
@@ -80,6 +84,7 @@ impl Series {
         self.core.init_workload(&w);
         self.requests.init_workload(&w);
         self.causes.init_workload(&w);
+        self.stalls.init_workload(&w);
         labels
     }
 
@@ -100,6 +105,7 @@ impl Series {
             self.core.retire_workload(&w);
             self.requests.retire_workload(&w);
             self.causes.retire_workload(&w);
+            self.stalls.retire_workload(&w);
         }
         self.core
             .set_workloads(self.label_sets.len(), self.label_sets.overflowed);
@@ -115,6 +121,7 @@ impl Series {
     pub fn request(&self, w: &[&str], judged: &JudgedRequest) {
         self.requests.observe(&judged.record, w);
         self.causes.observe(&judged.attribution, w);
+        self.stalls.observe(&judged.stalls, w);
     }
 
     pub fn counters(&self, w: &[&str], delta: &GpuCounters) {

@@ -17,7 +17,9 @@ mod run;
 #[cfg(test)]
 pub(crate) mod tests;
 
-pub use request::{Cause, Evidence, Request, RequestLine, Workload};
+pub use request::{
+    Cause, Evidence, Request, RequestId, RequestLine, StallWindow, Stalls, Workload,
+};
 pub use run::{Attach, Detach, Episode, Totals, WorkloadStats};
 
 /// The `type` of each kind of line.

@@ -8,6 +8,7 @@ use serde_json::Value;
 
 use crate::{
     causes::{self, Attribution},
+    judging::JudgedStalls,
     nvml::WindowReadings,
     requests::RequestRecord,
     workloads::WorkloadLabels,
@@ -34,6 +35,9 @@ pub struct RequestLine<'a> {
     pub gpu: Option<&'a WindowReadings>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub evidence: Option<&'a causes::Evidence>,
+    /// Stalls after the first token, each judged, and the stream's pace
+    /// (every request).
+    pub stalls: &'a JudgedStalls,
 }
 
 /// A request line as read back: the fields a reader (the report, the
@@ -83,6 +87,44 @@ pub struct Request {
     pub tcp_retransmits: u64,
     /// Only on slow requests (the tracer reads evidence for those).
     pub evidence: Option<Evidence>,
+    /// Absent from the lines of tracers before stalls were judged.
+    #[serde(default)]
+    pub stalls: Stalls,
+}
+
+/// A request's stalls after the first token as read back
+/// (`judging::JudgedStalls`).
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct Stalls {
+    pub threshold_ns: u64,
+    pub count: u32,
+    pub total_ns: u64,
+    pub longest_ns: u64,
+    pub windows: Vec<StallWindow>,
+    pub windows_dropped: u32,
+    pub pace_ratio_permille: Option<u64>,
+    pub degrading: bool,
+}
+
+/// One stall as read back (`judging::JudgedStall`): empty `causes` is
+/// unexplained.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+pub struct StallWindow {
+    pub t_start_ns: u64,
+    pub t_end_ns: u64,
+    pub duration_ns: u64,
+    #[serde(default)]
+    pub causes: Vec<Cause>,
+    #[serde(default)]
+    pub interfering_request: Option<RequestId>,
+}
+
+/// A request named by its connection and index on it.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+pub struct RequestId {
+    pub conn: String,
+    pub request_index: u32,
 }
 
 /// The workload's labels as read back (`workloads::WorkloadLabels`).

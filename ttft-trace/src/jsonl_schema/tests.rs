@@ -7,7 +7,10 @@ use prometheus::Registry;
 use serde_json::{Value, json};
 use ttft_trace_common::GpuCounters;
 
-use super::{Attach, Cause, Detach, Episode, Evidence, Request, Totals, Workload, kind};
+use super::{
+    Attach, Cause, Detach, Episode, Evidence, Request, RequestId, StallWindow, Stalls, Totals,
+    Workload, kind,
+};
 use crate::{
     causes::{self, Attribution, CauseClass, RequestTimes},
     episodes::EpisodeRecord,
@@ -15,11 +18,11 @@ use crate::{
         LibraryView, WorkloadView,
         jsonl::{Jsonl, RunTotals},
     },
-    judging::JudgedRequest,
+    judging::{JudgedRequest, JudgedStall, JudgedStalls},
     nvml::WindowReadings,
     report::{
         Lines,
-        tests::{MS, record},
+        tests::{MS, T0, record},
     },
     requests::{CorrelatorStats, Outcome},
     workloads::WorkloadLabels,
@@ -66,6 +69,29 @@ pub(crate) fn slow_request() -> JudgedRequest {
         evidence,
         attribution,
         tcp_retransmits: 2,
+        stalls: JudgedStalls {
+            threshold_ns: 100 * MS,
+            count: 2,
+            total_ns: 900 * MS,
+            longest_ns: 500 * MS,
+            windows: vec![JudgedStall {
+                t_start_ns: T0 + 20 * MS,
+                t_end_ns: T0 + 520 * MS,
+                duration_ns: 500 * MS,
+                causes: vec![causes::Cause {
+                    class: CauseClass::PrefillInterference,
+                    explained_ns: 440 * MS,
+                    evidence: BTreeMap::from([("prefills", json!(1))]),
+                }],
+                interfering_request: Some(causes::RequestId {
+                    conn: 0xdef,
+                    request_index: 3,
+                }),
+            }],
+            windows_dropped: 1,
+            pace_ratio_permille: Some(2500),
+            degrading: true,
+        },
     }
 }
 
@@ -229,6 +255,29 @@ fn the_report_reads_back_the_request_the_writer_wrote() {
             retransmit_times_ns: vec![r.t_arrive_ns + 3 * MS, r.t_arrive_ns + 7 * MS],
             ..Evidence::default()
         }),
+        stalls: Stalls {
+            threshold_ns: 100 * MS,
+            count: 2,
+            total_ns: 900 * MS,
+            longest_ns: 500 * MS,
+            windows: vec![StallWindow {
+                t_start_ns: T0 + 20 * MS,
+                t_end_ns: T0 + 520 * MS,
+                duration_ns: 500 * MS,
+                causes: vec![Cause {
+                    class: "prefill_interference".into(),
+                    explained_ns: 440 * MS,
+                    evidence: BTreeMap::from([("prefills".into(), json!(1))]),
+                }],
+                interfering_request: Some(RequestId {
+                    conn: "0xdef".into(),
+                    request_index: 3,
+                }),
+            }],
+            windows_dropped: 1,
+            pace_ratio_permille: Some(2500),
+            degrading: true,
+        },
     };
     assert_eq!(requests, [want]);
 }

@@ -2,13 +2,13 @@
 //! what the attribution rules read.
 
 use crate::{
-    causes::{Evidence, RequestTimes},
+    causes::{Evidence, NETWORK_LOOKBACK_NS, RequestTimes},
     host::targets,
     nvml::Sampler,
-    requests::RequestRecord,
+    requests::{Join, RequestRecord},
     signals::SignalStore,
 };
-use ttft_trace_common::signals::{SCHED_BLOCKED, TCP_RETRANSMIT};
+use ttft_trace_common::signals::{SCHED_BLOCKED, TCP_RETRANSMIT, TcpEvent};
 
 /// How soon after a stalled CPU stage wakes the request's GPU work may start
 /// for the stall to count (tokenizing ends, the request joins the next step).
@@ -29,10 +29,75 @@ pub fn gather(
     };
     let ft = a.saturating_add(ttft);
     let delivered = ev.request.t_delivered_ns().unwrap_or(ft);
+    let qe = ev.request.t_gpu_start_ns();
+    fill_window(&mut ev, record, store, gpu, a, qe, ft);
+    for e in store.tcp_events_in(record.sk, a, delivered) {
+        add_tcp(&mut ev, e);
+    }
+    let pid = record.gpu_pid.unwrap_or(record.pid);
+    let started = targets::start_time_ns(pid);
+    ev.first_gpu_work_in_window = store
+        .first_episode(pid)
+        .is_some_and(|first| first >= a && first <= ft)
+        && started.is_some_and(|s| s >= traced_since_ns);
+    ev.gpu_process_age_ns = started.map(|s| a.saturating_sub(s));
+    ev
+}
+
+/// Evidence over one stall `[start, end]` of `record`'s stream (`causes::StallEvidence`):
+/// the TTFT evidence's signals with the stall as the TTFT window, split as TTFT is at the
+/// GPU step that ended it (`join` of the stall's window: the last episode completed in it;
+/// `None` for a request joined to no GPU work): *queue* from the stall's start to that
+/// step's launch, *GPU* the step; without a step, no queue (only the run-queue delay is
+/// read). Retransmits from `causes::NETWORK_LOOKBACK_NS` before the stall to its end.
+pub fn gather_stall(
+    record: &RequestRecord,
+    store: &SignalStore,
+    gpu: Option<&Sampler>,
+    join: Option<&Join>,
+    start: u64,
+    end: u64,
+) -> Evidence {
+    let span = end.saturating_sub(start);
+    // A step launched before the stall began counts from its start, as a
+    // request that joined a running batch does.
+    let step = join.and_then(|j| j.episode).map(|e| {
+        let launch = e.t_first_launch_ns.clamp(start, end);
+        (launch - start, e.t_copy_done_ns.clamp(launch, end) - launch)
+    });
+    let mut ev = Evidence::new(RequestTimes {
+        t_arrive_ns: start,
+        ttft_ns: Some(span),
+        queue_ns: step.map(|s| s.0),
+        gpu_ns: step.map(|s| s.1),
+        gpu_steps_waited: join.map(|j| j.steps_waited),
+        gpu_idle_before_start_ns: join.and_then(|j| j.idle_before_start_ns),
+        ..RequestTimes::default()
+    });
+    let qe = ev.request.t_gpu_start_ns();
+    fill_window(&mut ev, record, store, gpu, start, qe, end);
+    for e in store.tcp_events_in(record.sk, start.saturating_sub(NETWORK_LOOKBACK_NS), end) {
+        add_tcp(&mut ev, e);
+    }
+    ev
+}
+
+/// The signals of a window `[a, ft]` whose queue part ends at `qe` (when known): run-queue
+/// delay, CPU-stage and GPU-thread time, copies, GPU readings. What TTFT and stall evidence
+/// share.
+fn fill_window(
+    ev: &mut Evidence,
+    record: &RequestRecord,
+    store: &SignalStore,
+    gpu: Option<&Sampler>,
+    a: u64,
+    qe: Option<u64>,
+    ft: u64,
+) {
     let runq = store.runq_in(a, ft, |_| true);
     ev.runq_ns = runq.total_ns;
     ev.runq_max_ns = runq.max_ns;
-    if let Some(qe) = ev.request.t_gpu_start_ns() {
+    if let Some(qe) = qe {
         let cpu_stage = |e: &ttft_trace_common::signals::SchedEvent| !store.is_gpu_thread(e.tid);
         ev.cpu_stage_oncpu_ns = store.oncpu_in(a, qe, cpu_stage).total_ns;
         // Only spells that end inside the wait: a thread that woke up then
@@ -52,25 +117,19 @@ pub fn gather(
             store.max_thread_overlap(SCHED_BLOCKED, a, qe, |e| store.is_gpu_thread(e.tid));
         ev.large_copy_queue_span_ns = store.copies_in(a, qe).span_ns;
     }
-    for e in store.tcp_events_in(record.sk, a, delivered) {
-        if e.what == TCP_RETRANSMIT {
-            ev.add_retransmit(e.t_ns);
-        } else {
-            ev.resets += 1;
-        }
-    }
     let copies = store.copies_in(a, ft);
     ev.large_copies = copies.count;
     ev.large_copy_bytes = copies.bytes;
     ev.large_copy_h2d_bytes = copies.h2d_bytes;
     ev.large_copy_d2h_bytes = copies.d2h_bytes;
-    let pid = record.gpu_pid.unwrap_or(record.pid);
     ev.gpu = gpu.and_then(|g| g.window(record.gpu_pid.and_then(|p| g.gpu_of_pid(p)), a, ft));
-    let started = targets::start_time_ns(pid);
-    ev.first_gpu_work_in_window = store
-        .first_episode(pid)
-        .is_some_and(|first| first >= a && first <= ft)
-        && started.is_some_and(|s| s >= traced_since_ns);
-    ev.gpu_process_age_ns = started.map(|s| a.saturating_sub(s));
-    ev
+}
+
+/// A TCP event on the request's socket: a retransmit, or a reset.
+fn add_tcp(ev: &mut Evidence, e: &TcpEvent) {
+    if e.what == TCP_RETRANSMIT {
+        ev.add_retransmit(e.t_ns);
+    } else {
+        ev.resets += 1;
+    }
 }

@@ -1,9 +1,16 @@
 //! Judging: what a routed episode or finished request means. An episode
 //! gets the GPU readings of its window; a request gets the evidence inside
 //! its windows (its workload's signals, the GPU readings) and the causes
-//! that evidence names. One judged value each, for the sinks.
+//! that evidence names, and its stalls after the first token, each judged on
+//! its own window. One judged value each, for the sinks.
 
 mod evidence;
+mod prefills;
+#[cfg(test)]
+mod stall_tests;
+mod stalls;
+
+pub use stalls::{JudgedStall, JudgedStalls};
 
 use ttft_trace_common::{EpisodeEvent, signals::TCP_RETRANSMIT};
 
@@ -12,7 +19,8 @@ use crate::{
     episodes::EpisodeRecord,
     host::clock::monotonic_ns,
     nvml::Sampler,
-    requests::RequestRecord,
+    requests::{EpisodeHistory, RequestRecord, stream_stalls::StallConfig},
+    routing::Workload,
     signals::SignalStore,
 };
 
@@ -25,10 +33,37 @@ pub struct JudgedRequest {
     /// its last send, or the first token's delivery (its ACK, or the end of
     /// the wait for it) when that is later (every request, slow or not).
     pub tcp_retransmits: usize,
+    /// Its stalls after the first token, each judged, and its pace.
+    pub stalls: JudgedStalls,
+}
+
+/// What a workload gives the judge of a request: its signals, and its
+/// correlator's recent GPU episodes (`None`: not known).
+pub struct WorkloadSignals<'a> {
+    pub root: u32,
+    pub store: &'a SignalStore,
+    pub(crate) episodes: Option<&'a EpisodeHistory>,
+}
+
+impl<'a> WorkloadSignals<'a> {
+    /// What workload `w` gives: its signals and its recent GPU episodes.
+    pub fn of(w: &'a Workload) -> Self {
+        Self {
+            root: w.root,
+            store: &w.signals,
+            episodes: Some(w.correlator.episodes()),
+        }
+    }
 }
 
 pub struct Judge {
     causes: CauseConfig,
+    stall_config: StallConfig,
+    /// Recent requests' prefill windows per workload, for stalls.
+    prefills: prefills::Prefills,
+    /// Stall windows found beyond the listed ones (not judged), since the
+    /// start.
+    pub stall_windows_dropped: u64,
     /// GPU readings; None without NVML.
     gpu: Option<Sampler>,
     /// When tracing began (a process started before it has no known first
@@ -37,9 +72,12 @@ pub struct Judge {
 }
 
 impl Judge {
-    pub fn new(causes: CauseConfig, gpu: Option<Sampler>) -> Self {
+    pub fn new(causes: CauseConfig, stall_config: StallConfig, gpu: Option<Sampler>) -> Self {
         Self {
             causes,
+            stall_config,
+            prefills: prefills::Prefills::default(),
+            stall_windows_dropped: 0,
             gpu,
             traced_since_ns: monotonic_ns(),
         }
@@ -59,14 +97,37 @@ impl Judge {
         rec
     }
 
+    /// Prefill windows evicted from the per-workload rings, since the start.
+    pub fn prefill_windows_evicted(&self) -> u64 {
+        self.prefills.evicted
+    }
+
+    /// Forgets an ended workload's prefill windows.
+    pub fn forget_workload(&mut self, root: u32) {
+        self.prefills.forget(root);
+    }
+
     /// Evidence and causes of a finished request of the workload whose
-    /// signals are `signals`; `now_ns` ends a response that has not.
+    /// signals are `w`, and its stalls, judged against the prefills of the
+    /// requests judged before it (then its own is kept for those after);
+    /// `now_ns` ends a response that has not.
     pub fn request(
-        &self,
+        &mut self,
         record: RequestRecord,
-        signals: &SignalStore,
+        w: &WorkloadSignals,
         now_ns: u64,
     ) -> JudgedRequest {
+        let signals = w.store;
+        let stalls = stalls::judge(
+            &record,
+            w,
+            self.gpu.as_ref(),
+            &self.prefills,
+            &self.stall_config,
+            &self.causes,
+        );
+        self.stall_windows_dropped += u64::from(stalls.windows_dropped);
+        self.prefills.insert(w.root, &record);
         let evidence = evidence::gather(&record, signals, self.gpu.as_ref(), self.traced_since_ns);
         let attribution = attribute(&evidence, &self.causes);
         // Arrival to the response's end, or to the first token's delivery
@@ -87,6 +148,7 @@ impl Judge {
             evidence,
             attribution,
             tcp_retransmits,
+            stalls,
         }
     }
 }
@@ -115,7 +177,7 @@ mod tests {
     /// nor resets.
     #[test]
     fn retransmits_cover_the_first_tokens_delivery() {
-        let judge = Judge::new(CauseConfig::default(), None);
+        let mut judge = Judge::new(CauseConfig::default(), StallConfig::default(), None);
         let mut signals = SignalStore::default();
         let rec = record(Outcome::Ok);
         let sk = rec.sk;
@@ -129,6 +191,11 @@ mod tests {
         ] {
             signals.on_tcp(&ev);
         }
+        let signals = WorkloadSignals {
+            root: 1,
+            store: &signals,
+            episodes: None,
+        };
         // Done at 30 ms, first token unacknowledged.
         assert_eq!(judge.request(rec.clone(), &signals, T0).tcp_retransmits, 1);
         // The first token acknowledged at 500 ms, after the last send.

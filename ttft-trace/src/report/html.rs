@@ -10,7 +10,7 @@ use super::{
     svg::{Frame, Scale, axes, escape, nice_max},
     table::{evidence_items, ms},
 };
-use crate::jsonl_schema::Request;
+use crate::jsonl_schema::{Cause, Request, StallWindow};
 
 const WIDTH: f64 = 1100.0;
 /// Runs' colours: A, then B.
@@ -30,6 +30,7 @@ const RESPONSE: Mark = ("response", "#1f77b4");
 const RUNQ: Mark = ("runq", "#9467bd");
 const CPU_STAGE: Mark = ("cpu-stage", "#8c564b");
 const COPIES: Mark = ("copies", "#e377c2");
+const STALL: Mark = ("stall", "#17becf");
 
 /// The page for `runs` (one, or two compared); `text` is the terminal
 /// report, shown below the figures.
@@ -336,6 +337,7 @@ fn waterfall_legend(out: &mut String) {
         (GPU, "GPU"),
         (EGRESS, "egress"),
         (RESPONSE, "rest of the response"),
+        (STALL, "stall"),
         (RUNQ, "run queue (total)"),
         (CPU_STAGE, "CPU stage, longest thread"),
         (COPIES, "large copies"),
@@ -354,6 +356,38 @@ fn waterfall_legend(out: &mut String) {
         r#"<g class="legend"><text x="{x:.1}" y="22" font-size="14" fill="{OVER}">&#x2715;</text><text x="{:.1}" y="21" font-size="12">retransmit</text></g>"#,
         x + 16.0
     );
+}
+
+/// Each cause with the time it explains, ms.
+fn cause_list(causes: &[Cause]) -> Vec<String> {
+    causes
+        .iter()
+        .map(|c| format!("{} {}", c.class, ms(c.explained_ns as f64)))
+        .collect()
+}
+
+/// A stall after the first token on the response's lane, with its causes;
+/// one past the axis is left out (the row's text counts it).
+fn stall_mark(out: &mut String, x: &Scale, bar: f64, t_arrive_ns: u64, w: &StallWindow) {
+    let from = w.t_start_ns.saturating_sub(t_arrive_ns) as f64 / 1e6;
+    if x.at(from) >= x.at(f64::MAX) {
+        return;
+    }
+    let causes = cause_list(&w.causes);
+    let mut tip = format!(
+        "stall {} ms: {}",
+        ms(w.duration_ns as f64),
+        if causes.is_empty() {
+            "unexplained".to_string()
+        } else {
+            causes.join(", ")
+        }
+    );
+    if let Some(other) = &w.interfering_request {
+        let _ = write!(tip, " (request {} on {})", other.request_index, other.conn);
+    }
+    let to = w.t_end_ns.saturating_sub(t_arrive_ns) as f64 / 1e6;
+    rect(out, x, STALL, (from, to), (bar + 2.0, 12.0), &tip);
 }
 
 /// A bar from `span.0` to `span.1` ms on the lane `(y, height)`, with a tooltip.
@@ -377,16 +411,25 @@ fn rect(
 fn request_row(out: &mut String, run: &Run, x: &Scale, y: f64, rank: usize, r: &Request) {
     let ttft = r.counted_ttft_ns().unwrap_or(0) as f64 / 1e6;
     let at = r.t_arrive_ns.saturating_sub(run.start_ns) as f64 / 1e9;
-    let causes: Vec<String> = r
-        .causes
-        .iter()
-        .map(|c| format!("{} {}", c.class, ms(c.explained_ns as f64)))
-        .collect();
-    let causes = match (r.slow, causes.is_empty()) {
+    let causes = cause_list(&r.causes);
+    let mut causes = match (r.slow, causes.is_empty()) {
         (false, _) => "not judged slow".to_string(),
         (true, true) => "unexplained".to_string(),
         (true, false) => causes.join(", "),
     };
+    let s = &r.stalls;
+    if s.count > 0 {
+        let _ = write!(
+            causes,
+            "; {} stall{}, longest {} ms",
+            s.count,
+            if s.count == 1 { "" } else { "s" },
+            ms(s.longest_ns as f64)
+        );
+    }
+    if s.degrading {
+        causes.push_str("; degrading");
+    }
     let mut tip = format!(
         "#{rank}: {}:{} request {} on {}, {} {}",
         r.client_addr,
@@ -465,6 +508,9 @@ fn request_row(out: &mut String, run: &Run, x: &Scale, y: f64, rank: usize, r: &
             );
             out.push_str("</g>");
         }
+    }
+    for w in &r.stalls.windows {
+        stall_mark(out, x, bar, r.t_arrive_ns, w);
     }
     if let Some(acked) = r.t_first_token_acked_ns {
         let px = x.at(acked.saturating_sub(r.t_arrive_ns) as f64 / 1e6);

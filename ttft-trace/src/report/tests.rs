@@ -340,3 +340,37 @@ fn an_empty_file_gives_a_report_not_a_panic() {
     assert!(page.contains("no request with a first token"));
     assert!(!page.contains("NaN"), "no NaN coordinates");
 }
+
+/// The waterfall draws each listed stall on the response's lane, with its
+/// causes in the tooltip, and counts them in the row's text; a stall past
+/// the axis is not drawn.
+#[test]
+fn the_waterfall_shows_the_stalls() {
+    let mut lines = sample();
+    let mut network: Value = serde_json::from_str(&lines[5]).expect("the network request");
+    let arrive = T0 + 300 * MS;
+    network["stalls"] = json!({
+        "threshold_ns": 100 * MS, "count": 3, "total_ns": 900 * MS, "longest_ns": 500 * MS,
+        "windows": [
+            {"t_start_ns": arrive + 905 * MS, "t_end_ns": arrive + 935 * MS, "duration_ns": 30 * MS,
+             "causes": [{"class": "prefill_interference", "explained_ns": 25 * MS, "evidence": {}}],
+             "interfering_request": {"conn": "0xdef", "request_index": 3}},
+            {"t_start_ns": arrive + 936 * MS, "t_end_ns": arrive + 939 * MS, "duration_ns": 3 * MS,
+             "causes": []},
+            {"t_start_ns": arrive + 60_000 * MS, "t_end_ns": arrive + 60_500 * MS,
+             "duration_ns": 500 * MS, "causes": []},
+        ],
+        "windows_dropped": 0, "pace_ratio_permille": 2500, "degrading": true,
+    });
+    lines[5] = network.to_string();
+    let run = run_of(&lines, 450, 3);
+    let page = html::page(&[&run], "");
+    assert_eq!(
+        count(&page, "<rect class=\"stall\""),
+        3,
+        "the legend's, and the two stalls within the axis"
+    );
+    assert!(page.contains("stall 30.00 ms: prefill_interference 25.00 (request 3 on 0xdef)"));
+    assert!(page.contains("stall 3.00 ms: unexplained"));
+    assert!(page.contains("; 3 stalls, longest 500.00 ms; degrading"));
+}

@@ -218,6 +218,11 @@ pub struct Correlator {
 }
 
 impl Correlator {
+    /// Recent GPU episodes (what stalls after the first token are judged on).
+    pub(crate) fn episodes(&self) -> &EpisodeHistory {
+        &self.episodes
+    }
+
     pub fn new(cfg: CorrelatorConfig) -> Self {
         let episodes = EpisodeHistory::new(cfg.episode_history_ns, cfg.episode_cap);
         let out = Outbox {

@@ -9,6 +9,8 @@ use std::collections::VecDeque;
 
 use ttft_trace_common::EpisodeEvent;
 
+use crate::signals::covered_ns;
+
 /// One GPU episode as the join needs it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Episode {
@@ -111,17 +113,7 @@ impl EpisodeHistory {
             .filter(|e| e.t_first_launch_ns < end && e.t_copy_done_ns > start)
             .map(|e| (e.t_first_launch_ns.max(start), e.t_copy_done_ns.min(end)))
             .collect();
-        busy.sort_unstable();
-        let mut covered = 0;
-        let mut reach = start;
-        for (a, b) in busy {
-            let a = a.max(reach);
-            if b > a {
-                covered += b - a;
-                reach = b;
-            }
-        }
-        (end - start) - covered
+        (end - start) - covered_ns(&mut busy, start)
     }
 }
 

@@ -124,6 +124,7 @@ pub mod stream_stalls;
 mod summary;
 
 pub use correlator::{Correlator, CorrelatorConfig, CorrelatorStats, ends_socket};
+pub(crate) use join::{EpisodeHistory, Join};
 pub use outcome::Outcome;
 pub use record::{Figure, RequestRecord};
 pub use response::Framing;

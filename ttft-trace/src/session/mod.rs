@@ -26,7 +26,7 @@ use crate::{
     config::TraceConfig,
     export::{Ending, Sinks, prometheus},
     host::clock::monotonic_ns,
-    judging::Judge,
+    judging::{Judge, WorkloadSignals},
     probes,
     routing::{Routed, Router, Workload},
     schedstat::SchedSampler,
@@ -165,7 +165,8 @@ impl Session {
                 }
                 Routed::Request { root, record } => {
                     if let Some(w) = self.router.workloads.by_root.get(&root) {
-                        let judged = self.judge.request(*record, &w.signals, now);
+                        let signals = WorkloadSignals::of(w);
+                        let judged = self.judge.request(*record, &signals, now);
                         self.sinks.request(workload_view(w), &judged);
                     }
                 }
@@ -221,6 +222,8 @@ impl Session {
         let series = &self.sinks.series;
         series.evictions("pending_connection_opens", ws.pending_opens_dropped);
         series.evictions("bound_sockets", ws.bound_sockets_dropped);
+        series.evictions("prefill_windows", self.judge.prefill_windows_evicted());
+        series.evictions("stall_windows", self.judge.stall_windows_dropped);
         self.sinks
             .correlator_drops(self.router.stats().map(|(_, s)| s));
         self.sinks
@@ -278,6 +281,7 @@ impl Session {
         self.dispatch();
         let members: Vec<u32> = self.router.workloads.members(root).collect();
         self.tracking.forget_announced(members.into_iter());
+        self.judge.forget_workload(root);
         if let Some(w) = self.router.workloads.remove(root) {
             self.sinks
                 .workload_ended(workload_view(&w), w.correlator.stats(), now);

@@ -99,7 +99,7 @@ impl Session {
         let s = Session {
             tracking: Tracking::new(probes, mode),
             router: Router::default(),
-            judge: Judge::new(cfg.causes.clone(), gpu),
+            judge: Judge::new(cfg.causes.clone(), cfg.stalls, gpu),
             sinks,
             started: Instant::now(),
             signals: Some(signals),

@@ -15,4 +15,4 @@ fn insert_ordered<T>(q: &mut VecDeque<T>, v: T, key: impl Fn(&T) -> u64) {
     q.insert(at, v);
 }
 
-pub use store::{Copies, KEEP_NS, Overlap, SignalStore};
+pub use store::{Copies, KEEP_NS, Overlap, SignalStore, covered_ns, overlap};

@@ -23,6 +23,22 @@ pub fn overlap(s: u64, e: u64, a: u64, b: u64) -> u64 {
     e.min(b).saturating_sub(s.max(a))
 }
 
+/// Time covered by the union of `spans` (each `[s, e]`, clipped to the window by the
+/// caller) from `start` on; sorts them.
+pub fn covered_ns(spans: &mut [(u64, u64)], start: u64) -> u64 {
+    spans.sort_unstable();
+    let mut covered = 0;
+    let mut reach = start;
+    for &(a, b) in spans.iter() {
+        let a = a.max(reach);
+        if b > a {
+            covered += b - a;
+            reach = b;
+        }
+    }
+    covered
+}
+
 /// Totals of one kind of scheduler interval inside a window.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Overlap {

@@ -17,7 +17,7 @@ use prometheus::Registry;
 use super::{Otlp, OtlpConfig};
 use crate::{
     causes::{Attribution, Cause, CauseClass, Evidence, RequestTimes},
-    judging::JudgedRequest,
+    judging::{JudgedRequest, JudgedStalls},
     report::tests::{MS, record},
     requests::Outcome,
     workloads::WorkloadLabels,
@@ -92,6 +92,7 @@ pub(super) fn judged(i: u64) -> JudgedRequest {
         evidence,
         attribution,
         tcp_retransmits: if slow { 2 } else { 0 },
+        stalls: JudgedStalls::default(),
     }
 }
 
@@ -413,4 +414,103 @@ fn http_base_urls_get_the_signal_path() {
         super::http_signal_url("http://c:4318", "v1/metrics"),
         "http://c:4318/v1/metrics"
     );
+}
+
+/// One `stall` event per judged stall on the server span, at the stall's
+/// start, with its cause, the time it explains and the interfering request;
+/// the request's stall totals and pace as attributes.
+#[test]
+fn each_stall_is_an_event_with_its_cause_and_explained_time() {
+    use opentelemetry::{Key, Value, trace::Event};
+    use opentelemetry_sdk::trace::{IdGenerator as _, RandomIdGenerator};
+
+    use super::{Clock, spans};
+    use crate::{causes::RequestId, judging::JudgedStall};
+
+    let mut j = judged(1);
+    let t = j.record.t_first_token_ns.expect("first token");
+    let stall = |start: u64, causes: Vec<Cause>, interfering| JudgedStall {
+        t_start_ns: start,
+        t_end_ns: start + 500 * MS,
+        duration_ns: 500 * MS,
+        causes,
+        interfering_request: interfering,
+    };
+    let prefill = Cause {
+        class: CauseClass::PrefillInterference,
+        explained_ns: 440 * MS,
+        evidence: BTreeMap::new(),
+    };
+    let other = RequestId {
+        conn: 0xdef,
+        request_index: 3,
+    };
+    j.stalls = JudgedStalls {
+        count: 2,
+        total_ns: 1_000 * MS,
+        longest_ns: 500 * MS,
+        windows: vec![
+            stall(t + 20 * MS, vec![prefill], Some(other)),
+            stall(t + 600 * MS, vec![], None),
+        ],
+        pace_ratio_permille: Some(2500),
+        degrading: true,
+        ..JudgedStalls::default()
+    };
+    let clock = Clock::now();
+    let ids = RandomIdGenerator::default();
+    let out = spans(&j, &labels(), 7, clock, ids.new_trace_id(), &ids);
+    let root = &out[0];
+    let get = |attrs: &[opentelemetry::KeyValue], key: &'static str| {
+        attrs
+            .iter()
+            .find(|kv| kv.key == Key::from_static_str(key))
+            .map(|kv| kv.value.clone())
+    };
+    let stalls: Vec<&Event> = root
+        .events
+        .events
+        .iter()
+        .filter(|e| e.name == "stall")
+        .collect();
+    assert_eq!(stalls.len(), 2);
+    assert_eq!(stalls[0].timestamp, clock.at(t + 20 * MS));
+    let first = &stalls[0].attributes;
+    assert_eq!(
+        get(first, "ttft_trace.stall.cause"),
+        Some(Value::from("prefill_interference"))
+    );
+    assert_eq!(
+        get(first, "ttft_trace.stall.explained_ns"),
+        Some(Value::I64((440 * MS) as i64))
+    );
+    assert_eq!(
+        get(first, "ttft_trace.stall.duration_ns"),
+        Some(Value::I64((500 * MS) as i64))
+    );
+    assert_eq!(
+        get(first, "ttft_trace.stall.interfering.connection"),
+        Some(Value::from("0xdef"))
+    );
+    assert_eq!(
+        get(first, "ttft_trace.stall.interfering.request_index"),
+        Some(Value::I64(3))
+    );
+    let second = &stalls[1].attributes;
+    assert_eq!(
+        get(second, "ttft_trace.stall.cause"),
+        Some(Value::from("unexplained"))
+    );
+    assert_eq!(
+        get(second, "ttft_trace.stall.explained_ns"),
+        Some(Value::I64(0))
+    );
+    assert_eq!(get(second, "ttft_trace.stall.interfering.connection"), None);
+    let attrs = &root.attributes;
+    assert_eq!(get(attrs, "ttft_trace.stalls.count"), Some(Value::I64(2)));
+    assert_eq!(
+        get(attrs, "ttft_trace.pace_ratio_permille"),
+        Some(Value::I64(2500))
+    );
+    assert_eq!(get(attrs, "ttft_trace.degrading"), Some(Value::Bool(true)));
 }

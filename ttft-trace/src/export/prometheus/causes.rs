@@ -12,12 +12,9 @@ pub struct CauseMetrics {
     slo_violations: IntCounterVec,
 }
 
-/// Every value of the `cause` label.
-fn cause_labels() -> impl Iterator<Item = &'static str> {
-    CauseClass::ALL
-        .iter()
-        .map(|c| c.name())
-        .chain([UNEXPLAINED])
+/// Every value of a `cause` label over `classes`: theirs and `unexplained`.
+pub(super) fn cause_labels(classes: &'static [CauseClass]) -> impl Iterator<Item = &'static str> {
+    classes.iter().map(|c| c.name()).chain([UNEXPLAINED])
 }
 
 impl CauseMetrics {
@@ -48,7 +45,7 @@ impl CauseMetrics {
 
     /// Creates a workload's series at zero.
     pub fn init_workload(&self, w: &[&str]) {
-        for cause in cause_labels() {
+        for cause in cause_labels(&CauseClass::ALL) {
             self.slow_requests.with_label_values(&with_label(w, cause));
         }
         self.slo_violations.with_label_values(w);
@@ -56,7 +53,7 @@ impl CauseMetrics {
 
     /// Removes a retired workload's series.
     pub fn retire_workload(&self, w: &[&str]) {
-        for cause in cause_labels() {
+        for cause in cause_labels(&CauseClass::ALL) {
             let _ = self
                 .slow_requests
                 .remove_label_values(&with_label(w, cause));

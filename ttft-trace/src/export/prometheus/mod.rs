@@ -9,10 +9,12 @@ mod causes;
 pub mod connections;
 mod requests;
 mod signals;
+mod stalls;
 
 pub use causes::CauseMetrics;
 pub use requests::RequestMetrics;
 pub use signals::SignalMetrics;
+pub use stalls::StallMetrics;
 
 use std::net::{SocketAddr, TcpListener};
 

@@ -84,3 +84,73 @@ fn a_stream_slowing_to_three_times_its_pace_reads_3000_permille() {
     assert_eq!(tpot_ratio_permille(&gaps), Some(3000));
     assert_eq!(tpot_ratio_permille(&[5 * MS; 16]), Some(1000));
 }
+
+/// End to end, from the kernel's events: request A streams, request B
+/// arrives on another connection and its prefill holds A's next chunk for
+/// 425 ms; B finishes first. Judged in the order the correlator finishes
+/// them, A's stall is `prefill_interference` naming B by its connection
+/// and index, with the GPU's steps from the correlator's own episodes.
+#[test]
+fn another_requests_prefill_stalls_a_stream_end_to_end() {
+    use super::{SSE_HEADERS, Wire, ms, sse_chunk, sse_done};
+    use crate::{
+        causes::{CauseClass, CauseConfig, RequestId},
+        judging::{Judge, WorkloadSignals},
+        signals::SignalStore,
+    };
+
+    const A: u64 = 0xa000;
+    const B: u64 = 0xb000;
+    let mut w = Wire::new();
+    w.open(A, ms(999));
+    w.open(B, ms(999));
+    w.recv(A, ms(1000), 300);
+    w.episode(ms(1010), ms(1050)); // A's prefill
+    w.send(A, ms(1055), SSE_HEADERS);
+    for t in [1060, 1080, 1100, 1120, 1140] {
+        w.send(A, ms(t), &sse_chunk("a"));
+    }
+    w.recv(B, ms(1150), 300);
+    w.episode(ms(1160), ms(1560)); // B's prefill, A's decode held
+    w.send(B, ms(1561), SSE_HEADERS);
+    w.send(B, ms(1562), &sse_chunk("b"));
+    w.send(B, ms(1600), &sse_done());
+    for t in [1565, 1585, 1605, 1625, 1645, 1665, 1685] {
+        w.send(A, ms(t), &sse_chunk("a"));
+    }
+    w.send(A, ms(1700), &sse_done());
+    let mut done = w.drain(ms(10_000));
+    done.sort_by_key(|r| r.t_done_ns);
+    assert_eq!(
+        done.iter().map(|r| r.sk).collect::<Vec<_>>(),
+        [B, A],
+        "B ends first"
+    );
+    let store = SignalStore::default();
+    let signals = WorkloadSignals {
+        root: 1,
+        store: &store,
+        episodes: Some(w.c.episodes()),
+    };
+    let mut judge = Judge::new(CauseConfig::default(), StallConfig::default(), None);
+    let judged: Vec<_> = done
+        .into_iter()
+        .map(|r| judge.request(r, &signals, ms(10_000)))
+        .collect();
+    assert_eq!(judged[0].stalls.count, 0, "B streamed without a stall");
+    let s = &judged[1].stalls;
+    assert_eq!((s.count, s.longest_ns), (1, ms(425)), "{s:?}");
+    let stall = &s.windows[0];
+    assert_eq!((stall.t_start_ns, stall.t_end_ns), (ms(1140), ms(1565)));
+    let classes: Vec<CauseClass> = stall.causes.iter().map(|c| c.class).collect();
+    assert_eq!(classes, [CauseClass::PrefillInterference]);
+    // B's prefill: its GPU episode, 1160 to 1560 ms (not its egress after).
+    assert_eq!(stall.causes[0].explained_ns, ms(400));
+    assert_eq!(
+        stall.interfering_request,
+        Some(RequestId {
+            conn: B,
+            request_index: 0
+        })
+    );
+}

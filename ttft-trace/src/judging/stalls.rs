@@ -1,0 +1,108 @@
+//! A request's stalls after the first token (issue 31): found in its gaps
+//! (`requests::stream_stalls`), each judged on its window, and the stream's
+//! pace over its length. What the JSONL, Prometheus and OTLP export.
+
+use serde::Serialize;
+
+use super::{WorkloadSignals, evidence, prefills::Prefills};
+use crate::{
+    causes::{Cause, CauseConfig, RequestId, StallEvidence, attribute_stall, labels_of},
+    nvml::Sampler,
+    requests::{
+        RequestRecord,
+        stream_stalls::{DEGRADING_PERMILLE, StallConfig, find_stalls, tpot_ratio_permille},
+    },
+};
+
+/// One stall, judged.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct JudgedStall {
+    /// The send before the gap and the send after it.
+    pub t_start_ns: u64,
+    pub t_end_ns: u64,
+    pub duration_ns: u64,
+    /// Longest explained first; empty: unexplained.
+    pub causes: Vec<Cause>,
+    /// The request whose prefill interfered (`prefill_interference`).
+    pub interfering_request: Option<RequestId>,
+}
+
+impl JudgedStall {
+    /// The `cause` label values this stall counts under: one per cause, or `unexplained`.
+    pub fn labels(&self) -> Vec<&'static str> {
+        labels_of(&self.causes)
+    }
+}
+
+/// A request's stalls and pace.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct JudgedStalls {
+    /// The gap a stall exceeded (fixed, or `max(100 ms, k × median gap)`).
+    pub threshold_ns: u64,
+    pub count: u32,
+    pub total_ns: u64,
+    pub longest_ns: u64,
+    /// At most `StallConfig::max_listed`, in stream order.
+    pub windows: Vec<JudgedStall>,
+    /// Stalls beyond those, counted in `count` and `total_ns` but neither listed nor judged.
+    pub windows_dropped: u32,
+    /// Mean gap of the stream's last quarter over its first, per-mille (`None` under 8
+    /// gaps).
+    pub pace_ratio_permille: Option<u64>,
+    /// `pace_ratio_permille` ≥ `DEGRADING_PERMILLE` (2000).
+    pub degrading: bool,
+}
+
+/// Finds `record`'s stalls under `config` and judges each listed one on
+/// the workload's signals `w`, the GPU readings and the prefills known.
+pub fn judge(
+    record: &RequestRecord,
+    w: &WorkloadSignals,
+    gpu: Option<&Sampler>,
+    prefills: &Prefills,
+    config: &StallConfig,
+    causes: &CauseConfig,
+) -> JudgedStalls {
+    let pace = tpot_ratio_permille(&record.itl_ns);
+    let mut out = JudgedStalls {
+        pace_ratio_permille: pace,
+        degrading: pace.is_some_and(|p| p >= DEGRADING_PERMILLE),
+        ..JudgedStalls::default()
+    };
+    let Some(ft) = record.t_first_token_ns else {
+        return out;
+    };
+    let found = find_stalls(ft, &record.itl_ns, config);
+    // GPU busy and idle time only for a request joined to GPU work.
+    let episodes = w.episodes.filter(|_| record.queue_ns.is_some());
+    out.windows = found
+        .windows
+        .iter()
+        .map(|stall| {
+            let (a, b) = (stall.t_start_ns, stall.t_end_ns);
+            // The GPU step that ended the stall, and what ran before it.
+            let join = episodes.map(|h| h.join(a, b));
+            let overlaps = prefills.overlapping(w.root, record, a, b);
+            let ev = StallEvidence {
+                window: evidence::gather_stall(record, w.store, gpu, join.as_ref(), a, b),
+                prefill_overlap_ns: overlaps.union_ns,
+                longest_prefill: overlaps.longest,
+                prefills: overlaps.count,
+            };
+            let verdict = attribute_stall(&ev, causes);
+            JudgedStall {
+                t_start_ns: a,
+                t_end_ns: b,
+                duration_ns: stall.duration_ns(),
+                causes: verdict.causes,
+                interfering_request: verdict.interfering,
+            }
+        })
+        .collect();
+    out.threshold_ns = found.threshold_ns;
+    out.count = found.count;
+    out.total_ns = found.total_ns;
+    out.longest_ns = found.longest_ns;
+    out.windows_dropped = found.dropped;
+    out
+}
