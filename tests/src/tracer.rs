@@ -155,7 +155,12 @@ impl Tracer {
     /// Starts `ttft-trace daemon` with `args` (plus --jsonl and --no-listen
     /// unless a --listen is given) and waits until its first scan is done.
     pub fn start_daemon(args: &[String]) -> Result<Self> {
-        let mut t = Self::spawn("daemon", args, &[])?;
+        Self::start_daemon_with_env(args, &[])
+    }
+
+    /// As [`Tracer::start_daemon`], with `env` set for the daemon.
+    pub fn start_daemon_with_env(args: &[String], env: &[(&str, &str)]) -> Result<Self> {
+        let mut t = Self::spawn("daemon", args, env)?;
         t.wait_for_stderr("daemon:", 1, Duration::from_secs(30))?;
         Ok(t)
     }
