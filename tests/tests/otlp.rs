@@ -20,7 +20,7 @@ use serde_json::Value;
 use ttft_trace_tests::{
     demo::{DemoServer, loadgen},
     otlp_receiver::{Collector, free_addr, serve},
-    tracer::{Tracer, http_get, root_test},
+    tracer::{Tracer, http_get, metric_total, root_test},
 };
 
 /// Polls `done` until true or `timeout` passes (a generous bound for a
@@ -314,15 +314,6 @@ const SPANS_PER_REQUEST: usize = 4;
 /// "OTLP").
 const RSS_GROWTH_MAX_KIB: u64 = 4 * 1024;
 
-/// The sum of the series of `name` over its labels.
-fn total(text: &str, name: &str) -> u64 {
-    text.lines()
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-        .map(|v| v as u64)
-        .sum()
-}
-
 #[test]
 fn a_collector_that_hangs_overflows_the_queue_by_an_exact_count_in_bounded_memory() -> Result<()> {
     let Some(_g) =
@@ -376,7 +367,7 @@ fn a_collector_that_hangs_overflows_the_queue_by_an_exact_count_in_bounded_memor
     let counts = || -> Result<[u64; 4]> {
         let text = http_get(listen, "/metrics")?;
         Ok([
-            total(&text, "ttft_trace_requests_total"),
+            metric_total(&text, "ttft_trace_requests_total"),
             counter(&text, "ttft_trace_otlp_spans_exported_total"),
             counter(
                 &text,
