@@ -239,6 +239,14 @@ mod tests {
 
     use super::*;
 
+    #[test]
+    fn a_rescan_period_of_zero_turns_the_periodic_scan_off() {
+        use std::time::Duration;
+        assert_eq!(rescan_period(0), None);
+        assert_eq!(rescan_period(1), Some(Duration::from_millis(10)));
+        assert_eq!(rescan_period(1000), Some(Duration::from_secs(1)));
+    }
+
     #[derive(Parser)]
     enum Cli {
         Attach(AttachArgs),
