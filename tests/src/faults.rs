@@ -8,7 +8,9 @@
 //!   [`pin`] to put every thread of a server on the same CPUs, so that the
 //!   server's threads wait on the run queue.
 //! - Ground truth to check a fault took effect: [`run_delay_ns`] (schedstat),
-//!   [`tcp_retrans_segs`] (`/proc/net/snmp`), [`tcp_total_retrans`] (TCP_INFO).
+//!   [`tcp_retrans_segs`] (`/proc/net/snmp`), [`tcp_total_retrans`] (TCP_INFO);
+//!   and [`RunDelaySampler`], a server's run-queue delay over any window of
+//!   a run (schedstat, sampled), to tell what the machine itself slowed.
 //!
 //! Why the input hook: on loopback every packet passes the output hook (as the
 //! sender) and then the input hook (as the receiver). A drop in the output
@@ -35,13 +37,19 @@
 //! not one retransmission on either socket.
 
 use std::{
+    collections::BTreeMap,
     fs,
     io::{Read as _, Write as _},
     net::TcpStream,
     os::fd::{AsRawFd as _, RawFd},
     path::{Path, PathBuf},
     process::{Command, Stdio},
-    sync::atomic::{AtomicU32, Ordering},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU32, Ordering},
+    },
+    thread::JoinHandle,
+    time::Duration,
 };
 
 use anyhow::{Context as _, Result, bail};
@@ -552,6 +560,95 @@ pub fn run_delay_ns(pid: u32) -> Result<u64> {
     Ok(sum)
 }
 
+/// Samples the run-queue delay of every thread of a process (field 2 of
+/// each `/proc/PID/task/TID/schedstat`) every few milliseconds, on a thread
+/// of its own, against CLOCK_MONOTONIC: the kernel's own account, apart
+/// from the tracer's, of how long the machine kept the process's runnable
+/// threads off a CPU in any window of the run.
+pub struct RunDelaySampler {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<RunDelays>>,
+}
+
+/// Sampling period of [`RunDelaySampler`]: the error at each edge of a
+/// window.
+const RUN_DELAY_PERIOD: Duration = Duration::from_millis(5);
+
+impl RunDelaySampler {
+    /// Starts sampling `pid`; its first sample is taken before this
+    /// returns.
+    pub fn start(pid: u32) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = stop.clone();
+        let sample = move || {
+            let at = crate::fixtures::monotonic_ns();
+            let delays: BTreeMap<u32, u64> = tids(pid)
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(|tid| Some((tid, thread_run_delay_ns(pid, tid).ok()?)))
+                .collect();
+            (at, delays)
+        };
+        let mut samples = vec![sample()];
+        let thread = std::thread::spawn(move || {
+            while !stopping.load(Ordering::Relaxed) {
+                std::thread::sleep(RUN_DELAY_PERIOD);
+                samples.push(sample());
+            }
+            // The last one after the stop: every window before it is covered.
+            samples.push(sample());
+            RunDelays { samples }
+        });
+        Self {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stops sampling; what was sampled.
+    pub fn finish(mut self) -> RunDelays {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread
+            .take()
+            .and_then(|t| t.join().ok())
+            .unwrap_or(RunDelays {
+                samples: Vec::new(),
+            })
+    }
+}
+
+impl Drop for RunDelaySampler {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// What a [`RunDelaySampler`] sampled: (CLOCK_MONOTONIC ns, run-queue
+/// delay so far of each thread, ns), oldest first.
+pub struct RunDelays {
+    samples: Vec<(u64, BTreeMap<u32, u64>)>,
+}
+
+impl RunDelays {
+    /// The run-queue delay of the process's threads between `from` and `to`
+    /// (CLOCK_MONOTONIC ns), summed over its threads: per thread, its delay
+    /// at the last sample at or before `to` less that at the last sample at
+    /// or before `from` (0 for a thread born since). Summed, it bounds from
+    /// above how much the run queue can have delayed any one path through
+    /// those threads. `None` when no sample precedes `from` or follows `to`.
+    pub fn within(&self, from: u64, to: u64) -> Option<u64> {
+        let at_or_before = |t: u64| self.samples.iter().rev().find(|(at, _)| *at <= t);
+        self.samples.last().filter(|(at, _)| *at >= to)?;
+        let (_, start) = at_or_before(from)?;
+        let (_, end) = at_or_before(to)?;
+        Some(
+            end.iter()
+                .map(|(tid, d)| d.saturating_sub(start.get(tid).copied().unwrap_or(0)))
+                .sum(),
+        )
+    }
+}
+
 /// The calling thread's id.
 pub fn gettid() -> u32 {
     // SAFETY: gettid has no preconditions.
@@ -623,5 +720,28 @@ mod tests {
     fn snmp_and_schedstat_read() {
         tcp_retrans_segs().expect("RetransSegs");
         thread_run_delay_ns(std::process::id(), gettid()).expect("schedstat");
+    }
+
+    #[test]
+    fn run_delay_over_a_window_is_per_thread_from_the_samples_around_it() {
+        let at = |t: u64, d: &[(u32, u64)]| (t, d.iter().copied().collect());
+        let delays = RunDelays {
+            samples: vec![
+                at(100, &[(1, 10), (2, 5)]),
+                at(200, &[(1, 30), (2, 5)]),
+                // Thread 3 born, thread 2 gone.
+                at(300, &[(1, 35), (3, 7)]),
+            ],
+        };
+        assert_eq!(delays.within(150, 250), Some(20));
+        assert_eq!(delays.within(100, 300), Some(25 + 7));
+        assert_eq!(delays.within(50, 250), None, "no sample before the window");
+        assert_eq!(delays.within(150, 350), None, "no sample after the window");
+        let sampler = RunDelaySampler::start(std::process::id());
+        let from = crate::fixtures::monotonic_ns();
+        std::thread::sleep(Duration::from_millis(30));
+        let to = crate::fixtures::monotonic_ns();
+        std::thread::sleep(Duration::from_millis(30));
+        assert!(sampler.finish().within(from, to).is_some());
     }
 }

@@ -11,7 +11,11 @@
 use std::{
     collections::BTreeMap,
     net::SocketAddr,
-    sync::{Arc, Mutex, MutexGuard},
+    sync::{
+        Arc, Mutex, MutexGuard,
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+    },
+    time::Duration,
 };
 
 use opentelemetry_proto::tonic::{
@@ -33,6 +37,12 @@ use opentelemetry_proto::tonic::{
 pub struct Collector {
     pub got: Arc<Mutex<Vec<ExportTraceServiceRequest>>>,
     pub metrics: Arc<Mutex<Vec<ExportMetricsServiceRequest>>>,
+    /// While set, trace exports are accepted but not answered (a collector
+    /// that hangs); once cleared, those held are refused (`internal`, which
+    /// the exporter does not retry).
+    hold: Arc<AtomicBool>,
+    /// Spans of the trace exports held (and then refused) so far.
+    held: Arc<AtomicUsize>,
 }
 
 /// The list behind `m`, even if a test thread panicked holding it.
@@ -46,6 +56,14 @@ impl TraceService for Collector {
         &self,
         req: tonic::Request<ExportTraceServiceRequest>,
     ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        if self.hold.load(Ordering::SeqCst) {
+            self.held
+                .fetch_add(span_count(req.get_ref()), Ordering::SeqCst);
+            while self.hold.load(Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            return Err(tonic::Status::internal("held, then refused"));
+        }
         lock(&self.got).push(req.into_inner());
         Ok(tonic::Response::new(ExportTraceServiceResponse {
             partial_success: None,
@@ -79,12 +97,18 @@ impl Collector {
 
     /// Spans received so far.
     pub fn spans(&self) -> usize {
-        self.traces()
-            .iter()
-            .flat_map(|r| &r.resource_spans)
-            .flat_map(|rs| &rs.scope_spans)
-            .map(|ss| ss.spans.len())
-            .sum()
+        self.traces().iter().map(span_count).sum()
+    }
+
+    /// From now on, trace exports are held unanswered (`true`), or those
+    /// held are refused and later ones accepted again (`false`).
+    pub fn hold_traces(&self, hold: bool) {
+        self.hold.store(hold, Ordering::SeqCst);
+    }
+
+    /// Spans of the trace exports held so far.
+    pub fn held_spans(&self) -> usize {
+        self.held.load(Ordering::SeqCst)
     }
 
     /// Every export of the metric `name` received so far, oldest first.
@@ -115,6 +139,15 @@ impl Collector {
         }
         Some((bounds?, points.into_values().collect()))
     }
+}
+
+/// The spans of one trace export request.
+fn span_count(r: &ExportTraceServiceRequest) -> usize {
+    r.resource_spans
+        .iter()
+        .flat_map(|rs| &rs.scope_spans)
+        .map(|ss| ss.spans.len())
+        .sum()
 }
 
 /// An OTLP/gRPC receiver on `addr`, on a runtime of its own: dropping the

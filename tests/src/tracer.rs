@@ -159,7 +159,12 @@ impl Tracer {
     /// Starts `ttft-trace daemon` with `args` (plus --jsonl and --no-listen
     /// unless a --listen is given) and waits until its first scan is done.
     pub fn start_daemon(args: &[String]) -> Result<Self> {
-        let mut t = Self::spawn("daemon", args, &[])?;
+        Self::start_daemon_with_env(args, &[])
+    }
+
+    /// As [`Tracer::start_daemon`], with `env` set for the daemon.
+    pub fn start_daemon_with_env(args: &[String], env: &[(&str, &str)]) -> Result<Self> {
+        let mut t = Self::spawn("daemon", args, env)?;
         t.wait_for_stderr("daemon:", 1, Duration::from_secs(30))?;
         Ok(t)
     }
@@ -308,6 +313,32 @@ pub fn run_tracer(args: &[&str]) -> Result<(bool, String)> {
 }
 
 /// GET `path` over plain HTTP/1.1 (the tracer's /metrics).
+/// The sum of the series of the metric `name` over their labels, in a
+/// Prometheus text exposition.
+pub fn metric_total(text: &str, name: &str) -> u64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .map(|v| v as u64)
+        .sum()
+}
+
+/// Waits until the tracer serving /metrics on `listen` has judged at least
+/// `n` requests (`ttft_trace_requests_total`).
+pub fn wait_for_requests(listen: std::net::SocketAddr, n: usize, timeout: Duration) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let seen = metric_total(&http_get(listen, "/metrics")?, "ttft_trace_requests_total");
+        if seen >= n as u64 {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("the tracer judged {seen} of {n} requests in {timeout:?}");
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
 pub fn http_get(addr: std::net::SocketAddr, path: &str) -> Result<String> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr)?;

@@ -2,12 +2,12 @@
 //! through the scripted test NVML library (no GPU here), and the clean
 //! no-NVML path.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{Result, ensure};
 use ttft_trace_tests::{
     fixtures::{self, Style, Workload},
-    tracer::{Tracer, http_get, root_test},
+    tracer::{Tracer, http_get, metric_total, root_test, wait_for_requests},
 };
 
 const GIB: u64 = 1 << 30;
@@ -50,8 +50,10 @@ fn episodes_carry_the_readings_of_their_gpu() -> Result<()> {
     ];
     let mut tracer = Tracer::start(&args, 2)?;
     tracer.wait_for_stderr("NVML: sampling", 1, Duration::from_secs(5))?;
-    // Let the sampler map the pid to its GPU (process lists refresh every second).
-    std::thread::sleep(Duration::from_millis(1200));
+    // The sampler has mapped the pid to its GPU (process lists refresh
+    // every second).
+    let mapped = format!("NVML: pid {} runs on GPU [1]", child.id());
+    tracer.wait_for_stderr(&mapped, 1, Duration::from_secs(10))?;
     fixtures::cont(child.id())?;
     child.wait_timeout(Duration::from_secs(30))?;
     let out = tracer.finish(Duration::from_secs(20))?;
@@ -103,8 +105,19 @@ fn without_nvml_everything_else_works() -> Result<()> {
     let mut tracer = Tracer::start(&args, 2)?;
     tracer.wait_for_stderr("GPU readings are off", 1, Duration::from_secs(5))?;
     fixtures::cont(child.id())?;
-    std::thread::sleep(Duration::from_millis(500));
-    let body = http_get(port, "/metrics")?;
+    // Until its first launches are counted.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let body = loop {
+        let body = http_get(port, "/metrics")?;
+        if metric_total(&body, "ttft_trace_cuda_kernel_launches_total") > 0 {
+            break body;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "no launch counted in 10 s:\n{body}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
     assert!(
         !body.contains("ttft_trace_gpu_sm_clock_hertz"),
         "GPU series must be absent, not zero"
@@ -141,6 +154,7 @@ fn requests_carry_the_readings_of_the_gpu_that_served_them() -> Result<()> {
     std::fs::copy(fixtures::existing_fixture("libnvidia-ml-stub.so")?, &lib)?;
     let script = format!("{}.script", lib.display());
     let server = ttft_trace_tests::demo::DemoServer::start(&["--output-tokens", "16"])?;
+    let listen = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
     std::fs::write(
         &script,
         format!(
@@ -158,10 +172,13 @@ fn requests_carry_the_readings_of_the_gpu_that_served_them() -> Result<()> {
         lib.display().to_string(),
         "--nvml-period-ms".into(),
         "10".into(),
+        "--listen".into(),
+        listen.to_string(),
     ];
     let mut tracer = Tracer::start(&args, 0)?;
     tracer.wait_for_stderr("following requests on port", 1, Duration::from_secs(30))?;
-    std::thread::sleep(Duration::from_millis(1200));
+    let mapped = format!("NVML: pid {} runs on GPU [0]", server.pid);
+    tracer.wait_for_stderr(&mapped, 1, Duration::from_secs(10))?;
     let clients = ttft_trace_tests::demo::loadgen(
         server.port,
         &[
@@ -173,7 +190,7 @@ fn requests_carry_the_readings_of_the_gpu_that_served_them() -> Result<()> {
             "16",
         ],
     )?;
-    std::thread::sleep(Duration::from_millis(300));
+    wait_for_requests(listen, clients.len(), Duration::from_secs(20))?;
     let out = tracer.interrupt(Duration::from_secs(20))?;
     server.stop()?;
     assert!(out.success, "{}", out.stderr);

@@ -3,8 +3,8 @@
 //! metrics services generated from the OpenTelemetry protocol definitions,
 //! served by tonic): the spans agree with the JSONL to the nanosecond, the
 //! GenAI histograms count every request with the JSONL's TTFTs; a receiver
-//! stopped and restarted mid-run costs bounded memory, its drops are
-//! counted and export resumes.
+//! that hangs overflows the span queue by an exact count, in bounded
+//! memory, every span is counted exported or dropped, and export resumes.
 
 use std::{
     collections::HashMap,
@@ -20,7 +20,7 @@ use serde_json::Value;
 use ttft_trace_tests::{
     demo::{DemoServer, loadgen},
     otlp_receiver::{Collector, free_addr, serve},
-    tracer::{Tracer, http_get, root_test},
+    tracer::{Tracer, http_get, metric_total, root_test},
 };
 
 /// Polls `done` until true or `timeout` passes (a generous bound for a
@@ -295,25 +295,45 @@ fn counter(text: &str, series: &str) -> u64 {
         .map_or(0, |v| v as u64)
 }
 
-/// Growth of the daemon's RSS allowed over a collector outage: the span
-/// queue (2048 requests of about four spans) is a few MiB; 64 MiB is a
-/// generous bound that still catches spans or metrics held without bound.
-const RSS_GROWTH_MAX_KIB: u64 = 64 * 1024;
+/// The span queue of the outage test, requests (`queue_requests` in the
+/// settings file): small, so that the outage overflows it many times.
+const QUEUE: usize = 64;
+
+/// Requests traced while the collector hangs, after the one whose export
+/// it holds: forty times the queue.
+const HUNG_REQUESTS: usize = 40 * QUEUE;
+
+/// Spans of each demo request: the server span, queue, GPU episode and
+/// egress.
+const SPANS_PER_REQUEST: usize = 4;
+
+/// Growth of the daemon's RSS allowed while the collector hangs. A
+/// request's spans take about 5 KiB: the queue (64 requests) holds about
+/// 0.3 MiB, and the daemon grew 1.4 MiB; with the bound lifted, the 2560
+/// hung requests were all held and it grew 13.7 MiB (docs/measurements.md,
+/// "OTLP").
+const RSS_GROWTH_MAX_KIB: u64 = 4 * 1024;
 
 #[test]
-fn a_collector_down_and_back_costs_bounded_memory_and_its_drops_are_counted() -> Result<()> {
+fn a_collector_that_hangs_overflows_the_queue_by_an_exact_count_in_bounded_memory() -> Result<()> {
     let Some(_g) =
-        root_test("a_collector_down_and_back_costs_bounded_memory_and_its_drops_are_counted")
+        root_test("a_collector_that_hangs_overflows_the_queue_by_an_exact_count_in_bounded_memory")
     else {
         return Ok(());
     };
     let collector = Collector::default();
     let addr = free_addr()?;
-    let receiver = serve(addr, &collector)?;
+    let _receiver = serve(addr, &collector)?;
     let listen = free_addr()?;
     let port = free_addr()?.port().to_string();
-    let mut tracer = Tracer::start_daemon(
+    let settings = ttft_trace_tests::fixtures::temp_path("otlp-settings", "toml");
+    std::fs::write(&settings, format!("[otlp]\nqueue_requests = {QUEUE}\n"))?;
+    // The exporter waits for the hung collector longer than the test runs,
+    // so that the held export ends only when the test lets it.
+    let mut tracer = Tracer::start_daemon_with_env(
         &[
+            "--config",
+            &settings.display().to_string(),
             "--no-nvml",
             "--rescan-ms",
             "200",
@@ -325,6 +345,7 @@ fn a_collector_down_and_back_costs_bounded_memory_and_its_drops_are_counted() ->
             &listen.to_string(),
         ]
         .map(String::from),
+        &[("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "600000")],
     )?;
     let pid = tracer.pid().context("daemon pid")?;
     let server = DemoServer::start(&["--output-tokens", "4", "--port", &port])?;
@@ -333,7 +354,7 @@ fn a_collector_down_and_back_costs_bounded_memory_and_its_drops_are_counted() ->
         let n = requests.to_string();
         let args = [
             "--concurrency",
-            "8",
+            "32",
             "--requests",
             &n,
             "--output-tokens",
@@ -341,68 +362,110 @@ fn a_collector_down_and_back_costs_bounded_memory_and_its_drops_are_counted() ->
         ];
         Ok(loadgen(server.port, &args)?.len())
     };
-    let dropped = |reason: &str| -> Result<u64> {
+    // (requests seen, spans exported, dropped for a full queue, dropped for
+    // a failed export), from the daemon's /metrics.
+    let counts = || -> Result<[u64; 4]> {
         let text = http_get(listen, "/metrics")?;
-        Ok(counter(
-            &text,
-            &format!("ttft_trace_otlp_spans_dropped_total{{reason=\"{reason}\"}}"),
-        ))
+        Ok([
+            metric_total(&text, "ttft_trace_requests_total"),
+            counter(&text, "ttft_trace_otlp_spans_exported_total"),
+            counter(
+                &text,
+                "ttft_trace_otlp_spans_dropped_total{reason=\"queue_full\"}",
+            ),
+            counter(
+                &text,
+                "ttft_trace_otlp_spans_dropped_total{reason=\"export_failed\"}",
+            ),
+        ])
     };
-    let timeout = Duration::from_secs(60);
+    let spans = |requests: usize| (requests * SPANS_PER_REQUEST) as u64;
+    let timeout = Duration::from_secs(120);
+    // Every span of the requests sent so far accounted for.
+    let settled = |sent: usize| -> Result<bool> {
+        let [seen, exported, full, failed] = counts()?;
+        Ok(seen == sent as u64 && exported + full + failed == spans(sent))
+    };
 
-    let mut sent = load(200)?;
-    wait_for("spans at the receiver", timeout, || {
-        Ok(collector.spans() > 0)
-    })?;
+    let mut sent = load(64)?;
+    wait_for("the first requests exported", timeout, || settled(sent))?;
     let rss_before = rss_kib(pid)?;
 
-    receiver.shutdown_background();
-    wait_for("the receiver to stop", timeout, || {
-        Ok(std::net::TcpStream::connect(addr).is_err())
+    // The collector hangs: it takes the next export and never answers.
+    collector.hold_traces(true);
+    sent += load(1)?;
+    wait_for("an export held by the collector", timeout, || {
+        Ok(collector.held_spans() == spans(1) as usize)
     })?;
-    let received_before = collector.spans();
-    sent += load(1000)?;
-    wait_for("failed exports counted", timeout, || {
-        Ok(dropped("export_failed")? > 0)
+    sent += load(HUNG_REQUESTS)?;
+    wait_for("every request seen by the daemon", timeout, || {
+        Ok(counts()?[0] == sent as u64)
     })?;
-    let rss_down_half = rss_kib(pid)?;
-    sent += load(1000)?;
-    let rss_down = rss_kib(pid)?;
-    let failed = dropped("export_failed")?;
-    let queue_full = dropped("queue_full")?;
+    let rss_hung = rss_kib(pid)?;
+    let [_, exported_hung, full_hung, failed_hung] = counts()?;
 
-    let _receiver = serve(addr, &collector)?;
-    sent += load(200)?;
-    wait_for("spans after the restart", timeout, || {
-        Ok(collector.spans() > received_before)
-    })?;
+    // The collector refuses what it held and answers again.
+    collector.hold_traces(false);
+    sent += load(64)?;
+    wait_for("every span accounted for", timeout, || settled(sent))?;
     let rss_after = rss_kib(pid)?;
-    let received_after = collector.spans() - received_before;
+    let [_, exported, queue_full, failed] = counts()?;
 
     server.stop()?;
     let out = tracer.interrupt(Duration::from_secs(30))?;
+    let _ = std::fs::remove_file(&settings);
     ensure!(out.success, "{}", out.stderr);
     let requests: Vec<&Value> = out
         .lines
         .iter()
         .filter(|l| l["type"] == "request")
         .collect();
+    let expected_full = spans(HUNG_REQUESTS - QUEUE);
     eprintln!(
-        "requests sent {sent}, traced {}; spans received before the outage {received_before}, \
-         after it {received_after}; dropped export_failed {failed}, queue_full {queue_full}; \
-         RSS before {rss_before} KiB, down {rss_down_half} KiB after 1000 requests and \
-         {rss_down} KiB after 2000, after {rss_after} KiB",
-        requests.len()
+        "queue {QUEUE} requests; requests sent {sent}, traced {}, {HUNG_REQUESTS} while the \
+         collector hung; spans while it hung: exported {exported_hung}, dropped queue_full \
+         {full_hung} (expected {expected_full}), export_failed {failed_hung}; at the end: \
+         exported {exported}, received {}, queue_full {queue_full}, export_failed {failed} \
+         (held {}); RSS before {rss_before} KiB, hung {rss_hung} KiB (+{} KiB, bound +{} KiB), \
+         after {rss_after} KiB",
+        requests.len(),
+        collector.spans(),
+        collector.held_spans(),
+        rss_hung.saturating_sub(rss_before),
+        RSS_GROWTH_MAX_KIB,
     );
     ensure!(requests.len() == sent, "every request traced");
     ensure!(
-        [rss_down_half, rss_down, rss_after]
+        requests.iter().all(|r| ["queue_ns", "gpu_ns", "egress_ns"]
             .iter()
-            .all(|&r| r <= rss_before + RSS_GROWTH_MAX_KIB),
-        "RSS grew past the bound: {rss_before} -> {rss_down_half} -> {rss_down} -> {rss_after} KiB"
+            .all(|k| r[k].is_u64())),
+        "every request has its {SPANS_PER_REQUEST} spans"
     );
-    // The metrics are cumulative: the last export, after the restart,
-    // counts the requests of the outage too.
+    ensure!(
+        rss_hung <= rss_before + RSS_GROWTH_MAX_KIB,
+        "RSS grew past the bound while the collector hung: {rss_before} -> {rss_hung} KiB"
+    );
+    // The held export's request is out of the queue; of the requests
+    // after it, the queue takes exactly QUEUE and drops the rest.
+    ensure!(
+        full_hung == expected_full && queue_full == expected_full,
+        "dropped for a full queue: {full_hung} while hung, {queue_full} at the end, \
+         expected {expected_full}"
+    );
+    ensure!(
+        failed == spans(1) && failed as usize == collector.held_spans(),
+        "export_failed {failed}: the held export's spans, {}",
+        collector.held_spans()
+    );
+    ensure!(
+        exported == collector.spans() as u64 && exported + queue_full + failed == spans(sent),
+        "exported {exported} (received {}) + queue_full {queue_full} + export_failed {failed} \
+         == {} spans produced",
+        collector.spans(),
+        spans(sent)
+    );
+    // The metrics are cumulative: the last export counts the requests of
+    // the outage too.
     check_genai_metrics(&collector, &requests)?;
     Ok(())
 }

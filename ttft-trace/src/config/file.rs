@@ -107,7 +107,9 @@ pub struct Discovery {
     pub cgroup_prefix: Option<String>,
     /// Trace only workloads listening on one of these ports (all when empty).
     pub ports: Vec<u16>,
-    /// How often /proc is scanned for processes that map a CUDA library.
+    /// How often /proc is scanned for processes that map a CUDA library;
+    /// 0: only at start (later processes are found by the kernel's
+    /// announcement alone, when they call into a library already probed).
     pub rescan_ms: u64,
     /// Probes of a library no traced process has mapped for this long are
     /// detached (longer than a server's restart, so that a restart keeps

@@ -81,7 +81,9 @@ pub struct DaemonArgs {
     /// Trace only workloads listening on this port (repeatable).
     #[arg(long = "only-port", value_name = "PORT")]
     pub only_ports: Vec<u16>,
-    /// Milliseconds between /proc scans for new CUDA processes.
+    /// Milliseconds between /proc scans for new CUDA processes (0: only the
+    /// scan at start; later processes are found by the kernel's
+    /// announcement alone, when they call into a library already probed).
     #[arg(long, value_name = "MS")]
     pub rescan_ms: Option<u64>,
     /// Detach the probes of a library no traced process has mapped for
@@ -222,7 +224,7 @@ impl DaemonArgs {
         file.interval_s = self.interval.unwrap_or(file.interval_s);
         Ok(DaemonOptions {
             filters: file.filters()?,
-            rescan: std::time::Duration::from_millis(file.discovery.rescan_ms.max(10)),
+            rescan: rescan_period(file.discovery.rescan_ms),
             detach_unmapped: super::seconds("--detach-unmapped", file.discovery.detach_unmapped_s)?,
             cuda_libs: self.cuda_libs,
             trace: trace_config(&file, &self.common)?,
@@ -230,11 +232,25 @@ impl DaemonArgs {
     }
 }
 
+/// The period of the daemon's /proc scan: `None` for 0 (no periodic scan),
+/// else at least 10 ms.
+fn rescan_period(ms: u64) -> Option<std::time::Duration> {
+    (ms > 0).then(|| std::time::Duration::from_millis(ms.max(10)))
+}
+
 #[cfg(test)]
 mod tests {
     use clap::Parser;
 
     use super::*;
+
+    #[test]
+    fn a_rescan_period_of_zero_turns_the_periodic_scan_off() {
+        use std::time::Duration;
+        assert_eq!(rescan_period(0), None);
+        assert_eq!(rescan_period(1), Some(Duration::from_millis(10)));
+        assert_eq!(rescan_period(1000), Some(Duration::from_secs(1)));
+    }
 
     #[derive(Parser)]
     enum Cli {

@@ -102,8 +102,9 @@ pub struct AttachConfig {
 /// `ttft-trace daemon`.
 pub struct DaemonOptions {
     pub filters: Filters,
-    /// How often /proc is scanned for new CUDA processes.
-    pub rescan: Duration,
+    /// How often /proc is scanned for new CUDA processes; `None`: only at
+    /// start (`rescan_ms = 0`).
+    pub rescan: Option<Duration>,
     /// Probes of a library no traced process maps this long are detached.
     pub detach_unmapped: Duration,
     /// Libraries to probe from the start (e.g. not mapped by anyone yet).

@@ -239,6 +239,11 @@ pub(super) fn refresh_processes(
             }
         }
     }
+    for (pid, gpus) in &map {
+        if st.pids.get(pid) != Some(gpus) {
+            log::info!("NVML: pid {pid} runs on GPU {gpus:?}");
+        }
+    }
     st.pids = map;
     st.process_refreshes += 1;
 }

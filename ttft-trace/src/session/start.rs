@@ -62,10 +62,13 @@ pub async fn daemon(opts: DaemonOptions) -> Result<Stop> {
     s.tracking.discover()?;
     s.tracking.follow_ports(&opts.trace.ports)?;
     s.apply_changes();
+    let scans = opts.rescan.map_or_else(
+        || "no periodic /proc scan (rescan_ms = 0)".to_string(),
+        |p| format!("scanning /proc every {p:?}"),
+    );
     log::info!(
-        "daemon: {} workload(s) at start; scanning /proc every {:?}",
-        s.tracking.workloads(),
-        opts.rescan
+        "daemon: {} workload(s) at start; {scans}",
+        s.tracking.workloads()
     );
     s.run_to_end(listener, &opts.trace, "daemon").await
 }

@@ -1,6 +1,6 @@
 //! Discovery, the daemon's mode of tracking: every inference workload on the
 //! host. Processes that map a CUDA library are found by a /proc scan (at
-//! start, then every rescan period), and at once when an untraced process
+//! start, then every rescan period unless it is 0), and at once when an untraced process
 //! calls into a library that already carries the probes (the kernel
 //! announces it: a restarted server). Filters decide; the workload's root is
 //! found; the loaded programs start following it, with no reload.
@@ -21,8 +21,8 @@ use crate::{
 /// The daemon's discovery state.
 pub struct Discovery {
     filters: Filters,
-    /// How often /proc is scanned.
-    pub period: Duration,
+    /// How often /proc is scanned; `None`: only at start.
+    pub period: Option<Duration>,
     /// Probes of a library no traced process has mapped this long are
     /// detached.
     pub detach_unmapped: Duration,
@@ -31,7 +31,7 @@ pub struct Discovery {
 }
 
 impl Discovery {
-    pub fn new(filters: Filters, period: Duration, detach_unmapped: Duration) -> Self {
+    pub fn new(filters: Filters, period: Option<Duration>, detach_unmapped: Duration) -> Self {
         Self {
             filters,
             period,

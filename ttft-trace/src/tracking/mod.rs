@@ -128,10 +128,10 @@ impl Tracking {
         self.counters.gpu_totals()
     }
 
-    /// The /proc scan period in daemon mode.
+    /// The /proc scan period in daemon mode (`None`: no periodic scan).
     pub fn discovery_period(&self) -> Option<std::time::Duration> {
         match &self.mode {
-            Mode::Daemon(d) => Some(d.period),
+            Mode::Daemon(d) => d.period,
             Mode::Attach { .. } => None,
         }
     }
