@@ -163,16 +163,17 @@ pub fn read_jsonl<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Vec<T>> {
 }
 
 /// The demo server's own CLOCK_MONOTONIC stamps of each request it answered
-/// with a first token, from its truth log (`--truth`, tests/demo/README.md):
+/// with body, from its truth log (`--truth`, tests/demo/README.md):
 /// `t_arrive` (the return of the recv that brought its first bytes) and
-/// `t_first_token_send_start` (just before the send of its first token).
+/// `t_first_body_send_start` (just before the first send of body: the first
+/// token, or the chat role chunk before it, as the tracer's first token).
 pub fn server_stamps(truth: &Path) -> Result<Vec<Stamps>> {
     #[derive(Deserialize)]
     struct Truth {
         conn_port: u64,
         conn_seq: u64,
         t_arrive: u64,
-        t_first_token_send_start: Option<u64>,
+        t_first_body_send_start: Option<u64>,
     }
     Ok(read_jsonl::<Truth>(truth)?
         .into_iter()
@@ -180,7 +181,7 @@ pub fn server_stamps(truth: &Path) -> Result<Vec<Stamps>> {
             Some(Stamps {
                 key: (t.conn_port, t.conn_seq),
                 read_ns: t.t_arrive,
-                send_ns: t.t_first_token_send_start?,
+                send_ns: t.t_first_body_send_start?,
             })
         })
         .collect())

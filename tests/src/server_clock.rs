@@ -9,9 +9,13 @@
 //! `0 ≤ read stamp − traced arrival ≤ arrival tolerance` and
 //! `0 ≤ traced first token − send stamp ≤ first-token tolerance`.
 
-use std::{borrow::Borrow, collections::HashMap};
+use std::{borrow::Borrow, collections::HashMap, path::Path};
 
+use anyhow::Result;
+use serde::Deserialize;
 use serde_json::Value;
+
+use crate::demo::read_jsonl;
 
 /// One request as the server's own clock saw it.
 #[derive(Debug, Clone, Copy)]
@@ -22,6 +26,39 @@ pub struct Stamps {
     pub read_ns: u64,
     /// Just before the send of the first token.
     pub send_ns: u64,
+}
+
+/// The stamps an app logged (tests/stacks: `gpu.stamp`, mhd.c, axum), one
+/// JSON line `{"client_port", "request_index"?, "t_read", "t_send"}` per
+/// request; none when it logged none. A line without `request_index` (the
+/// app does not know it) is numbered by its `t_read` among its port's: the
+/// requests on a connection come one after another.
+pub fn app_stamps(path: &Path) -> Result<Vec<Stamps>> {
+    #[derive(Deserialize)]
+    struct Line {
+        client_port: u64,
+        request_index: Option<u64>,
+        t_read: u64,
+        t_send: u64,
+    }
+    if !path.exists() {
+        return Ok(Vec::new());
+    }
+    let mut lines = read_jsonl::<Line>(path)?;
+    lines.sort_by_key(|l| (l.client_port, l.t_read));
+    let mut numbered: HashMap<u64, u64> = HashMap::new();
+    Ok(lines
+        .into_iter()
+        .map(|l| {
+            let n = numbered.entry(l.client_port).or_insert(0);
+            *n += 1;
+            Stamps {
+                key: (l.client_port, l.request_index.unwrap_or(*n)),
+                read_ns: l.t_read,
+                send_ns: l.t_send,
+            }
+        })
+        .collect())
 }
 
 /// The bounds one server is held to, in ms.
