@@ -899,7 +899,8 @@ class Server:
                "endpoint": "chat" if chat else "completions", "stream": stream,
                "t_arrive": t_arrive, "t_tokenized": None, "t_step_start": None,
                "t_gpu_start": None, "t_first_token_ready": None, "t_headers_sent": None,
-               "t_first_body_sent": None, "t_first_token_send_start": None,
+               "t_first_body_sent": None, "t_first_body_send_start": None,
+               "t_first_token_send_start": None,
                "t_first_token_sent": None, "t_done": None,
                "prompt_tokens": prompt_tokens, "requested_output_tokens": out_tokens,
                "output_tokens": 0, "outcome": None, "faults": faults,
@@ -944,6 +945,7 @@ class Server:
             rec["t_headers_sent"] = send(headers)
             if chat and a.role_chunk == "with-headers":
                 rec["t_first_body_sent"] = send(chunk(sse(piece("", None, role=True))))
+                rec["t_first_body_send_start"] = t_send_start
 
         try:
             if stream and a.headers_at == "parsed":
@@ -975,6 +977,7 @@ class Server:
                         send_headers()
                     if chat and a.role_chunk == "at-first-token" and o["i"] == 0:
                         rec["t_first_body_sent"] = send(chunk(sse(piece("", None, role=True))))
+                        rec["t_first_body_send_start"] = t_send_start
                     t = send(chunk(sse(piece(text, "length" if last else None))))
                     rec["output_tokens"] += 1
                     if rec["t_first_token_sent"] is None:
@@ -982,6 +985,7 @@ class Server:
                         rec["t_first_token_send_start"] = t_send_start
                         if rec["t_first_body_sent"] is None:
                             rec["t_first_body_sent"] = t
+                            rec["t_first_body_send_start"] = t_send_start
                 if last:
                     break
             if outcome == "ok":
@@ -1019,6 +1023,7 @@ class Server:
                     rec["t_headers_sent"] = rec["t_first_body_sent"] = t
                     rec["t_first_token_sent"] = rec["t_done"] = t
                     rec["t_first_token_send_start"] = t_send_start
+                    rec["t_first_body_send_start"] = t_send_start
         except OSError:
             # our own shutdown() of the socket at server stop, or the client went away
             outcome = "aborted" if self.stopping else "client_closed"

@@ -101,6 +101,10 @@ class DemoTest(unittest.TestCase):
                      s["t_first_token_send_start"], s["t_first_token_sent"], s["t_done"]]
             self.assertEqual(order, sorted(order), s)
             self.assertLess(s["t_headers_sent"], s["t_first_token_sent"])
+            # the first body sent is the first token, or the chat role chunk before it
+            if s["endpoint"] == "completions":
+                self.assertEqual(s["t_first_body_send_start"], s["t_first_token_send_start"])
+            self.assertLessEqual(s["t_first_body_send_start"], s["t_first_token_send_start"])
             # The client's TTFT contains the server's: it starts before the request's bytes
             # arrive and ends after the first token's send began. A loopback send can reach
             # the client before sendall() returns (the sender is often preempted by the woken
@@ -284,6 +288,8 @@ class DemoTest(unittest.TestCase):
         self.assertEqual([r["conn_seq"] for r in recs], [3, 4])
         # chat: the empty role chunk is body sent before the first token
         self.assertLess(recs[0]["t_first_body_sent"], recs[0]["t_first_token_sent"])
+        self.assertLess(recs[0]["t_first_body_send_start"], recs[0]["t_first_body_sent"])
+        self.assertLess(recs[0]["t_first_body_sent"], recs[0]["t_first_token_send_start"])
 
     def test_raw_socket_sends_headers_then_one_chunk_per_token(self):
         _, port, _ = self.start_server()

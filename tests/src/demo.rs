@@ -14,6 +14,7 @@ use serde::Deserialize;
 use crate::{
     container::{self, PodCgroup},
     fixtures::{self, ChildGuard},
+    server_clock::Stamps,
 };
 
 fn demo_dir() -> PathBuf {
@@ -159,4 +160,29 @@ pub fn read_jsonl<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Vec<T>> {
         .filter(|l| !l.trim().is_empty())
         .map(|l| serde_json::from_str(l).with_context(|| format!("bad line {l:?}")))
         .collect()
+}
+
+/// The demo server's own CLOCK_MONOTONIC stamps of each request it answered
+/// with body, from its truth log (`--truth`, tests/demo/README.md):
+/// `t_arrive` (the return of the recv that brought its first bytes) and
+/// `t_first_body_send_start` (just before the first send of body: the first
+/// token, or the chat role chunk before it, as the tracer's first token).
+pub fn server_stamps(truth: &Path) -> Result<Vec<Stamps>> {
+    #[derive(Deserialize)]
+    struct Truth {
+        conn_port: u64,
+        conn_seq: u64,
+        t_arrive: u64,
+        t_first_body_send_start: Option<u64>,
+    }
+    Ok(read_jsonl::<Truth>(truth)?
+        .into_iter()
+        .filter_map(|t| {
+            Some(Stamps {
+                key: (t.conn_port, t.conn_seq),
+                read_ns: t.t_arrive,
+                send_ns: t.t_first_body_send_start?,
+            })
+        })
+        .collect())
 }

@@ -4,6 +4,7 @@ pub mod faults;
 pub mod fixtures;
 pub mod otlp_receiver;
 pub mod prometheus;
+pub mod server_clock;
 pub mod stalls;
 pub mod stub_gpu;
 pub mod tracer;

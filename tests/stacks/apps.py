@@ -1,7 +1,9 @@
 """Minimal streamed-completions handlers on real Python HTTP stacks.
 
 Each handler waits for the GPU step (gpu.py) before every token and hands the stack one body
-piece per token; the stack's own code does all of the HTTP (framing, keep-alive, close). Paths:
+piece per token; the stack's own code does all of the HTTP (framing, keep-alive, close). Each
+stamps CLOCK_MONOTONIC at its first line and just before it hands the stack its first token
+(gpu.stamp, with the client's port). Paths:
 /v1/chat/completions and /v1/completions (SSE, as OpenAI's API), /api/generate (NDJSON).
 
   uvicorn apps:asgi / hypercorn apps:asgi     (ASGI, no framework)
@@ -28,6 +30,7 @@ async def asgi(scope, receive, send):
             elif msg["type"] == "lifespan.shutdown":
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+    t_read = gpu.now()
     path = scope["path"]
     body = b""
     while True:
@@ -45,12 +48,16 @@ async def asgi(scope, receive, send):
     n = gpu.tokens(body)
     for i in range(n):
         await asyncio.to_thread(gpu.step, i)
+        t_send = gpu.now()
         await send({"type": "http.response.body", "body": gpu.chunk(path, i), "more_body": True})
+        if i == 0:
+            gpu.stamp(scope["client"][1], t_read, t_send)
     await send({"type": "http.response.body", "body": gpu.last(path), "more_body": True})
     await send({"type": "http.response.body", "body": b""})
 
 
 def wsgi(environ, start_response):
+    t_read = gpu.now()
     path = environ["PATH_INFO"]
     if path not in PATHS:
         start_response("404 Not Found", [("Content-Length", "0")])
@@ -59,13 +66,14 @@ def wsgi(environ, start_response):
     body = environ["wsgi.input"].read(length)
     start_response("200 OK", [("Content-Type", gpu.content_type(path)),
                               ("Cache-Control", "no-cache")])
-    return gpu.stream(path, gpu.tokens(body))
+    return gpu.stream(path, gpu.tokens(body), int(environ["REMOTE_PORT"]), t_read)
 
 
 def serve_aiohttp(port: int) -> None:
     from aiohttp import web
 
     async def handle(request: web.Request) -> web.StreamResponse:
+        t_read = gpu.now()
         path = request.path
         body = await request.read()
         resp = web.StreamResponse(headers={"Content-Type": gpu.content_type(path),
@@ -73,7 +81,10 @@ def serve_aiohttp(port: int) -> None:
         await resp.prepare(request)
         for i in range(gpu.tokens(body)):
             await asyncio.to_thread(gpu.step, i)
+            t_send = gpu.now()
             await resp.write(gpu.chunk(path, i))
+            if i == 0:
+                gpu.stamp(request.transport.get_extra_info("peername")[1], t_read, t_send)
         await resp.write(gpu.last(path))
         await resp.write_eof()
         return resp
@@ -90,13 +101,17 @@ def serve_tornado(port: int) -> None:
 
     class Handler(tornado.web.RequestHandler):
         async def post(self):
+            t_read = gpu.now()
             path = self.request.path
             self.set_header("Content-Type", gpu.content_type(path))
             self.set_header("Cache-Control", "no-cache")
             for i in range(gpu.tokens(self.request.body)):
                 await asyncio.to_thread(gpu.step, i)
+                t_send = gpu.now()
                 self.write(gpu.chunk(path, i))
                 await self.flush()
+                if i == 0:
+                    gpu.stamp(self.request.connection.context.address[1], t_read, t_send)
             self.write(gpu.last(path))
             await self.flush()
 

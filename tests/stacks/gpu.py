@@ -21,6 +21,8 @@ STUB_KERNEL_MAGIC = 0x4E52454B54465454
 D2H = 2
 
 PREFILL_MS = float(os.environ.get("STACK_PREFILL_MS", "20"))
+# Where the app appends its own stamps of each request (tests/tests/stacks.rs), if set.
+STAMPS = os.environ.get("STACK_STAMPS")
 DECODE_MS = float(os.environ.get("STACK_DECODE_MS", "5"))
 
 
@@ -120,9 +122,33 @@ def last(path: str) -> bytes:
     return b"data: [DONE]\n\n"
 
 
-def stream(path: str, n: int):
-    """The body of one response, a piece per token, with the GPU step before each."""
+def now() -> int:
+    """CLOCK_MONOTONIC (time.monotonic_ns() on Linux), the tracer's clock, in ns."""
+    return time.monotonic_ns()
+
+
+def stamp(port: int, t_read: int, t_send: int) -> None:
+    """Appends the app's own stamps of one request to $STACK_STAMPS: `t_read` when the stack
+    handed it the request (the handler's first line: after the stack read and parsed it),
+    `t_send` just before it handed the stack its first token. Called after that hand-off, so
+    that the write costs the response nothing before it."""
+    if not STAMPS:
+        return
+    line = json.dumps({"client_port": port, "t_read": t_read, "t_send": t_send}) + "\n"
+    fd = os.open(STAMPS, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def stream(path: str, n: int, port: int = 0, t_read: int = 0):
+    """The body of one response, a piece per token, with the GPU step before each; with the
+    client's `port`, the request's stamps (see `stamp`)."""
     for i in range(n):
         step(i)
+        t_send = now()
         yield chunk(path, i)
+        if i == 0 and port:
+            stamp(port, t_read, t_send)
     yield last(path)

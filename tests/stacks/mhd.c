@@ -2,7 +2,10 @@
  * completions as tests/stacks/apps.py, with libmicrohttpd doing all of the
  * HTTP (a response of unknown size, which it sends chunked). One thread per
  * connection, so the content reader may block for the GPU step. The steps call
- * the stub CUDA runtime of tests/fixtures (dlopen).
+ * the stub CUDA runtime of tests/fixtures (dlopen). With STACK_STAMPS set, each
+ * request's own CLOCK_MONOTONIC stamps are appended there as a JSON line (see
+ * stamp_free): when libmicrohttpd first hands the request to the handler (its
+ * head read and parsed) and just before the reader returns the first token.
  *
  *   stack-mhd PORT CUDART          (built by the test: cc mhd.c -lmicrohttpd -ldl)
  */
@@ -15,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define STUB_KERNEL_MAGIC 0x4E52454B54465454ULL /* "TTFTKERN", cuda_api.h */
@@ -49,7 +53,35 @@ enum kind { CHAT, COMPLETIONS, NDJSON };
 struct stream {
     enum kind kind;
     int n, next; /* tokens to send, next to send (n: the end marker) */
+    unsigned port; /* the client's */
+    uint64_t t_read, t_send; /* the request's stamps (t_send 0: no token yet) */
 };
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+static pthread_mutex_t stamps_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Frees a response's stream, after appending its stamps to $STACK_STAMPS: at the
+ * response's end, so that the write costs it nothing before its first token. */
+static void stamp_free(void *cls) {
+    struct stream *s = cls;
+    const char *path = getenv("STACK_STAMPS");
+    if (path && *path && s->t_send) {
+        pthread_mutex_lock(&stamps_lock);
+        FILE *f = fopen(path, "a");
+        if (f) {
+            fprintf(f, "{\"client_port\":%u,\"t_read\":%llu,\"t_send\":%llu}\n", s->port,
+                    (unsigned long long)s->t_read, (unsigned long long)s->t_send);
+            fclose(f);
+        }
+        pthread_mutex_unlock(&stamps_lock);
+    }
+    free(s);
+}
 
 static ssize_t reader(void *cls, uint64_t pos, char *buf, size_t max) {
     struct stream *s = cls;
@@ -64,6 +96,7 @@ static ssize_t reader(void *cls, uint64_t pos, char *buf, size_t max) {
         if (step(s->next == 0 ? PREFILL_NS : DECODE_NS) != 0)
             return MHD_CONTENT_READER_END_WITH_ERROR;
         int i = s->next;
+        if (i == 0) s->t_send = now_ns();
         if (s->kind == CHAT)
             len = snprintf(buf, max,
                            "data: {\"id\":\"chatcmpl-stack\",\"object\":\"chat.completion.chunk\","
@@ -82,8 +115,8 @@ static ssize_t reader(void *cls, uint64_t pos, char *buf, size_t max) {
     return len < 0 || (size_t)len >= max ? MHD_CONTENT_READER_END_WITH_ERROR : len;
 }
 
-/* The request body so far, per connection request. */
-struct body { size_t len; char data[4096]; };
+/* The request body so far, per connection request, and when it was first seen. */
+struct body { uint64_t t_read; size_t len; char data[4096]; };
 
 static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *url,
                               const char *method, const char *version, const char *upload,
@@ -91,8 +124,10 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     (void)cls; (void)method; (void)version;
     struct body *b = *con_cls;
     if (b == NULL) {
+        uint64_t t_read = now_ns();
         b = calloc(1, sizeof *b);
         if (b == NULL) return MHD_NO;
+        b->t_read = t_read;
         *con_cls = b;
         return MHD_YES;
     }
@@ -118,9 +153,15 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     if (s == NULL) return MHD_NO;
     s->kind = kind;
     s->n = 8;
+    s->t_read = b->t_read;
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    if (ci && ci->client_addr && ci->client_addr->sa_family == AF_INET)
+        s->port = ntohs(((const struct sockaddr_in *)ci->client_addr)->sin_port);
     const char *m = strstr(b->data, "\"max_tokens\"");
     if (m && (m = strchr(m, ':'))) s->n = atoi(m + 1) > 0 ? atoi(m + 1) : 1;
-    struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 1024, reader, s, free);
+    struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 1024, reader, s,
+                                                                stamp_free);
     MHD_add_response_header(r, "Content-Type",
                             kind == NDJSON ? "application/x-ndjson" : "text/event-stream");
     enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, r);

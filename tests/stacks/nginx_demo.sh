@@ -3,13 +3,16 @@
 # (tests/demo/server.py), both children of this script, so that one process tree
 # (this script's pid) holds the proxy's client sockets and the demo's GPU work.
 #   nginx_demo.sh PORT DEMO_PORT CUDART
+# With STACK_STAMPS set, the demo writes its truth log (its own stamps of each
+# request) there.
 set -euo pipefail
 port=$1 demo_port=$2 cudart=$3
 here=$(cd "$(dirname "$0")" && pwd)
 dir=$(mktemp -d /tmp/ttft-nginx.XXXXXX)
 trap 'wait; rm -rf "$dir"' EXIT
 trap 'exit 143' TERM INT
-python3 "$here/../demo/server.py" --port "$demo_port" --cudart "$cudart" >/dev/null &
+python3 "$here/../demo/server.py" --port "$demo_port" --cudart "$cudart" \
+    ${STACK_STAMPS:+--truth "$STACK_STAMPS"} >/dev/null &
 cat >"$dir/nginx.conf" <<CONF
 worker_processes 1;
 pid $dir/nginx.pid;

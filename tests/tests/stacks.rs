@@ -22,9 +22,10 @@ use serde::Deserialize;
 use serde_json::Value;
 use ttft_trace_tests::{
     container::{PodCgroup, place_in_root_cgroup},
-    demo::read_jsonl,
+    demo::{read_jsonl, server_stamps},
     faults::{self, PacketLoss},
     fixtures::{self, cache_dir},
+    server_clock::{Deviations, Tolerance, app_stamps, request_key},
     stalls::{StallMonitor, Stalls},
     tracer::{ATTACHED, Tracer, root_test},
 };
@@ -89,6 +90,47 @@ const STACKS: [&str; 9] = [
     "libmicrohttpd",
     "nginx+demo",
 ];
+
+/// How far each stack's own stamps may be from the tracer's, per request
+/// (ttft_trace_tests::server_clock): the read stamp is never before the
+/// traced arrival, the traced first token never before the send stamp, and
+/// neither more than these apart. Where each stack stamps:
+/// - Python stacks (tests/stacks/apps.py): the handler's first line, after
+///   the stack read and parsed the request (and, on the event loops, ran
+///   the handler's task), and just before the handler hands the stack its
+///   first token; so the arrival bound holds the stack's parsing and
+///   scheduling, the first-token bound its way to the send.
+/// - axum: its listener's stream (tests/stacks/axum_writes.rs), right after
+///   the read that returned the request's first bytes and right before the
+///   write that carried its first body bytes: the socket calls themselves.
+/// - libmicrohttpd (tests/stacks/mhd.c): when it first hands the request to
+///   the handler (head read and parsed) and just before the reader returns
+///   the first token.
+/// - nginx+demo: nginx stamps nothing; the demo behind it does
+///   (tests/demo/server.py, its read and its send), on its upstream
+///   connections, one request at a time.
+///
+/// Measured 09:01-09:10 UTC, 2026-12-05 (load average about 4 on 2 cores,
+/// two other builds beside; see docs/measurements.md).
+fn clock_tolerance(stack: &str) -> Tolerance {
+    match stack {
+        "axum" | "libmicrohttpd" => Tolerance {
+            arrival_ms: 20.0,
+            first_token_ms: 20.0,
+            median_ms: 0.5,
+        },
+        "nginx+demo" => Tolerance {
+            arrival_ms: 20.0,
+            first_token_ms: 20.0,
+            median_ms: 0.5,
+        },
+        _ => Tolerance {
+            arrival_ms: 50.0,
+            first_token_ms: 50.0,
+            median_ms: 2.0,
+        },
+    }
+}
 
 fn stacks_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("stacks")
@@ -385,6 +427,8 @@ const MATRIX: Load = Load {
 struct Run {
     clients: Vec<ClientRecord>,
     traced: HashMap<(u64, u64), Value>,
+    /// The traced arrival and first token against the server's own stamps.
+    clock: Deviations,
     upstream_note: String,
     /// Behind a proxy, the chunks of the demo's own response (one send per
     /// chunk) by the proxied request's key: the proxy joins chunks that
@@ -407,6 +451,7 @@ fn traced_run(stack: &str, cudart: &Path, load: &Load) -> Result<Option<Run>> {
     let upstream = free_port()?;
     let proxied = stack.starts_with("nginx");
     let writes_log = fixtures::temp_path("stack-writes", "jsonl");
+    let stamps_log = fixtures::temp_path("stack-stamps", "jsonl");
     let cmd = match server(stack, port, upstream, cudart, &writes_log) {
         Ok(c) => c,
         Err(why) => {
@@ -423,6 +468,7 @@ fn traced_run(stack: &str, cudart: &Path, load: &Load) -> Result<Option<Run>> {
         Some(PodCgroup::new()?)
     };
     let mut cmd = cmd;
+    cmd.env("STACK_STAMPS", &stamps_log);
     match &cgroup {
         Some(cgroup) => cgroup.place(&mut cmd)?,
         None => place_in_root_cgroup(&mut cmd)?,
@@ -516,15 +562,8 @@ fn traced_run(stack: &str, cudart: &Path, load: &Load) -> Result<Option<Run>> {
             .iter()
             .filter(move |l| l["type"] == "request" && l["server_port"].as_u64() == Some(p.into()))
     };
-    let traced: HashMap<(u64, u64), Value> = on_port(port)
-        .map(|r| {
-            let key = (
-                r["client_port"].as_u64().unwrap_or(0),
-                r["request_index"].as_u64().unwrap_or(0) + 1,
-            );
-            (key, r.clone())
-        })
-        .collect();
+    let traced: HashMap<(u64, u64), Value> =
+        on_port(port).map(|r| (request_key(r), r.clone())).collect();
     // Behind the proxy, the demo's own requests come from nginx's pool of
     // upstream connections: each one traced, on fewer connections than
     // requests (kept alive).
@@ -560,16 +599,27 @@ fn traced_run(stack: &str, cudart: &Path, load: &Load) -> Result<Option<Run>> {
         front.sort_by_key(arrival);
         behind.sort_by_key(arrival);
         for (f, b) in front.iter().zip(&behind) {
-            let key = (
-                f["client_port"].as_u64().unwrap_or(0),
-                f["request_index"].as_u64().unwrap_or(0) + 1,
-            );
-            upstream_chunks.insert(key, b["chunks"].as_u64().unwrap_or(0));
+            upstream_chunks.insert(request_key(f), b["chunks"].as_u64().unwrap_or(0));
         }
         format!("upstream: {} requests on {conns} connections", behind.len())
     } else {
         String::new()
     };
+    // The server's own stamps of each request: the app's; behind the
+    // proxy, the demo's, on its upstream connections.
+    let clock = if proxied {
+        let behind: HashMap<(u64, u64), &Value> =
+            on_port(upstream).map(|r| (request_key(r), r)).collect();
+        let stamps = if stamps_log.exists() {
+            server_stamps(&stamps_log)?
+        } else {
+            Vec::new()
+        };
+        Deviations::judge(&stamps, &behind, clock_tolerance(stack))
+    } else {
+        Deviations::judge(&app_stamps(&stamps_log)?, &traced, clock_tolerance(stack))
+    };
+    let _ = std::fs::remove_file(&stamps_log);
     let totals = trace.lines.iter().filter(|l| l["type"] == "totals");
     let tail = trace.stderr.lines().rev().take(4).collect::<Vec<_>>();
     let tracer_tail = totals
@@ -580,6 +630,7 @@ fn traced_run(stack: &str, cudart: &Path, load: &Load) -> Result<Option<Run>> {
     Ok(Some(Run {
         clients,
         traced,
+        clock,
         upstream_note,
         upstream_chunks,
         server_writes,
@@ -614,6 +665,7 @@ fn judge(stack: &str, run: Run) -> Result<()> {
     let Run {
         clients,
         traced,
+        clock,
         upstream_note,
         upstream_chunks,
         server_writes,
@@ -873,6 +925,23 @@ fn judge(stack: &str, run: Run) -> Result<()> {
         ));
     }
     print_row(&row);
+    eprintln!(
+        "{stack}: the server's own clock{}: {}",
+        if stack.starts_with("nginx") {
+            " (the demo behind the proxy)"
+        } else {
+            ""
+        },
+        clock.summary()
+    );
+    if clock.arrival.len() != clients.len() {
+        problems.push(format!(
+            "{} of {} requests stamped by the server",
+            clock.arrival.len(),
+            clients.len()
+        ));
+    }
+    problems.extend(clock.problems);
     ensure!(problems.is_empty(), "{stack}:\n{}", problems.join("\n"));
     Ok(())
 }
