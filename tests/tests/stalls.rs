@@ -42,11 +42,8 @@ fn complete(port: u16, prompt_tokens: u32, max_tokens: u32) -> Result<String> {
     Ok(text)
 }
 
-#[test]
-fn a_long_prefill_is_named_in_the_stream_it_stalls() -> Result<()> {
-    let Some(_g) = root_test("a_long_prefill_is_named_in_the_stream_it_stalls") else {
-        return Ok(());
-    };
+/// The demo server, and the tracer once it follows its requests.
+fn traced_demo() -> Result<(DemoServer, Tracer)> {
     let server = DemoServer::start(&[])?;
     let args = vec![
         "--pid".to_string(),
@@ -56,6 +53,15 @@ fn a_long_prefill_is_named_in_the_stream_it_stalls() -> Result<()> {
     ];
     let mut tracer = Tracer::start(&args, 0)?;
     tracer.wait_for_stderr("following requests on port", 1, Duration::from_secs(30))?;
+    Ok((server, tracer))
+}
+
+#[test]
+fn a_long_prefill_is_named_in_the_stream_it_stalls() -> Result<()> {
+    let Some(_g) = root_test("a_long_prefill_is_named_in_the_stream_it_stalls") else {
+        return Ok(());
+    };
+    let (server, tracer) = traced_demo()?;
     let port = server.port;
     // 256 tokens at ~5 ms a step: streaming for over a second.
     let streamed = thread::spawn(move || complete(port, 16, 256));
@@ -166,15 +172,7 @@ fn stream(
 /// Runs `STREAMS` streams one at a time under the tracer, two of three
 /// injected with `inject`; returns them and the traced request lines.
 fn run_kind(inject: Inject) -> Result<(Vec<Stream>, Vec<Request>)> {
-    let server = DemoServer::start(&[])?;
-    let args = vec![
-        "--pid".to_string(),
-        server.pid.to_string(),
-        "--interval".into(),
-        "60".into(),
-    ];
-    let mut tracer = Tracer::start(&args, 0)?;
-    tracer.wait_for_stderr("following requests on port", 1, Duration::from_secs(30))?;
+    let (server, tracer) = traced_demo()?;
     let port = server.port;
     let mut streams = Vec::new();
     for i in 0..STREAMS {
