@@ -50,6 +50,10 @@ CUDA_API_H = REPO_ROOT / "tests" / "fixtures" / "cuda_api.h"
 STUB_KERNEL_MAGIC = 0x4E52454B54465454  # TTFT_STUB_KERNEL_MAGIC, bytes "TTFTKERN"
 
 FAULTS = ("tokenizer_stall", "batching_mismatch", "cold_start", "gpu_memory", "queueing")
+# Mid-stream faults (issue 31's stalls after the first token): each acts once, on the gap before
+# output token --midstream-at of the request that asked for it (X-Demo-Fault).
+MIDSTREAM_FAULTS = ("midstream_copy", "midstream_cpu")
+FAULTS = FAULTS + MIDSTREAM_FAULTS
 
 CUDA_MEMCPY_H2D = 1
 CUDA_MEMCPY_D2H = 2
@@ -418,6 +422,17 @@ class Engine:
             if batch:
                 self._step(batch, admitted)
 
+    def _midstream_copy(self, batch: list[EngineReq]) -> None:
+        """midstream_copy: before the step that makes output token --midstream-at of such a
+        request, --midstream-copy-mb copied out (D2H) and back in (H2D): the step, and so every
+        stream in the batch, waits for the copies."""
+        n = sum(1 for r in batch
+                if "midstream_copy" in r.faults and r.generated == self.a.midstream_at)
+        if n:
+            total = int(self.a.midstream_copy_mb * 1e6) * n
+            self._copy_bytes(total, CUDA_MEMCPY_D2H, sync_copy=False)
+            self._copy_bytes(total, CUDA_MEMCPY_H2D, sync_copy=False)
+
     def _step(self, batch: list[EngineReq], new: list[EngineReq]) -> None:
         a = self.a
         cuda = self.cuda
@@ -436,6 +451,7 @@ class Engine:
             swap_bytes = int(a.swap_mb * 1e6) * len(swappers)
             self._copy_bytes(swap_bytes, CUDA_MEMCPY_D2H, sync_copy=False)
             self._copy_bytes(swap_bytes, CUDA_MEMCPY_H2D, sync_copy=False)
+        self._midstream_copy(batch)
         t_gpu_start = now_ns()
         k = max(1, a.kernels_per_step)
         for _ in range(k):
@@ -979,6 +995,7 @@ class Server:
                         rec["t_first_body_sent"] = send(chunk(sse(piece("", None, role=True))))
                         rec["t_first_body_send_start"] = t_send_start
                     t = send(chunk(sse(piece(text, "length" if last else None))))
+                    self._midstream_cpu(rec, o["i"])
                     rec["output_tokens"] += 1
                     if rec["t_first_token_sent"] is None:
                         rec["t_first_token_sent"] = t
@@ -1036,6 +1053,13 @@ class Server:
             rec["outcome"] = outcome
             self._write_truth(rec)
         return keep
+
+    def _midstream_cpu(self, rec, i: int) -> None:
+        """midstream_cpu: after sending output token --midstream-at - 1, the connection thread
+        burns --midstream-cpu-ms of CPU (calibrated work) before it reads the next token: its
+        stream stands still while the GPU runs on."""
+        if "midstream_cpu" in rec["faults"] and i == self.a.midstream_at - 1:
+            self.cpu.run_us(self.a.midstream_cpu_ms * 1000)
 
     def _write_truth(self, rec) -> None:
         if self.truth is None:
@@ -1173,6 +1197,12 @@ def parse_args(argv):
     p.add_argument("--backlog-ms", type=float, default=2500.0,
                    help="queueing: GPU busy with other work this long before the request")
     p.add_argument("--backlog-step-ms", type=float, default=50.0)
+    p.add_argument("--midstream-at", type=int, default=16,
+                   help="midstream_*: the output token whose gap the fault holds (>= 1)")
+    p.add_argument("--midstream-copy-mb", type=float, default=3072.0,
+                   help="midstream_copy: MB copied out (D2H) and back in (H2D)")
+    p.add_argument("--midstream-cpu-ms", type=float, default=300.0,
+                   help="midstream_cpu: CPU burnt by the connection thread")
     p.add_argument("--engine-core", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     a.argv = list(argv)
@@ -1187,6 +1217,8 @@ def parse_args(argv):
             p.error(f"bad probability in --fault {spec!r}")
     if a.max_batch < 1 or a.threads < 1 or a.tokenizer_threads < 1 or a.swap_every < 1:
         p.error("--max-batch, --threads, --tokenizer-threads, --swap-every must be >= 1")
+    if a.midstream_at < 1:
+        p.error("--midstream-at must be >= 1 (the first token is not mid-stream)")
     return a
 
 

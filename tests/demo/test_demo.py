@@ -358,6 +358,34 @@ class DemoTest(unittest.TestCase):
         self.assertEqual([r["outcome"] for r in recs], ["ok", "ok", "aborted"])
         self.assertEqual(res["lg"][0][0]["outcome"], "error")
 
+    def test_midstream_faults_hold_the_gap_before_their_token(self):
+        _, port, truth = self.start_server("--midstream-at", "5", "--midstream-cpu-ms", "200",
+                                           "--midstream-copy-mb", "2048")
+
+        def gaps(fault):
+            s = socket.create_connection(("127.0.0.1", port))
+            body = json.dumps({"prompt": "x", "max_tokens": 10, "stream": True}).encode()
+            hdr = f"X-Demo-Fault: {fault}\r\n".encode() if fault else b""
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                      b"%sContent-Length: %d\r\n\r\n%s" % (hdr, len(body), body))
+            times, f = [], s.makefile("rb")
+            for line in f:
+                if line.startswith(b"data: {"):
+                    times.append(time.monotonic_ns())
+            f.close()
+            s.close()
+            self.assertEqual(len(times), 10, fault)
+            return [(b - a) / MS for a, b in zip(times, times[1:])]
+
+        for fault in ("midstream_cpu", "midstream_copy"):
+            g = gaps(fault)
+            # the gap before token 5 (gap index 4) is held; the others are decode steps
+            self.assertGreaterEqual(g[4], 150, (fault, g))
+            self.assertLess(max(g[:4] + g[5:]), 100, (fault, g))
+        self.assertLess(max(gaps(None)), 100)
+        faults = [r["faults"] for r in read_jsonl(truth)]
+        self.assertEqual(faults, [["midstream_cpu"], ["midstream_copy"], []])
+
 
 if __name__ == "__main__":
     unittest.main()

