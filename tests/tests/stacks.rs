@@ -13,6 +13,7 @@ use std::{
     os::unix::process::CommandExt as _,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
+    sync::RwLock,
     thread,
     time::{Duration, Instant},
 };
@@ -988,11 +989,18 @@ fn print_row(r: &Row) {
     );
 }
 
+/// [`estimate_under_loss_on_a_closing_stack`] runs alone, the other two
+/// side by side: beside them it twice lost a request's record under 35 %
+/// loss on 2 CPUs (2026-12-05, `req_on_conn: 2 ... not traced`); alone it
+/// passed. Why is not known yet (docs/limits.md).
+static ALONE: RwLock<()> = RwLock::new(());
+
 #[test]
 fn real_stacks_under_the_tracer() -> Result<()> {
     let Some(_g) = root_test("real_stacks_under_the_tracer") else {
         return Ok(());
     };
+    let _beside = ALONE.read().unwrap_or_else(|e| e.into_inner());
     let cudart = fixtures::existing_fixture(fixtures::STUB_CUDART)?;
     print_header();
     let mut failed = Vec::new();
@@ -1054,6 +1062,7 @@ fn network_loss_on_real_stacks() -> Result<()> {
     let Some(_g) = root_test("network_loss_on_real_stacks") else {
         return Ok(());
     };
+    let _beside = ALONE.read().unwrap_or_else(|e| e.into_inner());
     let cudart = fixtures::existing_fixture(fixtures::STUB_CUDART)?;
     let until = UntilSlow {
         least: LOSS_LEAST_SLOW,
@@ -1155,6 +1164,7 @@ fn estimate_under_loss_on_a_closing_stack() -> Result<()> {
     let Some(_g) = root_test("estimate_under_loss_on_a_closing_stack") else {
         return Ok(());
     };
+    let _alone = ALONE.write().unwrap_or_else(|e| e.into_inner());
     let cudart = fixtures::existing_fixture(fixtures::STUB_CUDART)?;
     for in_root_cgroup in [false, true] {
         let load = Load {
