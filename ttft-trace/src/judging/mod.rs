@@ -127,7 +127,7 @@ impl Judge {
             &self.causes,
         );
         self.stall_windows_dropped += u64::from(stalls.windows_dropped);
-        self.prefills.insert(w.root, &record);
+        self.prefills.insert(w.root, &record, now_ns);
         let evidence = evidence::gather(&record, signals, self.gpu.as_ref(), self.traced_since_ns);
         let attribution = attribute(&evidence, &self.causes);
         // Arrival to the response's end, or to the first token's delivery

@@ -4,7 +4,10 @@
 //! not its egress after it), is kept when it is judged, that is when it has
 //! finished: a stall is compared with the prefills of requests finished before the stalled
 //! one (a long request whose prefill fell in the stall but which ends later is not seen).
-//! At most [`PER_WORKLOAD`] windows per workload, the oldest evicted and counted.
+//! Windows are kept for [`KEEP_NS`] after they were inserted, as long as the GPU episodes a stall
+//! is judged on (`CorrelatorConfig::episode_history_ns`): a stall further back than that has
+//! neither. Within it, at most [`PER_WORKLOAD`] windows per workload, the oldest evicted and
+//! counted: enough for 2 000 requests a second finishing within the minute (5 MiB at most).
 
 use std::collections::{HashMap, VecDeque};
 
@@ -15,7 +18,9 @@ use crate::{
 };
 
 /// Prefill windows kept per workload.
-pub const PER_WORKLOAD: usize = 1024;
+pub const PER_WORKLOAD: usize = 1 << 17;
+/// How long a window is kept once inserted (its request judged).
+pub const KEEP_NS: u64 = 60_000_000_000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Prefill {
@@ -24,6 +29,8 @@ struct Prefill {
     gpu_pid: Option<u32>,
     t_start_ns: u64,
     t_end_ns: u64,
+    /// When it was inserted: what [`KEEP_NS`] counts from.
+    t_kept_ns: u64,
 }
 
 /// What the prefills say about one stall.
@@ -38,13 +45,14 @@ pub struct Overlaps {
 pub struct Prefills {
     by_root: HashMap<u32, VecDeque<Prefill>>,
     cap: usize,
+    keep_ns: u64,
     /// Windows evicted because a workload's ring was full, since the start.
     pub evicted: u64,
 }
 
 impl Default for Prefills {
     fn default() -> Self {
-        Self::new(PER_WORKLOAD)
+        Self::new(PER_WORKLOAD, KEEP_NS)
     }
 }
 
@@ -56,20 +64,26 @@ pub fn id_of(r: &RequestRecord) -> RequestId {
 }
 
 impl Prefills {
-    pub fn new(cap: usize) -> Self {
+    pub fn new(cap: usize, keep_ns: u64) -> Self {
         Self {
             by_root: HashMap::new(),
             cap: cap.max(1),
+            keep_ns,
             evicted: 0,
         }
     }
 
-    /// Keeps `r`'s prefill window (when its GPU work is known) for workload `root`.
-    pub fn insert(&mut self, root: u32, r: &RequestRecord) {
+    /// Keeps `r`'s prefill window (when its GPU work is known) for workload `root`, at
+    /// `now_ns`; forgets the windows kept longer than [`KEEP_NS`] before it (not counted).
+    pub fn insert(&mut self, root: u32, r: &RequestRecord, now_ns: u64) {
         let (Some(queue), Some(gpu)) = (r.queue_ns, r.gpu_ns) else {
             return;
         };
         let ring = self.by_root.entry(root).or_default();
+        let horizon = now_ns.saturating_sub(self.keep_ns);
+        while ring.front().is_some_and(|p| p.t_kept_ns < horizon) {
+            ring.pop_front();
+        }
         if ring.len() >= self.cap {
             ring.pop_front();
             self.evicted += 1;
@@ -80,6 +94,7 @@ impl Prefills {
             gpu_pid: r.gpu_pid,
             t_start_ns: start,
             t_end_ns: start.saturating_add(gpu),
+            t_kept_ns: now_ns,
         });
     }
 
@@ -117,5 +132,54 @@ impl Prefills {
         }
         out.union_ns = covered_ns(&mut spans, a);
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        report::tests::{MS, T0, record},
+        requests::Outcome,
+    };
+
+    fn nth(i: u32) -> RequestRecord {
+        RequestRecord {
+            request_index: i,
+            ..record(Outcome::Ok)
+        }
+    }
+
+    /// The prefills over `[T0, T0 + 10 ms]` seen by a request of another connection.
+    fn seen(p: &Prefills) -> u32 {
+        let other = RequestRecord {
+            sk: 0xdef,
+            ..record(Outcome::Ok)
+        };
+        p.overlapping(1, &other, T0, T0 + 10 * MS).count
+    }
+
+    /// Windows kept past the horizon are forgotten without a count; a full ring within
+    /// it drops its oldest and counts it.
+    #[test]
+    fn old_windows_go_uncounted_a_full_ring_counts() {
+        let mut p = Prefills::new(3, 1_000 * MS);
+        for i in 0..3 {
+            p.insert(1, &nth(i), T0);
+        }
+        assert_eq!((seen(&p), p.evicted), (3, 0));
+        // Within the horizon, full: the oldest goes and is counted.
+        p.insert(1, &nth(3), T0 + 500 * MS);
+        assert_eq!((seen(&p), p.evicted), (3, 1));
+        // Past it: the three of T0 are forgotten, not counted.
+        p.insert(1, &nth(4), T0 + 1_200 * MS);
+        assert_eq!((seen(&p), p.evicted), (2, 1));
+        // A record without its GPU work keeps nothing.
+        let unknown = RequestRecord {
+            gpu_ns: None,
+            ..nth(5)
+        };
+        p.insert(1, &unknown, T0 + 1_200 * MS);
+        assert_eq!((seen(&p), p.evicted), (2, 1));
     }
 }
