@@ -19,8 +19,29 @@ const TOLERANCE_NS: u64 = 100_000;
 /// How short an excused episode (see [`compare`]) may be: the workload held
 /// up between its stamp and its call for a few of the scheduler's slices on
 /// a busy 2-CPU machine; a probe that missed a launch or a copy would show
-/// in the counts, or in many episodes.
+/// in the counts, or in many episodes. Episodes from the move of a
+/// process's launches to the driver on are held to [`MOVE_HOLD_MAX_NS`].
 const EXCUSED_SHORT_MAX_NS: u64 = 5_000_000;
+
+/// How late an episode's first launch may be stamped while the runtime's
+/// launch probes are detached (see [`moved_to_driver`]): each uprobe's
+/// removal waits for a grace period, 68-124 ms measured on Linux 6.18
+/// (`ttft-trace/src/probes/detach.rs`); a thread held by it is held no longer.
+const MOVE_HOLD_MAX_NS: u64 = 150_000_000;
+
+/// The index of the first episode traced at the driver after episodes
+/// traced at the runtime, if the process's launches moved there. The
+/// runtime's launch probes are then detached one by one, which rewrites
+/// the runtime's code pages while the process runs: a thread that enters a
+/// launch meanwhile waits on the kernel before the driver's probe stamps
+/// it. Locally the episodes held so were the move's or up to four after it,
+/// 2.5-6 ms late at their start; CI saw one held 15.5 ms. That wait is the
+/// kernel's, not a missed probe: counts, the traced window inside the
+/// truth's and the copy's end are still checked.
+fn moved_to_driver(traced: &[Episode]) -> Option<usize> {
+    let first = traced.iter().position(|t| t.api == "driver")?;
+    (first > 0 && traced[0].api == "runtime").then_some(first)
+}
 
 /// Starts `workload` stopped, attaches a tracer (`extra` args), lets the
 /// workload run to its end and returns the tracer's output and the truth.
@@ -64,6 +85,7 @@ fn compare(traced: &[Episode], truth: &[TruthEpisode]) -> Vec<i64> {
 /// inside the truth's, are still checked for them.
 fn compare_except(traced: &[Episode], truth: &[TruthEpisode], short: usize) -> Vec<i64> {
     let mut late = 0;
+    let moved = moved_to_driver(traced);
     assert_eq!(traced.len(), truth.len(), "episode count");
     let mut errors = Vec::new();
     for (i, (t, g)) in traced.iter().zip(truth).enumerate() {
@@ -90,20 +112,27 @@ fn compare_except(traced: &[Episode], truth: &[TruthEpisode], short: usize) -> V
         let err = g.gpu_ns() as i64 - t.launch_to_first_d2h_ns as i64;
         if err > TOLERANCE_NS as i64 && late < short {
             late += 1;
-            assert!(
-                err.unsigned_abs() <= EXCUSED_SHORT_MAX_NS,
-                "episode {i}: traced {} ns vs truth {} ns, short by more than an excused one may be",
-                t.launch_to_first_d2h_ns,
-                g.gpu_ns()
-            );
             eprintln!(
-                "episode {i} ({}): traced {} ns vs truth {} ns: the first launch stamped {} ns \
-                 after the truth's start, the copy done {} ns before its end",
+                "episode {i} ({}, the move to the driver at {moved:?}): traced {} ns vs truth \
+                 {} ns: the first launch stamped {} ns after the truth's start, the copy done \
+                 {} ns before its end",
                 t.api,
                 t.launch_to_first_d2h_ns,
                 g.gpu_ns(),
                 t.t_first_launch_ns - g.t_launch_ns,
                 g.t_complete_ns - t.t_copy_done_ns
+            );
+            // Held at its start while the runtime's probes were detached:
+            // from the episode before the first at the driver on, the copy's
+            // end still exact.
+            let held_by_the_move = moved.is_some_and(|m| i + 1 >= m)
+                && g.t_complete_ns - t.t_copy_done_ns <= TOLERANCE_NS
+                && err.unsigned_abs() <= MOVE_HOLD_MAX_NS;
+            assert!(
+                held_by_the_move || err.unsigned_abs() <= EXCUSED_SHORT_MAX_NS,
+                "episode {i}: traced {} ns vs truth {} ns, short by more than an excused one may be",
+                t.launch_to_first_d2h_ns,
+                g.gpu_ns()
             );
             errors.push(err);
             continue;
