@@ -88,7 +88,10 @@ impl LibraryError {
     /// away), not the file's: such a failure is not remembered.
     fn is_transient(&self) -> bool {
         match self {
-            LibraryError::NoProcess(_) => true,
+            // The mapping was replaced between the read of maps and the
+            // open of its file (a remap race): what was opened says nothing
+            // of the file the maps line names, whose key this would be.
+            LibraryError::NoProcess(_) | LibraryError::NotTheMappedFile { .. } => true,
             LibraryError::File(RootfsError::Open { source, .. }) => {
                 source.kind() == std::io::ErrorKind::NotFound
             }

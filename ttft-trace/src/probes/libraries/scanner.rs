@@ -3,7 +3,10 @@
 
 use std::{
     collections::HashMap,
-    path::PathBuf,
+    fs::File,
+    hash::{Hash, Hasher},
+    os::unix::fs::MetadataExt,
+    path::{Path, PathBuf},
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -13,6 +16,13 @@ use super::{FileId, Library, LibraryError, elf, maps};
 /// Most files remembered by a [`Scanner`]; past that, what it remembers of
 /// files that are no library to probe (or failed) is forgotten.
 const SCANNER_CACHE_MAX: usize = 65_536;
+
+/// How long a file that is no library to probe (or that may not be opened)
+/// is remembered after the last scan that found it mapped. Long enough that
+/// a host's usual libraries are not read again and again (a large one's
+/// symbol tables are tens of MiB), short enough that an inode number freed
+/// and reused for a CUDA library under the same name is inspected again.
+const OTHER_FILE_AGE: Duration = Duration::from_secs(600);
 
 /// What one scan of a process found.
 #[derive(Debug, Default)]
@@ -35,15 +45,52 @@ enum Seen {
     Denied,
 }
 
+/// What the scanner remembers of one file (by the device and inode of its
+/// mapping).
+#[derive(Debug)]
+struct Entry {
+    seen: Seen,
+    /// A hash of the path the file was last found under, and its stamp
+    /// when inspected (None: it could not be opened): the same device and
+    /// inode under another name with another stamp is another file (an
+    /// inode number freed and given to a new file), inspected again.
+    path: u64,
+    stamp: Option<Stamp>,
+    /// When a scan last found the file mapped.
+    last_found: Instant,
+}
+
+/// What a file's metadata says of its content: the same inode with the
+/// same stamp holds the same file (a new file in a reused inode number has
+/// its own change time).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl Stamp {
+    fn of(file: &File) -> Option<Self> {
+        let meta = file.metadata().ok()?;
+        Some(Self {
+            size: meta.size(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+        })
+    }
+}
+
 /// Scans processes' mappings, remembering what each file (by the device
 /// and inode of its mapping) turned out to be, so that rescans cost a read
-/// of /proc/PID/maps.
+/// of /proc/PID/maps. No entry outlives the file it describes for long:
+/// a library holds its file open (its inode cannot be reused while it is
+/// remembered); any other entry goes once no scan has found its file
+/// mapped for a while (see [`Scanner::forget_unused`]), or when its device
+/// and inode show up under another path with another stamp.
 #[derive(Default)]
 pub struct Scanner {
-    cache: HashMap<(u64, u64), Seen>,
-    /// When a scan last found each library mapped (libraries hold their
-    /// file open: see [`Scanner::forget_unused`]).
-    last_found: HashMap<(u64, u64), Instant>,
+    cache: HashMap<(u64, u64), Entry>,
 }
 
 impl Scanner {
@@ -58,23 +105,34 @@ impl Scanner {
         for mapped in maps::mapped_files(pid)? {
             scan.searched.push(mapped.path.clone());
             let key = (mapped.dev, mapped.inode);
-            let seen = match self.cache.get(&key) {
-                Some(seen) => seen.clone(),
-                None => {
+            let path = path_hash(&mapped.path);
+            let now = Instant::now();
+            let seen = match self.cache.get_mut(&key) {
+                Some(entry) if entry.path == path || entry.is_still(&mapped) => {
+                    entry.path = path;
+                    entry.last_found = now;
+                    entry.seen.clone()
+                }
+                _ => {
                     // The process exited or unmapped it meanwhile: a later
                     // scan tries again.
-                    let Some(seen) = inspect_mapped(&mapped) else {
+                    let Some((seen, stamp)) = inspect_mapped(&mapped) else {
                         continue;
                     };
-                    self.remember(key, seen.clone());
+                    self.remember(
+                        key,
+                        Entry {
+                            seen: seen.clone(),
+                            path,
+                            stamp,
+                            last_found: now,
+                        },
+                    );
                     seen
                 }
             };
             match seen {
-                Seen::Library(lib) => {
-                    self.last_found.insert(key, Instant::now());
-                    scan.libraries.push(lib);
-                }
+                Seen::Library(lib) => scan.libraries.push(lib),
                 Seen::Denied => scan.denied.push(mapped.path),
                 Seen::Other => {}
             }
@@ -82,42 +140,85 @@ impl Scanner {
         Ok(scan)
     }
 
-    /// Forgets the libraries no scan has found mapped for `max_age`, unless
-    /// `keep` says their file is probed: each holds its file open, and the
-    /// files of a host's CUDA processes come and go (image updates, copies
-    /// in temporary directories): a deleted file would stay on the disk,
-    /// and the descriptors would add up. Returns how many were forgotten.
-    pub fn forget_unused(&mut self, max_age: Duration, keep: impl Fn(&FileId) -> bool) -> usize {
-        let before = self.cache.len();
-        let last_found = &mut self.last_found;
-        self.cache.retain(|key, seen| match seen {
-            Seen::Library(lib) => {
-                keep(&lib.id) || last_found.get(key).is_some_and(|t| t.elapsed() < max_age)
+    /// Forgets the libraries no scan has found mapped for `library_age`,
+    /// unless `keep` says their file is probed: each holds its file open,
+    /// and the files of a host's CUDA processes come and go (image updates,
+    /// copies in temporary directories): a deleted file would stay on the
+    /// disk, and the descriptors would add up. Forgets any other file not
+    /// found for [`OTHER_FILE_AGE`]: its inode may since belong to another
+    /// file. Returns how many libraries were forgotten.
+    pub fn forget_unused(
+        &mut self,
+        library_age: Duration,
+        keep: impl Fn(&FileId) -> bool,
+    ) -> usize {
+        self.forget_unused_at(Instant::now(), library_age, keep)
+    }
+
+    fn forget_unused_at(
+        &mut self,
+        now: Instant,
+        library_age: Duration,
+        keep: impl Fn(&FileId) -> bool,
+    ) -> usize {
+        let mut libraries = 0;
+        self.cache.retain(|_, entry| {
+            let age = now.saturating_duration_since(entry.last_found);
+            match &entry.seen {
+                Seen::Library(lib) => {
+                    let stays = keep(&lib.id) || age < library_age;
+                    libraries += usize::from(!stays);
+                    stays
+                }
+                Seen::Other | Seen::Denied => age < OTHER_FILE_AGE,
             }
-            Seen::Other | Seen::Denied => true,
         });
-        let cache = &self.cache;
-        last_found.retain(|key, _| cache.contains_key(key));
-        before - self.cache.len()
+        libraries
     }
 
     /// Remembers a file; past [`SCANNER_CACHE_MAX`], forgets every file
     /// that is no library (libraries are few, and hold the probes' files).
-    fn remember(&mut self, key: (u64, u64), seen: Seen) {
+    fn remember(&mut self, key: (u64, u64), entry: Entry) {
         if self.cache.len() >= SCANNER_CACHE_MAX {
-            self.cache.retain(|_, s| matches!(s, Seen::Library(_)));
+            self.cache.retain(|_, e| matches!(e.seen, Seen::Library(_)));
         }
-        self.cache.insert(key, seen);
+        self.cache.insert(key, entry);
     }
 }
 
-/// What a mapped file is, or None where the failure was the process's
-/// (not remembered).
-fn inspect_mapped(mapped: &maps::MappedFile) -> Option<Seen> {
-    match maps::open_mapped(mapped).and_then(|file| elf::inspect_file(&mapped.path, file)) {
-        Ok(Some(lib)) => Some(Seen::Library(Arc::new(lib))),
-        Ok(None) => Some(Seen::Other),
-        Err(e) if e.is_transient() => None,
+impl Entry {
+    /// Whether `mapped`, found under another name than this entry's, is
+    /// still the file it describes: a library is (it holds its file open,
+    /// so its inode number cannot be given to another file); any other
+    /// file if its stamp is unchanged (an open and an fstat, no ELF read).
+    fn is_still(&self, mapped: &maps::MappedFile) -> bool {
+        if matches!(self.seen, Seen::Library(_)) {
+            return true;
+        }
+        self.stamp.is_some()
+            && maps::open_mapped(mapped).ok().and_then(|f| Stamp::of(&f)) == self.stamp
+    }
+}
+
+/// A hash of a path, to tell a name from another without keeping it.
+fn path_hash(path: &Path) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    path.hash(&mut h);
+    h.finish()
+}
+
+/// What a mapped file is, with its stamp where it could be opened, or None
+/// where the failure was the process's (not remembered).
+fn inspect_mapped(mapped: &maps::MappedFile) -> Option<(Seen, Option<Stamp>)> {
+    let mut stamp = None;
+    let inspected = maps::open_mapped(mapped).and_then(|file| {
+        stamp = Stamp::of(&file);
+        elf::inspect_file(&mapped.path, file)
+    });
+    let seen = match inspected {
+        Ok(Some(lib)) => Seen::Library(Arc::new(lib)),
+        Ok(None) => Seen::Other,
+        Err(e) if e.is_transient() => return None,
         Err(e) => {
             // A file over a cap is worth an operator's eye (a hostile or
             // broken library is left unprobed); it is remembered, so this
@@ -127,13 +228,14 @@ fn inspect_mapped(mapped: &maps::MappedFile) -> Option<Seen> {
             } else {
                 log::debug!("not inspecting {}: {e}", mapped.path.display());
             }
-            Some(if e.is_permission() {
+            if e.is_permission() {
                 Seen::Denied
             } else {
                 Seen::Other
-            })
+            }
         }
-    }
+    };
+    Some((seen, stamp))
 }
 
 #[cfg(test)]
@@ -152,7 +254,60 @@ mod tests {
     }
 
     #[test]
-    fn libraries_not_found_lately_and_not_probed_are_forgotten() {
+    fn a_file_under_another_name_is_inspected_again() {
+        let me = std::process::id();
+        let mut scanner = Scanner::default();
+        scanner.scan(me).expect("scan");
+        // Mark every remembered file "denied": a rescan that trusts the
+        // cache reports them all so.
+        let keys: Vec<_> = scanner.cache.keys().copied().collect();
+        assert!(keys.len() >= 2, "{keys:?}");
+        for entry in scanner.cache.values_mut() {
+            entry.seen = Seen::Denied;
+        }
+        // One seen under another name, as if a new file had its inode
+        // number (another stamp); one only renamed (the same stamp).
+        let (replaced, renamed) = (keys[0], keys[1]);
+        for (key, restamp) in [(replaced, true), (renamed, false)] {
+            let entry = scanner.cache.get_mut(&key).expect("remembered");
+            entry.path ^= 1;
+            if restamp {
+                entry.stamp = entry.stamp.map(|s| Stamp {
+                    size: s.size + 1,
+                    ..s
+                });
+            }
+        }
+        let scan = scanner.scan(me).expect("rescan");
+        assert_eq!(
+            scan.denied.len(),
+            keys.len() - 1,
+            "all but one from the cache"
+        );
+        assert!(matches!(scanner.cache[&replaced].seen, Seen::Other));
+        assert!(matches!(scanner.cache[&renamed].seen, Seen::Denied));
+    }
+
+    #[test]
+    fn a_mapping_replaced_under_the_scan_is_not_remembered() {
+        // A maps line whose device and inode are not those of the file its
+        // mapping opens (the process remapped it meanwhile): nothing is
+        // remembered under that key, so the next scan inspects the file.
+        let me = std::process::id();
+        let own = maps::mapped_files(me)
+            .expect("own maps")
+            .into_iter()
+            .next()
+            .expect("a mapped file");
+        let remapped = maps::MappedFile {
+            inode: own.inode + 1,
+            ..own
+        };
+        assert!(inspect_mapped(&remapped).is_none());
+    }
+
+    #[test]
+    fn entries_not_found_lately_are_forgotten_libraries_unless_probed() {
         let exe = std::env::current_exe().expect("test binary path");
         let file = Arc::new(rootfs::open_regular_file(&exe).expect("open"));
         let lib = |ino| {
@@ -165,22 +320,48 @@ mod tests {
                 symbols: Vec::new(),
             }))
         };
+        let t0 = Instant::now();
+        let entry = |seen, last_found| Entry {
+            seen,
+            path: 0,
+            stamp: None,
+            last_found,
+        };
         let mut scanner = Scanner::default();
-        // Found just now; found long ago (or never); probed; no library.
-        scanner.cache.insert((1, 1), lib(1));
-        scanner.last_found.insert((1, 1), Instant::now());
-        scanner.cache.insert((1, 2), lib(2));
-        scanner.cache.insert((1, 3), lib(3));
-        scanner.cache.insert((1, 4), Seen::Other);
+        // A library found at t0 + 100 s and two at t0 (one probed); files
+        // that are no library found at t0 and at t0 + 100 s.
+        let later = t0 + Duration::from_secs(100);
+        scanner.cache.insert((1, 1), entry(lib(1), later));
+        scanner.cache.insert((1, 2), entry(lib(2), t0));
+        scanner.cache.insert((1, 3), entry(lib(3), t0));
+        scanner.cache.insert((1, 4), entry(Seen::Other, t0));
+        scanner.cache.insert((1, 5), entry(Seen::Denied, later));
         let probed = FileId::Inode { dev: 1, ino: 3 };
-        let forgotten = scanner.forget_unused(Duration::from_secs(60), |id| *id == probed);
-        assert_eq!(forgotten, 1);
-        let mut left: Vec<_> = scanner.cache.keys().copied().collect();
-        left.sort_unstable();
-        assert_eq!(left, vec![(1, 1), (1, 3), (1, 4)]);
-        // Once it is old too, only the probed one stays of the libraries.
-        assert_eq!(scanner.forget_unused(Duration::ZERO, |id| *id == probed), 1);
-        assert!(scanner.last_found.is_empty());
-        assert_eq!(scanner.cache.len(), 2);
+        let keep = |id: &FileId| *id == probed;
+        let left = |s: &Scanner| {
+            let mut keys: Vec<_> = s.cache.keys().copied().collect();
+            keys.sort_unstable();
+            keys
+        };
+        // 30 s after the later scan, libraries kept 60 s: the unprobed
+        // library of t0 goes.
+        let at = later + Duration::from_secs(30);
+        assert_eq!(
+            scanner.forget_unused_at(at, Duration::from_secs(60), keep),
+            1
+        );
+        assert_eq!(left(&scanner), vec![(1, 1), (1, 3), (1, 4), (1, 5)]);
+        // Past OTHER_FILE_AGE after t0: the other file of t0 goes, not
+        // counted as a library.
+        let at = t0 + OTHER_FILE_AGE;
+        assert_eq!(
+            scanner.forget_unused_at(at, Duration::from_secs(600), keep),
+            0
+        );
+        assert_eq!(left(&scanner), vec![(1, 1), (1, 3), (1, 5)]);
+        // Much later, only the probed library stays.
+        let at = later + OTHER_FILE_AGE;
+        assert_eq!(scanner.forget_unused_at(at, Duration::ZERO, keep), 1);
+        assert_eq!(left(&scanner), vec![(1, 3)]);
     }
 }
