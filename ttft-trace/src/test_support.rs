@@ -10,3 +10,15 @@ pub fn skip_or_fail(test: &str, why: &str) {
     );
     eprintln!("SKIP {test}: {why}");
 }
+
+/// Whether the unit test may go on: root opens other processes' (and its
+/// own) `/proc/PID/map_files`; otherwise it skips or fails as
+/// [`skip_or_fail`] says.
+pub fn root_or_skip(test: &str) -> bool {
+    // SAFETY: geteuid(2) has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if !root {
+        skip_or_fail(test, "needs root (opens /proc/PID/map_files)");
+    }
+    root
+}

@@ -140,6 +140,9 @@ mod tests {
 
     #[test]
     fn our_own_mappings_are_opened_as_mapped() {
+        if !crate::test_support::root_or_skip("our_own_mappings_are_opened_as_mapped") {
+            return;
+        }
         let me = std::process::id();
         let files = mapped_files(me).expect("own maps");
         let exe = std::env::current_exe()

@@ -255,6 +255,9 @@ mod tests {
 
     #[test]
     fn a_file_under_another_name_is_inspected_again() {
+        if !crate::test_support::root_or_skip("a_file_under_another_name_is_inspected_again") {
+            return;
+        }
         let me = std::process::id();
         let mut scanner = Scanner::default();
         scanner.scan(me).expect("scan");
@@ -290,6 +293,10 @@ mod tests {
 
     #[test]
     fn a_mapping_replaced_under_the_scan_is_not_remembered() {
+        if !crate::test_support::root_or_skip("a_mapping_replaced_under_the_scan_is_not_remembered")
+        {
+            return;
+        }
         // A maps line whose device and inode are not those of the file its
         // mapping opens (the process remapped it meanwhile): nothing is
         // remembered under that key, so the next scan inspects the file.
