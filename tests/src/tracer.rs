@@ -279,6 +279,26 @@ impl Drop for Tracer {
     }
 }
 
+/// Daemon arguments for the fixture workloads: /metrics on `listen`, a
+/// /proc scan every 200 ms, no NVML, no interval report, and only processes
+/// named `workload` (other CUDA processes on the host stay out).
+pub fn workload_daemon_args(listen: std::net::SocketAddr) -> Vec<String> {
+    [
+        "--listen",
+        &listen.to_string(),
+        "--rescan-ms",
+        "200",
+        "--no-nvml",
+        "--interval",
+        "60",
+        "--comm",
+        "^workload$",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
 /// Spawns `c` with stdout and stderr piped; its stderr lines arrive on the
 /// receiver as they are written.
 pub fn spawn_piped(c: &mut Command) -> Result<(Child, mpsc::Receiver<String>)> {

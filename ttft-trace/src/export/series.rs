@@ -15,6 +15,7 @@ use super::view::KernelView;
 use crate::{
     episodes::EpisodeRecord,
     judging::JudgedRequest,
+    probes::libraries::ReadStats,
     workloads::{LabelSets, WorkloadLabels},
 };
 
@@ -148,6 +149,10 @@ impl Series {
     /// Sets the eviction total of a bounded table.
     pub fn evictions(&self, table: &str, total: u64) {
         self.core.set_evictions(table, total);
+    }
+
+    pub fn target_reads(&self, reads: &ReadStats) {
+        self.core.set_target_reads(reads);
     }
 
     pub fn traced(&self, processes: usize, runtime_libs: usize, driver_libs: usize) {

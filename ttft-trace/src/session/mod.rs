@@ -229,6 +229,7 @@ impl Session {
         self.sinks
             .series
             .traced(scan.live.len(), scan.runtime_libs, scan.driver_libs);
+        self.sinks.series.target_reads(&scan.reads);
         self.read_kernel(&scan.live)?;
         // What the exited processes sent before exiting belongs to their
         // workloads: read it before ending them.
@@ -407,6 +408,17 @@ impl Session {
             ),
             Ok(None) => {}
             Err(e) => log::warn!("detaching in the foreground ({e})"),
+        }
+        let stuck = self.tracking.read_stats().work.stuck_now;
+        if stuck > 0 {
+            // A FUSE request its server has read is waited for without
+            // regard to signals, and a process ends only with its last
+            // thread: say why this one may outlive its work.
+            log::warn!(
+                "done; {stuck} read(s) of a target's files are still stuck in the kernel \
+                 (a FUSE or network file system that does not answer): this process ends \
+                 when they return"
+            );
         }
         drop(self);
         Ok(stop)

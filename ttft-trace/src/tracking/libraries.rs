@@ -16,7 +16,7 @@ use ttft_trace_common::GpuCounters;
 use super::{Change, launch_layer::LaunchLayer};
 use crate::probes::{
     ProbeError, Probes, Reach, cuda,
-    libraries::{self, FileId, Library, LibraryError, Scan, Scanner},
+    libraries::{self, FileId, Library, LibraryError, ReadStats, Scan, Scanner},
 };
 
 /// A library no scan has found mapped for this long, and not probed, is
@@ -52,6 +52,11 @@ impl Libraries {
             named_libs: Vec::new(),
             launches: LaunchLayer::default(),
         }
+    }
+
+    /// What the scanner gave up reading so far.
+    pub fn read_stats(&self) -> ReadStats {
+        self.scanner.read_stats()
     }
 
     /// The libraries process `pid` maps.

@@ -29,7 +29,10 @@ pub use wait::WaitFor;
 
 use crate::{
     host::targets,
-    probes::{Attached, Probes, libraries::Library},
+    probes::{
+        Attached, Probes,
+        libraries::{Library, ReadStats},
+    },
 };
 use counters::KernelCounters;
 use libraries::Libraries;
@@ -66,6 +69,8 @@ pub struct Rescan {
     pub live: Vec<(u32, u32)>,
     pub runtime_libs: usize,
     pub driver_libs: usize,
+    /// What the library scanner gave up reading so far.
+    pub reads: ReadStats,
 }
 
 pub struct Tracking {
@@ -121,6 +126,11 @@ impl Tracking {
 
     pub fn workloads(&self) -> usize {
         self.workloads.count()
+    }
+
+    /// What the library scanner gave up reading so far.
+    pub fn read_stats(&self) -> ReadStats {
+        self.libraries.read_stats()
     }
 
     /// Everything the kernel counted since the start.
@@ -193,6 +203,7 @@ impl Tracking {
             live,
             runtime_libs,
             driver_libs,
+            reads: self.read_stats(),
         })
     }
 

@@ -26,6 +26,7 @@ use thiserror::Error;
 use ttft_trace_common::{Direction, GpuCounters, counters::DIRECTIONS};
 
 use crate::episodes::EpisodeRecord;
+use crate::probes::libraries::ReadStats;
 
 #[derive(Debug, Error)]
 pub enum MetricsError {
@@ -74,6 +75,9 @@ pub struct Metrics {
     attached_libraries: IntGaugeVec,
     workloads: IntGauge,
     workload_overflows: IntCounter,
+    target_reads_overdue: IntCounterVec,
+    target_reads_stuck: IntGauge,
+    targets_set_aside: IntGauge,
 }
 
 impl Metrics {
@@ -171,6 +175,24 @@ impl Metrics {
             "ttft_trace_workload_label_overflows_total",
             "Workloads reported under comm=\"_other\" because the label-set cap was reached",
         )?;
+        let target_reads_overdue = IntCounterVec::new(
+            Opts::new(
+                "ttft_trace_target_reads_overdue_total",
+                "Reads of a target's files (its /proc maps, the files it maps) given up: \
+                 abandoned after making no progress for the deadline (its thread left stuck), \
+                 or refused while too many threads were stuck",
+            ),
+            &["outcome"],
+        )?;
+        let target_reads_stuck = IntGauge::new(
+            "ttft_trace_target_reads_stuck_threads",
+            "Threads abandoned in a read of a target's file that has not returned yet",
+        )?;
+        let targets_set_aside = IntGauge::new(
+            "ttft_trace_targets_set_aside",
+            "Processes and files set aside (not read, with backoff) after a read of them did \
+             not return, now or within the last minute",
+        )?;
         let build_info = IntGaugeVec::new(
             Opts::new("ttft_trace_build_info", "Build information; always 1"),
             &["version"],
@@ -194,6 +216,9 @@ impl Metrics {
             Box::new(attached_libraries.clone()),
             Box::new(workloads.clone()),
             Box::new(workload_overflows.clone()),
+            Box::new(target_reads_overdue.clone()),
+            Box::new(target_reads_stuck.clone()),
+            Box::new(targets_set_aside.clone()),
             Box::new(build_info),
         ] {
             registry.register(c)?;
@@ -215,6 +240,9 @@ impl Metrics {
             attached_libraries,
             workloads,
             workload_overflows,
+            target_reads_overdue,
+            target_reads_stuck,
+            targets_set_aside,
         })
     }
 
@@ -311,6 +339,22 @@ impl Metrics {
     pub fn set_evictions(&self, table: &str, total: u64) {
         let c = self.table_evictions.with_label_values(&[table]);
         c.inc_by(total.saturating_sub(c.get()));
+    }
+
+    /// Sets the overdue reads' counters and gauges to the scanner's.
+    pub fn set_target_reads(&self, reads: &ReadStats) {
+        for (outcome, total) in [
+            ("abandoned", reads.work.abandoned),
+            ("refused", reads.work.refused),
+        ] {
+            let c = self.target_reads_overdue.with_label_values(&[outcome]);
+            c.inc_by(total.saturating_sub(c.get()));
+        }
+        self.target_reads_stuck
+            .set(i64::try_from(reads.work.stuck_now).unwrap_or(i64::MAX));
+        self.targets_set_aside
+            .set(i64::try_from(reads.set_aside).unwrap_or(i64::MAX));
+        self.set_evictions("set_aside", reads.set_aside_overflowed);
     }
 
     pub fn set_traced(&self, processes: usize, runtime_libs: usize, driver_libs: usize) {

@@ -12,6 +12,7 @@ use std::{
 use object::{Object, ObjectSegment, ObjectSymbol, ReadCache, ReadCacheOps, SymbolKind};
 
 use super::{FileId, Library, LibraryError};
+use crate::host::deadline;
 use crate::probes::symbols::{self, FAMILIES, Family, ProbedSymbol};
 
 /// Most bytes read of one ELF file: its headers and symbol tables, not its
@@ -58,6 +59,7 @@ impl ReadCacheOps for Budgeted<'_> {
             .map_err(|_| ())?;
         self.pos += n as u64;
         self.budget -= n as u64;
+        deadline::progress();
         Ok(n)
     }
 
@@ -69,6 +71,7 @@ impl ReadCacheOps for Budgeted<'_> {
         self.file.read_exact_at(buf, self.pos).map_err(|_| ())?;
         self.pos += buf.len() as u64;
         self.budget -= buf.len() as u64;
+        deadline::progress();
         Ok(())
     }
 }

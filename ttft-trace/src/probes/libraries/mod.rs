@@ -20,13 +20,14 @@ mod attach;
 mod elf;
 mod file_id;
 mod maps;
+mod quarantine;
 mod scanner;
 
 pub use attach::{Attached, Reach};
 pub(super) use attach::{Probed, uprobe, uprobe_error};
 pub use file_id::FileId;
 pub use maps::{MappedFile, mapped_files, parse_maps};
-pub use scanner::{Scan, Scanner};
+pub use scanner::{ReadStats, Scan, Scanner};
 
 use std::{
     fs::File,
@@ -64,6 +65,13 @@ pub enum LibraryError {
     TooLarge(PathBuf),
     #[error("{path}: {name} defined at over {COPIES_MAX} addresses; not probed")]
     TooManyCopies { path: PathBuf, name: &'static str },
+    #[error("pid {pid}: a read of its files: {why}")]
+    Overdue {
+        pid: u32,
+        why: crate::host::deadline::Overdue,
+    },
+    #[error("pid {0} is set aside: a read of its files did not return")]
+    SetAside(u32),
 }
 
 impl LibraryError {

@@ -7,11 +7,18 @@ use std::{
     hash::{Hash, Hasher},
     os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
-    sync::Arc,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
     time::{Duration, Instant},
 };
 
-use super::{FileId, Library, LibraryError, elf, maps};
+use super::{
+    FileId, Library, LibraryError, elf, maps,
+    quarantine::{Quarantine, Target},
+};
+use crate::host::deadline::{Overdue, TargetWork, WorkStats};
 
 /// Most files remembered by a [`Scanner`]; past that, what it remembers of
 /// files that are no library to probe (or failed) is forgotten.
@@ -23,6 +30,16 @@ const SCANNER_CACHE_MAX: usize = 65_536;
 /// symbol tables are tens of MiB), short enough that an inode number freed
 /// and reused for a CUDA library under the same name is inspected again.
 const OTHER_FILE_AGE: Duration = Duration::from_secs(600);
+
+/// A read of a target's files (its maps, a file it maps) that makes no
+/// progress for this long is abandoned: a file on a stalled FUSE or NFS
+/// mount. Far above a read of a local disk's, or of a 16 MiB maps file in
+/// 64 KiB reads; short enough that one stall keeps /metrics and signals
+/// waiting under a second.
+const READ_STALL: Duration = Duration::from_millis(500);
+/// Threads left stuck in such reads at most; past that, scans are refused
+/// until one returns (each holds a stack and the stalled file).
+const STUCK_READERS_MAX: usize = 8;
 
 /// What one scan of a process found.
 #[derive(Debug, Default)]
@@ -88,9 +105,34 @@ impl Stamp {
 /// remembered); any other entry goes once no scan has found its file
 /// mapped for a while (see [`Scanner::forget_unused`]), or when its device
 /// and inode show up under another path with another stamp.
-#[derive(Default)]
+///
+/// Every read of a target's files runs off the caller's thread with a
+/// deadline on progress ([`TargetWork`]); a process or file whose read did
+/// not return is set aside with backoff ([`Quarantine`]).
 pub struct Scanner {
     cache: HashMap<(u64, u64), Entry>,
+    work: TargetWork,
+    quarantine: Quarantine,
+}
+
+impl Default for Scanner {
+    fn default() -> Self {
+        Self {
+            cache: HashMap::new(),
+            work: TargetWork::new(READ_STALL, STUCK_READERS_MAX),
+            quarantine: Quarantine::default(),
+        }
+    }
+}
+
+/// What the scanner gave up reading, for the metrics.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ReadStats {
+    pub work: WorkStats,
+    /// Processes and files set aside now or lately.
+    pub set_aside: usize,
+    /// Those that could not be set aside (the table full).
+    pub set_aside_overflowed: u64,
 }
 
 impl Scanner {
@@ -99,24 +141,42 @@ impl Scanner {
         self.cache.len()
     }
 
-    /// The libraries process `pid` maps, each file inspected once.
+    /// What the scanner gave up reading so far.
+    pub fn read_stats(&self) -> ReadStats {
+        ReadStats {
+            work: self.work.stats(),
+            set_aside: self.quarantine.held(),
+            set_aside_overflowed: self.quarantine.overflowed,
+        }
+    }
+
+    /// The libraries process `pid` maps, each file inspected once. A
+    /// process set aside after a read that did not return is not read.
     pub fn scan(&mut self, pid: u32) -> Result<Scan, LibraryError> {
+        if self.quarantine.holds(Target::Process(pid), Instant::now()) {
+            return Err(LibraryError::SetAside(pid));
+        }
+        let files = self.off_loop(pid, None, move || maps::mapped_files(pid))??;
         let mut scan = Scan::default();
-        for mapped in maps::mapped_files(pid)? {
+        for mapped in files {
             scan.searched.push(mapped.path.clone());
             let key = (mapped.dev, mapped.inode);
+            if self
+                .quarantine
+                .holds(Target::File(key.0, key.1), Instant::now())
+            {
+                continue;
+            }
             let path = path_hash(&mapped.path);
-            let now = Instant::now();
-            let seen = match self.cache.get_mut(&key) {
-                Some(entry) if entry.path == path || entry.is_still(&mapped) => {
-                    entry.path = path;
-                    entry.last_found = now;
-                    entry.seen.clone()
-                }
-                _ => {
+            let seen = match self.known(&mapped, path, pid)? {
+                Some(seen) => seen,
+                None => {
+                    let m = mapped.clone();
                     // The process exited or unmapped it meanwhile: a later
                     // scan tries again.
-                    let Some((seen, stamp)) = inspect_mapped(&mapped) else {
+                    let Some((seen, stamp)) =
+                        self.off_loop(pid, Some(key), move || inspect_mapped(&m))?
+                    else {
                         continue;
                     };
                     self.remember(
@@ -125,7 +185,7 @@ impl Scanner {
                             seen: seen.clone(),
                             path,
                             stamp,
-                            last_found: now,
+                            last_found: Instant::now(),
                         },
                     );
                     seen
@@ -138,6 +198,75 @@ impl Scanner {
             }
         }
         Ok(scan)
+    }
+
+    /// What is remembered of `mapped` (found under the path hashed to
+    /// `path`), if it still describes it: the same path; or a library (it
+    /// holds its file open, so its inode number cannot be given to another
+    /// file); or any other file whose stamp is unchanged (an open and an
+    /// fstat, no ELF read).
+    fn known(
+        &mut self,
+        mapped: &maps::MappedFile,
+        path: u64,
+        pid: u32,
+    ) -> Result<Option<Seen>, LibraryError> {
+        let key = (mapped.dev, mapped.inode);
+        let Some(entry) = self.cache.get(&key) else {
+            return Ok(None);
+        };
+        let still = match entry.stamp {
+            _ if entry.path == path || matches!(entry.seen, Seen::Library(_)) => true,
+            Some(stamp) => {
+                let m = mapped.clone();
+                self.off_loop(pid, Some(key), move || stamp_of_mapped(&m))? == Some(stamp)
+            }
+            None => false,
+        };
+        let entry = match self.cache.get_mut(&key) {
+            Some(entry) if still => entry,
+            _ => return Ok(None),
+        };
+        entry.path = path;
+        entry.last_found = Instant::now();
+        Ok(Some(entry.seen.clone()))
+    }
+
+    /// Runs a read of process `pid`'s files (of the file `file`, if one)
+    /// off this thread; one that does not return sets them aside.
+    fn off_loop<T: Send + 'static>(
+        &mut self,
+        pid: u32,
+        file: Option<(u64, u64)>,
+        read: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, LibraryError> {
+        let returned = Arc::new(AtomicBool::new(false));
+        let done = returned.clone();
+        let why = match self.work.run(move || {
+            let v = read();
+            done.store(true, Ordering::SeqCst);
+            v
+        }) {
+            Ok(v) => return Ok(v),
+            Err(e) => e,
+        };
+        if let Overdue::Stalled(_) = why {
+            let now = Instant::now();
+            let mut targets = vec![Target::Process(pid)];
+            targets.extend(file.map(|(dev, ino)| Target::File(dev, ino)));
+            let mut aside = Duration::ZERO;
+            for t in &targets {
+                aside = self.quarantine.add(*t, now);
+            }
+            // Held while the read is stuck: one thread per target at most.
+            self.quarantine.add_stuck(targets, returned);
+            log::warn!(
+                "pid {pid}: a read of its files: {why}; set aside until it returns, then {aside:?}"
+            );
+        } else {
+            log::debug!("pid {pid}: not read: {why}");
+        }
+        Err(LibraryError::Overdue { pid, why })
     }
 
     /// Forgets the libraries no scan has found mapped for `library_age`,
@@ -186,18 +315,9 @@ impl Scanner {
     }
 }
 
-impl Entry {
-    /// Whether `mapped`, found under another name than this entry's, is
-    /// still the file it describes: a library is (it holds its file open,
-    /// so its inode number cannot be given to another file); any other
-    /// file if its stamp is unchanged (an open and an fstat, no ELF read).
-    fn is_still(&self, mapped: &maps::MappedFile) -> bool {
-        if matches!(self.seen, Seen::Library(_)) {
-            return true;
-        }
-        self.stamp.is_some()
-            && maps::open_mapped(mapped).ok().and_then(|f| Stamp::of(&f)) == self.stamp
-    }
+/// The stamp of the file of `mapped`, if it can be opened.
+fn stamp_of_mapped(mapped: &maps::MappedFile) -> Option<Stamp> {
+    maps::open_mapped(mapped).ok().and_then(|f| Stamp::of(&f))
 }
 
 /// A hash of a path, to tell a name from another without keeping it.
@@ -311,6 +431,39 @@ mod tests {
             ..own
         };
         assert!(inspect_mapped(&remapped).is_none());
+    }
+
+    #[test]
+    fn a_read_that_does_not_return_sets_the_process_and_file_aside() {
+        let me = std::process::id();
+        let mut scanner = Scanner::default();
+        let (release, stalled) = std::sync::mpsc::channel::<()>();
+        let r = scanner.off_loop(me, Some((1, 2)), move || stalled.recv().is_ok());
+        assert!(
+            matches!(
+                r,
+                Err(LibraryError::Overdue {
+                    why: Overdue::Stalled(_),
+                    ..
+                })
+            ),
+            "{r:?}"
+        );
+        let now = Instant::now();
+        assert!(scanner.quarantine.holds(Target::Process(me), now));
+        assert!(scanner.quarantine.holds(Target::File(1, 2), now));
+        assert!(matches!(scanner.scan(me), Err(LibraryError::SetAside(p)) if p == me));
+        let stats = scanner.read_stats();
+        assert_eq!((stats.work.abandoned, stats.work.stuck_now), (1, 1));
+        assert_eq!(stats.set_aside, 3, "pid and file backoffs, one stuck read");
+        // Once the read returns, only the backoff holds them.
+        drop(release);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while scanner.read_stats().work.stuck_now > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let later = Instant::now() + Duration::from_secs(2);
+        assert!(!scanner.quarantine.holds(Target::Process(me), later));
     }
 
     #[test]
