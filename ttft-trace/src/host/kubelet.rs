@@ -451,6 +451,43 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// What one scan costs, by entries in the directory (the figures in
+    /// docs/measurements.md): `cargo test -p ttft-trace --lib scan_cost --
+    /// --ignored --nocapture`.
+    #[test]
+    #[ignore = "a measurement, not a check"]
+    fn scan_cost() {
+        for n in [110u32, 1024, 8192, 20_000] {
+            let dir = temp_dir(&format!("cost-{n}"));
+            for i in 0..n {
+                let entry = format!("ns-{}_pod-{i}_{i:08x}-0000-4000-8000-000000000000", i % 50);
+                std::fs::create_dir(dir.join(entry)).expect("entry");
+            }
+            let mut pods = PodRecords::new(&dir);
+            let t0 = Instant::now();
+            let mut times = Vec::new();
+            for k in 0..21u64 {
+                // A UID never listed: every lookup is a full scan.
+                let now = t0 + RESCAN_MIN * u32::try_from(k + 1).expect("small");
+                let start = Instant::now();
+                assert_eq!(pods.lookup(UID, now), None);
+                times.push(start.elapsed());
+            }
+            times.sort();
+            eprintln!(
+                "{n} entries: median scan {:?} (min {:?}, max {:?}); {} UIDs kept, \
+                 scans cut short {}, UIDs not kept {}",
+                times[10],
+                times[0],
+                times[20],
+                pods.records.len(),
+                pods.entries_dropped,
+                pods.records_dropped
+            );
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+
     #[test]
     fn a_garbled_dirent_buffer_ends_the_walk() {
         assert_eq!(dirents(&[0u8; 10]).count(), 0);
