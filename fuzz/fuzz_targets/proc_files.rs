@@ -1,5 +1,7 @@
 //! The /proc files of a traced process that the daemon parses: its maps,
-//! its network namespace's listening sockets, its cgroup, status and stat.
+//! its network namespace's listening sockets, its cgroup (and the names of
+//! the kubelet's pod log directory its pod UID is looked up in), status
+//! and stat.
 //! Their contents are the process's to shape (a comm with spaces and
 //! parentheses, a path with newlines): never a panic.
 
@@ -9,6 +11,7 @@ use libfuzzer_sys::fuzz_target;
 use ttft_trace::{
     host::{
         cgroups::{container_id, parse_cgroup, pod_uid},
+        kubelet::parse_entry,
         ports::parse_listeners,
         targets::{parent_from_stat, status_field},
     },
@@ -34,6 +37,9 @@ fuzz_target!(|data: &[u8]| {
             }
             let _ = container_id(&text);
             let _ = pod_uid(&text);
+            for name in rest.split(|&b| b == b'\n') {
+                let _ = parse_entry(name);
+            }
         }
         _ => {
             for key in ["State:", "Tgid:", "PPid:", "NSpid:"] {

@@ -103,10 +103,39 @@ CAPS_ALLOWED = {"SYS_ADMIN", "BPF", "PERFMON", "SYS_PTRACE", "DAC_READ_SEARCH"}
 CAPS_NEEDED = {"SYS_ADMIN", "SYS_PTRACE", "DAC_READ_SEARCH"}
 
 
+# Host directories the daemon only reads, which must be mounted read-only:
+# the kubelet's pod log directory (the pods' names) must be mounted at all.
+HOST_READ_ONLY = {"/var/log/pods"}
+HOST_NEEDED = {"/var/log/pods"}
+
+
+def host_mounts(pod, c, where):
+    """Errors of container `c`'s mounts of the host directories in
+    HOST_READ_ONLY: each read-only, and those of HOST_NEEDED present."""
+    errors = []
+    host_paths = {
+        v["name"]: v["hostPath"]["path"].rstrip("/")
+        for v in pod.get("volumes", [])
+        if v.get("hostPath")
+    }
+    mounted = set()
+    for m in c.get("volumeMounts", []):
+        host = host_paths.get(m.get("name"))
+        if host not in HOST_READ_ONLY:
+            continue
+        mounted.add(host)
+        if m.get("readOnly") is not True:
+            errors.append(f"{where}: the host's {host} is mounted read-write")
+    for host in sorted(HOST_NEEDED - mounted):
+        errors.append(f"{where}: the host's {host} is not mounted")
+    return errors
+
+
 def daemonset_hardening(path):
     """The DaemonSet's containers: all capabilities dropped and only the
     needed ones added, the runtime's (or our own) seccomp profile, a
-    read-only root, not privileged."""
+    read-only root, not privileged, the host's pod log directory mounted
+    read-only."""
     errors = []
     with open(path) as f:
         docs = [d for d in yaml.safe_load_all(f) if d and d.get("kind") == "DaemonSet"]
@@ -131,6 +160,7 @@ def daemonset_hardening(path):
                 errors.append(f"{where}: root filesystem not read-only")
             if sc.get("privileged") is not False:
                 errors.append(f"{where}: privileged not set to false")
+            errors += host_mounts(pod, c, where)
     if not docs:
         errors.append(f"{path}: no DaemonSet")
     return errors, f"{len(docs)} DaemonSet(s) confined"

@@ -2,7 +2,9 @@
 //! mount namespace of its own, with a directory tree as its root (`pivot_root`) the test
 //! writes (the host's `/usr` and the fixtures bind-mounted in, so the
 //! fixture workloads run unchanged), and placed in a cgroup named as the
-//! kubelet names them (`kubepods/pod<uid>/<container id>`). Root only.
+//! kubelet names them (`kubepods/pod<uid>/<container id>` with the cgroupfs
+//! driver, `kubepods.slice/.../kubepods-besteffort-pod<uid_>.slice/...`
+//! with the systemd driver). Root only.
 //!
 //! The mounts are made in the child's own namespace, after it made every
 //! mount private: the host sees none of them, and the tree is removed
@@ -47,6 +49,9 @@ pub struct ContainerRoot {
     mounts: Vec<Mount>,
     /// An empty directory, the second (empty) layer of overlay views.
     empty: PathBuf,
+    /// Variables the workload is started with (after the downward-API
+    /// ones are cleared): what a pod spec would set.
+    env: Vec<(String, String)>,
 }
 
 impl ContainerRoot {
@@ -66,6 +71,7 @@ impl ContainerRoot {
             dir,
             mounts: Vec::new(),
             empty,
+            env: Vec::new(),
         };
         root.mount(Path::new("/usr"), Path::new("/usr"), View::Bind)?;
         // The loader finds `$ORIGIN` of the program through /proc/self/exe.
@@ -73,6 +79,12 @@ impl ContainerRoot {
         let fixtures = fixtures::fixture_dir();
         root.mount(&fixtures, &fixtures, fixtures_view)?;
         Ok(root)
+    }
+
+    /// Starts the workload with `key=value` in its environment (a forged
+    /// `POD_NAME`, say).
+    pub fn env(&mut self, key: &str, value: &str) {
+        self.env.push((key.into(), value.into()));
     }
 
     /// The host path of `inside` (an absolute path in the container).
@@ -162,7 +174,8 @@ impl ContainerRoot {
             .env_remove("LD_LIBRARY_PATH")
             .env_remove("LD_PRELOAD")
             .env_remove("POD_NAME")
-            .env_remove("POD_NAMESPACE");
+            .env_remove("POD_NAMESPACE")
+            .envs(self.env.iter().map(|(k, v)| (k, v)));
         // SAFETY: only async-signal-safe calls on data prepared above.
         unsafe {
             c.pre_exec(move || enter(&root_c, &procs_c, &mounts_c));
@@ -297,18 +310,50 @@ impl Drop for Container {
     }
 }
 
-/// A cgroup `kubepods/pod<uid>/<64-hex id>` in the cgroup v2 hierarchy,
-/// removed on drop (once its processes are gone).
+/// A pod's container cgroup in the cgroup v2 hierarchy, named as the
+/// kubelet and the runtime name it, removed on drop (once its processes
+/// are gone) with the directories made for it.
 #[derive(Debug)]
 pub struct PodCgroup {
     pub dir: PathBuf,
     pub pod_uid: String,
     pub container_id: String,
+    /// Directories above `dir` this made, innermost first.
+    made: Vec<PathBuf>,
 }
 
 impl PodCgroup {
-    /// A new, unique one.
+    /// A new, unique one, cgroupfs driver, guaranteed QoS:
+    /// `kubepods/pod<uid>/<64-hex id>`.
     pub fn new() -> Result<Self> {
+        let (pod_uid, container_id) = Self::ids();
+        let kubepods = cgroup2_root()?.join("kubepods");
+        let pod = kubepods.join(format!("pod{pod_uid}"));
+        Self::make(
+            pod.join(&container_id),
+            vec![pod, kubepods],
+            pod_uid,
+            container_id,
+        )
+    }
+
+    /// A new, unique one, systemd driver, best-effort QoS:
+    /// `kubepods.slice/kubepods-besteffort.slice/
+    /// kubepods-besteffort-pod<uid, `-` as `_`>.slice/cri-containerd-<id>.scope`.
+    pub fn systemd() -> Result<Self> {
+        let (pod_uid, container_id) = Self::ids();
+        let kubepods = cgroup2_root()?.join("kubepods.slice");
+        let qos = kubepods.join("kubepods-besteffort.slice");
+        let pod = qos.join(format!(
+            "kubepods-besteffort-pod{}.slice",
+            pod_uid.replace('-', "_")
+        ));
+        let dir = pod.join(format!("cri-containerd-{container_id}.scope"));
+        Self::make(dir, vec![pod, qos, kubepods], pod_uid, container_id)
+    }
+
+    /// A unique pod UID (RFC 4122 form) and container id (64 hex digits).
+    fn ids() -> (String, String) {
         static N: AtomicU64 = AtomicU64::new(0);
         let n = N.fetch_add(1, Ordering::Relaxed);
         let salt = u64::from(std::process::id()) << 20 | n;
@@ -327,15 +372,21 @@ impl PodCgroup {
             n,
             0xc0ffee_u64
         );
-        let dir = cgroup2_root()?
-            .join("kubepods")
-            .join(format!("pod{pod_uid}"))
-            .join(&container_id);
+        (pod_uid, container_id)
+    }
+
+    fn make(
+        dir: PathBuf,
+        made: Vec<PathBuf>,
+        pod_uid: String,
+        container_id: String,
+    ) -> Result<Self> {
         fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         Ok(Self {
             dir,
             pod_uid,
             container_id,
+            made,
         })
     }
 }
@@ -370,12 +421,59 @@ impl Drop for PodCgroup {
                 _ => break,
             }
         }
-        if let Some(pod) = self.dir.parent() {
-            let _ = fs::remove_dir(pod);
-            if let Some(kubepods) = pod.parent() {
-                let _ = fs::remove_dir(kubepods);
-            }
+        // A parent another test's pod still uses stays (not empty).
+        for d in &self.made {
+            let _ = fs::remove_dir(d);
         }
+    }
+}
+
+/// A kubelet's pod log directory made by the test (`<namespace>_<pod>_<uid>`
+/// entries, as the kubelet names them), for the daemon's `--pod-log-dir`;
+/// removed on drop.
+#[derive(Debug)]
+pub struct PodLogDir {
+    pub dir: PathBuf,
+}
+
+impl PodLogDir {
+    pub fn new() -> Result<Self> {
+        let dir = fixtures::temp_path("pod-logs", "d");
+        fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        Ok(Self { dir })
+    }
+
+    /// Records pod `uid` as `namespace`/`pod`.
+    pub fn add(&self, namespace: &str, pod: &str, uid: &str) -> Result<()> {
+        let entry = self.dir.join(format!("{namespace}_{pod}_{uid}"));
+        fs::create_dir(&entry).with_context(|| format!("creating {}", entry.display()))
+    }
+
+    /// The flags of a daemon that follows the fixture workloads of the
+    /// test's containers (a /proc scan every 200 ms, no NVML), serves
+    /// /metrics on `listen` and names pods from this directory.
+    pub fn daemon_args(&self, listen: std::net::SocketAddr) -> Vec<String> {
+        [
+            "--listen",
+            &listen.to_string(),
+            "--rescan-ms",
+            "200",
+            "--no-nvml",
+            "--interval",
+            "60",
+            "--comm",
+            "^workload$",
+            "--pod-log-dir",
+            &self.dir.display().to_string(),
+        ]
+        .map(String::from)
+        .to_vec()
+    }
+}
+
+impl Drop for PodLogDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.dir);
     }
 }
 

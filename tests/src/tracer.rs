@@ -13,7 +13,7 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 use serde::de::DeserializeOwned;
-use ttft_trace::jsonl_schema::{Attach, Episode, Request, Totals, kind};
+use ttft_trace::jsonl_schema::{Attach, Episode, Request, Totals, WorkloadLine, kind};
 
 /// What the tracer's line for a library whose uprobes are in place holds
 /// ("[INFO  ttft_trace::export] attached 11 probes to PATH"): the message
@@ -116,6 +116,11 @@ impl TraceOutput {
         self.lines_of(kind::ATTACH)
     }
 
+    /// The workloads followed: their labels and what they claim.
+    pub fn workload_lines(&self) -> Vec<WorkloadLine> {
+        self.lines_of(kind::WORKLOAD)
+    }
+
     /// Panics unless a library whose path contains `name` was attached.
     pub fn assert_attached(&self, name: &str) {
         let libs: Vec<String> = self
@@ -188,6 +193,15 @@ impl Tracer {
             stderr_lines: Vec::new(),
             jsonl,
         })
+    }
+
+    /// Waits until the daemon says it traces the workload rooted at `pid`.
+    pub fn wait_for_workload(&mut self, pid: u32) -> Result<()> {
+        self.wait_for_stderr(
+            &format!("tracing workload pid {pid} "),
+            1,
+            Duration::from_secs(20),
+        )
     }
 
     /// Waits until `n` stderr lines contain `needle`.

@@ -225,6 +225,27 @@ fn the_validators_reject_broken_files() -> Result<()> {
             "hardening",
         ),
         (
+            "ds-rw-pod-logs.yaml",
+            ds.replace(
+                "mountPath: /var/log/pods\n              readOnly: true",
+                "mountPath: /var/log/pods\n              readOnly: false",
+            ),
+            "hardening",
+        ),
+        (
+            "ds-rw-pod-logs-unsaid.yaml",
+            ds.replace(
+                "mountPath: /var/log/pods\n              readOnly: true",
+                "mountPath: /var/log/pods",
+            ),
+            "hardening",
+        ),
+        (
+            "ds-no-pod-logs.yaml",
+            ds.replace("path: /var/log/pods\n", "path: /var/log/other\n"),
+            "hardening",
+        ),
+        (
             "unit-nnp.service",
             unit.replace("NoNewPrivileges=yes", "NoNewPrivileges=no"),
             "hardening",
@@ -333,7 +354,7 @@ fn configmap_holds_the_daemons_config_and_the_daemonset_mounts_what_it_needs() -
             "jsonl": "/var/log/ttft-trace/requests.jsonl",
             "slo_ms": 350,
             "discovery": {"comm": "^(python|vllm|tritonserver)", "cgroup_prefix": "/kubepods", "ports": [8000]},
-            "labels": {"pid": false, "max_sets": 100, "retire_after_s": 300},
+            "labels": {"pid": false, "max_sets": 100, "retire_after_s": 300, "pod_log_dir": "/var/log/pods"},
             "nvml": {"enabled": true, "period_ms": 100},
         }),
         "config.toml of the ConfigMap"
@@ -368,6 +389,7 @@ fn configmap_holds_the_daemons_config_and_the_daemonset_mounts_what_it_needs() -
         "/sys/kernel/tracing",
         "/sys/kernel/debug",
         "/sys/kernel/btf",
+        "/var/log/pods",
     ] {
         let m = mounts
             .iter()

@@ -1,8 +1,9 @@
 //! Root-only: containers whose files are hostile do not turn the daemon.
 //! Each container is a fixture workload in a mount namespace, root and
 //! `kubepods/pod<uid>/<id>` cgroup made by the test, with no downward-API
-//! variables, so the daemon names its namespace from the service-account
-//! file, which is:
+//! variables, so the daemon reads the pod's claimed namespace from the
+//! service-account file (a claim only: the labels are the host's record of
+//! the pod UID, a pod log directory made by the test), which is:
 //! - an absolute symlink to a file of the host (a canary);
 //! - a FIFO (reading it would block the daemon);
 //! - absent, while `/var/run -> /run` and the daemon's own root has the
@@ -19,7 +20,7 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 use ttft_trace_tests::{
-    container::{Container, ContainerRoot, PodCgroup, View},
+    container::{Container, ContainerRoot, PodCgroup, PodLogDir, View},
     fixtures::{self, Style, Variant, Workload, read_truth},
     tracer::{Tracer, http_get, root_test},
 };
@@ -68,8 +69,12 @@ impl Drop for HostFile {
     }
 }
 
-/// One container of the test: its pod name (its hostname), what its
-/// namespace label must be, and the container.
+/// The namespace the host records for every pod of the test.
+const HOST_NAMESPACE: &str = "serving";
+
+/// One container of the test: its pod name (its hostname, and the host's
+/// record), the namespace it must be read to claim ("": none), and the
+/// container.
 struct Case {
     pod: &'static str,
     namespace: &'static str,
@@ -161,26 +166,17 @@ fn hostile_container_files_do_not_turn_the_daemon() -> Result<()> {
         },
     ];
 
+    let logs = PodLogDir::new()?;
+    for case in &cases {
+        logs.add(HOST_NAMESPACE, case.pod, &case.container.cgroup.pod_uid)?;
+    }
     let addr = free_addr()?;
-    let mut tracer = Tracer::start_daemon(&[
-        "--listen".into(),
-        addr.to_string(),
-        "--rescan-ms".into(),
-        "200".into(),
-        "--no-nvml".into(),
-        "--interval".into(),
-        "60".into(),
-        "--comm".into(),
-        "^workload$".into(),
-    ])?;
+    let args = logs.daemon_args(addr);
+    let mut tracer = Tracer::start_daemon(&args)?;
     // Every container is found while stopped, before its first CUDA call.
     for case in &cases {
         tracer
-            .wait_for_stderr(
-                &format!("tracing workload pid {} ", case.container.pid),
-                1,
-                Duration::from_secs(20),
-            )
+            .wait_for_workload(case.container.pid)
             .with_context(|| format!("container {}", case.pod))?;
     }
     let before = http_get(addr, "/metrics")?;
@@ -216,8 +212,18 @@ fn hostile_container_files_do_not_turn_the_daemon() -> Result<()> {
     }
 
     let episodes = out.episodes();
+    let workloads = out.workload_lines();
     for case in &cases {
         let c = &case.container;
+        // Read as the claim, and judged against the host's record.
+        let w = workloads
+            .iter()
+            .find(|w| w.workload_pid == c.pid)
+            .with_context(|| format!("no workload line of {}", case.pod))?;
+        let claimed_namespace = (!case.namespace.is_empty()).then_some(case.namespace);
+        assert_eq!(w.claimed_pod.as_deref(), Some(case.pod), "{w:?}");
+        assert_eq!(w.claimed_namespace.as_deref(), claimed_namespace, "{w:?}");
+        assert_eq!(w.claim_verdict.as_deref(), Some("matches"), "{w:?}");
         let line = before
             .lines()
             .find(|l| {
@@ -230,7 +236,7 @@ fn hostile_container_files_do_not_turn_the_daemon() -> Result<()> {
             "{line}"
         );
         assert!(
-            line.contains(&format!("namespace=\"{}\"", case.namespace)),
+            line.contains(&format!("namespace=\"{HOST_NAMESPACE}\"")),
             "{line}"
         );
         let truth = read_truth(c.root.path("/truth.jsonl"))?;

@@ -126,6 +126,10 @@ pub struct Labels {
     pub max_sets: usize,
     /// Series of workloads gone this long are removed.
     pub retire_after_s: f64,
+    /// The kubelet's pod log directory on this host: its entries
+    /// (`<namespace>_<pod>_<uid>`) name the pod of each pod UID found in a
+    /// cgroup path. Mounted read-only at the same path in a DaemonSet.
+    pub pod_log_dir: PathBuf,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -208,6 +212,7 @@ impl Default for Labels {
             pid: false,
             max_sets: 100,
             retire_after_s: 300.0,
+            pod_log_dir: PathBuf::from(crate::host::kubelet::DEFAULT_POD_LOG_DIR),
         }
     }
 }

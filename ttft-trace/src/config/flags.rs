@@ -99,6 +99,11 @@ pub struct DaemonArgs {
     /// Add a pid label (each workload root's) to the per-workload series.
     #[arg(long)]
     pub label_pid: bool,
+    /// The kubelet's pod log directory, whose entries name each pod UID's
+    /// namespace and pod (default /var/log/pods); what a process claims of
+    /// its pod is never a label.
+    #[arg(long, value_name = "DIR")]
+    pub pod_log_dir: Option<PathBuf>,
     /// Write one JSON line per GPU episode and per request.
     #[arg(long, value_name = "FILE")]
     pub jsonl: Option<PathBuf>,
@@ -219,6 +224,7 @@ impl DaemonArgs {
         file.labels.max_sets = self.max_label_sets.unwrap_or(file.labels.max_sets);
         file.labels.retire_after_s = self.retire_after.unwrap_or(file.labels.retire_after_s);
         file.labels.pid |= self.label_pid;
+        file.labels.pod_log_dir = self.pod_log_dir.unwrap_or(file.labels.pod_log_dir);
         file.jsonl = self.jsonl.or(file.jsonl);
         file.slo_ms = self.slo_ms.unwrap_or(file.slo_ms);
         file.interval_s = self.interval.unwrap_or(file.interval_s);
@@ -302,6 +308,35 @@ mod tests {
         assert_eq!(cfg.filters.ports, vec![8000]);
         assert_eq!(cfg.trace.interval, std::time::Duration::from_secs(60));
         assert!(cfg.trace.nvml.is_none());
+        assert_eq!(
+            cfg.trace.labels.pod_log_dir,
+            PathBuf::from("/var/log/pods"),
+            "the kubelet's default"
+        );
+    }
+
+    #[test]
+    fn the_pod_log_dir_from_the_file_or_the_flag() {
+        let dir = std::env::temp_dir().join(format!("ttft-podlogdir-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("config.toml");
+        std::fs::write(&path, "[labels]\npod_log_dir = \"/host/var/log/pods\"\n").expect("write");
+        let config = path.display().to_string();
+        let Cli::Daemon(d) = parse(&["daemon", "--config", &config]) else {
+            panic!("daemon")
+        };
+        let cfg = d.into_config().expect("valid");
+        assert_eq!(
+            cfg.trace.labels.pod_log_dir,
+            PathBuf::from("/host/var/log/pods")
+        );
+        let Cli::Daemon(d) = parse(&["daemon", "--config", &config, "--pod-log-dir", "/x/pods"])
+        else {
+            panic!("daemon")
+        };
+        let cfg = d.into_config().expect("valid");
+        assert_eq!(cfg.trace.labels.pod_log_dir, PathBuf::from("/x/pods"));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

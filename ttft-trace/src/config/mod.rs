@@ -178,6 +178,7 @@ fn trace_config(
                     value: file.labels.retire_after_s,
                 },
             )?,
+            pod_log_dir: file.labels.pod_log_dir.clone(),
         },
         otlp: otlp_config(&file.otlp, common, |v| std::env::var_os(v))?,
     })

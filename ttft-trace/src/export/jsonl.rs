@@ -20,9 +20,12 @@ use super::view::{LibraryView, WorkloadView};
 use crate::{
     episodes::EpisodeRecord,
     host::{clock::monotonic_ns, own_files::open_append_no_symlinks},
-    jsonl_schema::{Attach, Detach, RequestLine, Totals, WorkloadStats, kind},
+    jsonl_schema::{
+        Attach, Detach, RequestLine, Totals, Workload, WorkloadLine, WorkloadStats, kind,
+    },
     judging::JudgedRequest,
     requests::CorrelatorStats,
+    workloads::Naming,
 };
 
 /// What the last line sums up.
@@ -118,6 +121,11 @@ impl Jsonl {
         });
     }
 
+    /// A workload followed from now on, rooted at `root`.
+    pub fn workload(&mut self, root: u32, naming: &Naming) {
+        self.write(&workload_line(root, naming, monotonic_ns()));
+    }
+
     pub fn attached(&mut self, a: &LibraryView) {
         self.write(&attach_line(a, monotonic_ns()));
     }
@@ -144,6 +152,26 @@ impl Jsonl {
     /// Failed writes so far.
     pub fn errors(&self) -> u64 {
         self.errors.get()
+    }
+}
+
+/// The line of the workload rooted at `root`, named by `naming`, at `t_ns`.
+fn workload_line(root: u32, naming: &Naming, t_ns: u64) -> WorkloadLine {
+    let l = &naming.labels;
+    WorkloadLine {
+        kind: kind::WORKLOAD.into(),
+        t_ns,
+        workload_pid: root,
+        workload: Workload {
+            comm: l.comm.clone(),
+            container: l.container.clone(),
+            pod: l.pod.clone(),
+            namespace: l.namespace.clone(),
+        },
+        pod_uid: naming.pod_uid.clone(),
+        claimed_pod: naming.claim.pod.clone(),
+        claimed_namespace: naming.claim.namespace.clone(),
+        claim_verdict: naming.verdict.map(|v| v.as_str().into()),
     }
 }
 
@@ -349,6 +377,38 @@ mod tests {
         r#""sends_without_request":0,"socket_errors":0,"unknown_conn_events":0},"workload_pid":7}],"#,
         r#""requests":1,"stop":"Signal","t_ns":44,"type":"totals","unrouted_events":3}"#,
     );
+
+    #[test]
+    fn the_workload_line_carries_the_claim_beside_the_labels() {
+        use crate::workloads::{ClaimVerdict, PodClaim, WorkloadLabels};
+        let naming = Naming {
+            labels: WorkloadLabels {
+                comm: "vllm".into(),
+                container: "c0ffee".into(),
+                pod: "vllm-0".into(),
+                namespace: "serving".into(),
+                pid: None,
+            },
+            pod_uid: Some("1b2c3d4e-5f60-7182-93a4-b5c6d7e8f901".into()),
+            claim: PodClaim {
+                pod: Some("payments-api".into()),
+                namespace: None,
+            },
+            verdict: Some(ClaimVerdict::Differs),
+        };
+        let line = serde_json::to_string(&workload_line(7, &naming, 45)).expect("line");
+        assert_eq!(
+            line,
+            concat!(
+                r#"{"type":"workload","t_ns":45,"workload_pid":7,"workload":{"comm":"vllm","#,
+                r#""container":"c0ffee","pod":"vllm-0","namespace":"serving"},"#,
+                r#""pod_uid":"1b2c3d4e-5f60-7182-93a4-b5c6d7e8f901","claimed_pod":"payments-api","#,
+                r#""claimed_namespace":null,"claim_verdict":"differs"}"#
+            )
+        );
+        let back: WorkloadLine = serde_json::from_str(&line).expect("read back");
+        assert_eq!(back.claim_verdict.as_deref(), Some("differs"));
+    }
 
     #[test]
     fn the_lines_keep_their_field_names_order_and_format() {

@@ -22,8 +22,10 @@ pub use series::{LabelConfig, Series};
 pub use view::{KernelView, LibraryView, WorkloadView};
 
 use crate::{
-    episodes::EpisodeRecord, judging::JudgedRequest, requests::CorrelatorStats,
-    workloads::WorkloadLabels,
+    episodes::EpisodeRecord,
+    judging::JudgedRequest,
+    requests::CorrelatorStats,
+    workloads::{ClaimVerdict, WorkloadLabels},
 };
 use jsonl::{Jsonl, RunTotals};
 use otlp::{Otlp, OtlpConfig};
@@ -106,15 +108,27 @@ impl Sinks {
         self.jsonl.reopen();
     }
 
-    /// Names a new workload and creates its series.
+    /// Names a new workload, creates its series and writes its JSONL
+    /// line (with what it claims of its pod).
     pub fn workload_started(&mut self, root: u32) -> WorkloadLabels {
-        let labels = self.series.admit(root);
+        let naming = self.series.admit(root);
+        let labels = &naming.labels;
         log::info!(
             "tracing workload pid {root} ({}){}",
             labels.comm,
-            describe_place(&labels)
+            describe_place(labels)
         );
-        labels
+        if naming.verdict == Some(ClaimVerdict::Differs) {
+            log::warn!(
+                "workload pid {root} claims pod {}/{}, which the host's record of its pod UID \
+                 {} contradicts: the claim is not used",
+                naming.claim.namespace.as_deref().unwrap_or("?"),
+                naming.claim.pod.as_deref().unwrap_or("?"),
+                naming.pod_uid.as_deref().unwrap_or("?"),
+            );
+        }
+        self.jsonl.workload(root, &naming);
+        naming.labels
     }
 
     /// A workload whose processes have all exited: its series start the

@@ -3,9 +3,9 @@
 //! retired together here, under label sets capped by [`LabelSets`]; the
 //! host-wide ones (scheduler, TCP, kernel statistics) beside them.
 
-use std::time::Duration;
+use std::{path::PathBuf, time::Duration};
 
-use prometheus::Registry;
+use prometheus::{IntCounter, Registry};
 use ttft_trace_common::GpuCounters;
 
 use super::prometheus::{
@@ -14,9 +14,10 @@ use super::prometheus::{
 use super::view::KernelView;
 use crate::{
     episodes::EpisodeRecord,
+    host::kubelet::{DEFAULT_POD_LOG_DIR, PodRecords},
     judging::JudgedRequest,
     probes::libraries::ReadStats,
-    workloads::{LabelSets, WorkloadLabels},
+    workloads::{ClaimVerdict, LabelSets, Naming, WorkloadLabels},
 };
 
 /// How workloads are named in the metrics.
@@ -28,6 +29,9 @@ pub struct LabelConfig {
     pub max_sets: usize,
     /// Series of a workload gone this long are removed.
     pub retire_after: Duration,
+    /// The kubelet's pod log directory, whose entries name the pods (by
+    /// UID) on this host.
+    pub pod_log_dir: PathBuf,
 }
 
 impl Default for LabelConfig {
@@ -36,6 +40,7 @@ impl Default for LabelConfig {
             with_pid: false,
             max_sets: 100,
             retire_after: Duration::from_secs(300),
+            pod_log_dir: PathBuf::from(DEFAULT_POD_LOG_DIR),
         }
     }
 }
@@ -48,12 +53,23 @@ pub struct Series {
     signals: SignalMetrics,
     label_sets: LabelSets,
     with_pid: bool,
+    /// The host's records of pod names, by UID.
+    pods: PodRecords,
+    /// Pod claims a workload made that the host's record contradicts.
+    claims_rejected: IntCounter,
 }
 
 impl Series {
     pub fn new(labels: &LabelConfig) -> Result<Self, MetricsError> {
         let names = WorkloadLabels::names(labels.with_pid);
         let core = Metrics::new(&names)?;
+        let claims_rejected = IntCounter::new(
+            "ttft_trace_label_claims_rejected_total",
+            "Workloads whose processes claim a pod name or namespace (downward-API variables, \
+             files in their root) other than the host's record of their pod UID; the host's \
+             names are the labels",
+        )?;
+        core.registry.register(Box::new(claims_rejected.clone()))?;
         Ok(Self {
             requests: RequestMetrics::new(&core.registry, &names)?,
             causes: CauseMetrics::new(&core.registry, &names)?,
@@ -66,6 +82,8 @@ impl Series {
                 labels.with_pid,
             ),
             with_pid: labels.with_pid,
+            pods: PodRecords::new(&labels.pod_log_dir),
+            claims_rejected,
         })
     }
 
@@ -73,20 +91,25 @@ impl Series {
         &self.core.registry
     }
 
-    /// The label set of a new workload rooted at `root` (its own, or the
-    /// overflow set past the cap), with every series created at zero so
-    /// that rate() works from the first scrape.
-    pub fn admit(&mut self, root: u32) -> WorkloadLabels {
-        let labels = self
-            .label_sets
-            .admit(WorkloadLabels::of_process(root, self.with_pid));
-        let values = labels.values();
+    /// The naming of a new workload rooted at `root`: its label set (its
+    /// own, or the overflow set past the cap), with every series created at
+    /// zero so that rate() works from the first scrape; a claim the host's
+    /// record contradicts is counted.
+    pub fn admit(&mut self, root: u32) -> Naming {
+        let mut naming = WorkloadLabels::of_process(root, self.with_pid, &mut self.pods);
+        self.evictions("pod_log_dir_entries", self.pods.entries_dropped);
+        self.evictions("pod_records", self.pods.records_dropped);
+        if naming.verdict == Some(ClaimVerdict::Differs) {
+            self.claims_rejected.inc();
+        }
+        naming.labels = self.label_sets.admit(naming.labels);
+        let values = naming.labels.values();
         let w: Vec<&str> = values.iter().map(String::as_str).collect();
         self.core.init_workload(&w);
         self.requests.init_workload(&w);
         self.causes.init_workload(&w);
         self.stalls.init_workload(&w);
-        labels
+        naming
     }
 
     /// A workload using `labels` ended at `now_ns`: its series stay for

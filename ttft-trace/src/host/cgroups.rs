@@ -2,14 +2,20 @@
 //! pod it belongs to, read from /proc without talking to any runtime or API
 //! server (the daemon must work on a bare host, under Docker and on a node).
 //!
-//! Everything here but the kernel's own text is the target's to write: the
-//! environment, and the files inside a container. They are read through
-//! [`crate::host::rootfs`] (inside the target's root, regular files only, capped)
-//! and what becomes a label must look like a Kubernetes name.
+//! The cgroup path is the kernel's text, written by the kubelet and the
+//! runtime: the container id and pod UID come from it, and the pod's names
+//! from the host's records of that UID (`host::kubelet`). Everything else
+//! here is the target's to write: the environment, and the files inside a
+//! container. They are read through [`crate::host::rootfs`] (inside the
+//! target's root, regular files only, capped), must look like a Kubernetes
+//! name, and are only ever a claim ([`pod_claim`]), never a label.
 
 use std::path::Path;
 
-use crate::host::rootfs::{self, Root};
+use crate::host::{
+    kubelet,
+    rootfs::{self, Root},
+};
 
 /// Most bytes read of `/proc/PID/cgroup` (a path is at most 4 KiB a
 /// hierarchy; a v1 host lists about a dozen).
@@ -91,30 +97,76 @@ pub fn container_id(path: &str) -> Option<String> {
     })
 }
 
-/// A Kubernetes pod UID in a cgroup path (`pod<uid>` under `kubepods`;
-/// the systemd driver writes the UID's dashes as underscores).
+/// Where the kubelet puts a pod's cgroup, by QoS class: the cgroupfs
+/// driver's directories above `pod<uid>` (guaranteed pods sit right under
+/// `kubepods`).
+const CGROUPFS_CHAINS: [&[&str]; 3] = [
+    &["kubepods"],
+    &["kubepods", "burstable"],
+    &["kubepods", "besteffort"],
+];
+
+/// A Kubernetes pod UID in a cgroup path, where only the kubelet's naming
+/// is accepted, whole: `/kubepods[/burstable|/besteffort]/pod<uid>/...`
+/// (cgroupfs driver) or
+/// `/kubepods.slice[/kubepods-<qos>.slice]/kubepods[-<qos>]-pod<uid_>.slice/...`
+/// (systemd driver, the UID's dashes written as underscores), the UID a
+/// lower-case RFC 4122 one. The first component named like a pod's is the
+/// pod's, and every component above it must be the kubelet's own parent of
+/// it: a `pod<uid>` a tenant makes in a cgroup delegated to it (below its
+/// own pod, or under a service of the host) names no pod, or its own.
+/// Read from inside a cgroup namespace (a daemon in a pod), the path starts
+/// with `..` components and shows only the tail of that chain.
 pub fn pod_uid(path: &str) -> Option<String> {
-    if !path.contains("kubepods") {
-        return None;
-    }
-    path.split('/').find_map(|component| {
-        let rest = &component[component.rfind("pod")? + 3..];
-        let uid: String = rest
-            .chars()
-            .take_while(|c| c.is_ascii_hexdigit() || *c == '-' || *c == '_')
-            .map(|c| if c == '_' { '-' } else { c })
-            .collect();
-        (uid.len() == 36).then_some(uid)
-    })
+    let all: Vec<&str> = path.split('/').filter(|c| !c.is_empty()).collect();
+    let up = all.iter().take_while(|c| **c == "..").count();
+    let comps = &all[up..];
+    let (at, uid, chains) = comps
+        .iter()
+        .enumerate()
+        .find_map(|(i, c)| pod_component(c).map(|(uid, chains)| (i, uid, chains)))?;
+    let above = &comps[..at];
+    let fits = |chain: &[&str]| {
+        if up == 0 {
+            chain == above
+        } else {
+            chain.ends_with(above)
+        }
+    };
+    chains.iter().any(|c| fits(c)).then_some(uid)
 }
 
-/// Pod name and namespace of a process in a Kubernetes pod: the downward
-/// API variables `POD_NAME`/`POD_NAMESPACE` when the pod sets them, else the
-/// files the kubelet puts in every container (`/etc/hostname` holds the pod
-/// name; the service account mount holds the namespace), read inside the
-/// process's root. A value that is no Kubernetes name is dropped; missing
-/// pieces are empty.
-pub fn pod_names(pid: u32) -> (String, String) {
+/// The UID a cgroup directory name gives a pod, and the chains of parent
+/// directories the kubelet would have put it under; None for a name that
+/// is not a pod's.
+fn pod_component(name: &str) -> Option<(String, &'static [&'static [&'static str]])> {
+    if let Some(uid) = name.strip_prefix("pod") {
+        return kubelet::is_uid(uid.as_bytes()).then(|| (uid.to_string(), &CGROUPFS_CHAINS[..]));
+    }
+    let stem = name.strip_suffix(".slice")?;
+    let (parent, escaped) = stem.split_once("-pod")?;
+    let chain: &'static [&'static [&'static str]] = match parent {
+        "kubepods" => &[&["kubepods.slice"]],
+        "kubepods-burstable" => &[&["kubepods.slice", "kubepods-burstable.slice"]],
+        "kubepods-besteffort" => &[&["kubepods.slice", "kubepods-besteffort.slice"]],
+        _ => return None,
+    };
+    // The systemd driver escapes every `-` of the UID as `_`.
+    if escaped.contains('-') {
+        return None;
+    }
+    let uid = escaped.replace('_', "-");
+    kubelet::is_uid(uid.as_bytes()).then_some((uid, chain))
+}
+
+/// What a process in a Kubernetes pod says its pod is: the downward-API
+/// variables `POD_NAME`/`POD_NAMESPACE` when it sets them, else the files
+/// the kubelet puts in every container (`/etc/hostname` holds the pod name;
+/// the service account mount holds the namespace), read inside the
+/// process's root. The process writes all of these: they are a claim, to
+/// check against the host's records (`host::kubelet`), never a label. A
+/// value that is no Kubernetes name is dropped; a missing one is None.
+pub fn pod_claim(pid: u32) -> (Option<String>, Option<String>) {
     let environ = rootfs::read_proc(Path::new(&format!("/proc/{pid}/environ")), ENVIRON_MAX)
         .unwrap_or_default();
     let env = |key: &str| {
@@ -133,7 +185,7 @@ pub fn pod_names(pid: u32) -> (String, String) {
         Ok(bytes) => Some(bytes),
         Err(e) if e.is_not_found() => None,
         Err(e) => {
-            log::warn!("process {pid}: not using {path} for its labels: {e}");
+            log::warn!("process {pid}: not reading {path} for its claimed pod: {e}");
             None
         }
     };
@@ -141,25 +193,21 @@ pub fn pod_names(pid: u32) -> (String, String) {
         let raw = raw?;
         let name = kubernetes_name(raw, max);
         if name.is_none() {
-            log::warn!("process {pid}: its {what} is no Kubernetes name; not used as a label");
+            log::warn!("process {pid}: its {what} is no Kubernetes name; not taken as its claim");
         }
         name
     };
-    let pod = name(env("POD_NAME"), POD_NAME_MAX, "POD_NAME")
-        .or_else(|| {
-            name(
-                file("/etc/hostname").as_deref(),
-                POD_NAME_MAX,
-                "/etc/hostname",
-            )
-        })
-        .unwrap_or_default();
-    let namespace = name(env("POD_NAMESPACE"), NAMESPACE_MAX, "POD_NAMESPACE")
-        .or_else(|| {
-            let path = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
-            name(file(path).as_deref(), NAMESPACE_MAX, path)
-        })
-        .unwrap_or_default();
+    let pod = name(env("POD_NAME"), POD_NAME_MAX, "POD_NAME").or_else(|| {
+        name(
+            file("/etc/hostname").as_deref(),
+            POD_NAME_MAX,
+            "/etc/hostname",
+        )
+    });
+    let namespace = name(env("POD_NAMESPACE"), NAMESPACE_MAX, "POD_NAMESPACE").or_else(|| {
+        let path = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+        name(file(path).as_deref(), NAMESPACE_MAX, path)
+    });
     (pod, namespace)
 }
 
@@ -167,7 +215,7 @@ pub fn pod_names(pid: u32) -> (String, String) {
 /// environment): the first line, surrounding whitespace trimmed, when it is
 /// a DNS-1123 name of at most `max` characters (lower-case letters, digits,
 /// `-` and `.`, starting and ending with a letter or digit); None
-/// otherwise, so that nothing else a container writes becomes a label.
+/// otherwise, so that nothing else a container writes reaches a claim.
 pub fn kubernetes_name(raw: &[u8], max: usize) -> Option<String> {
     let line = raw.split(|&b| b == b'\n').next().unwrap_or_default();
     let name = line.trim_ascii();
@@ -265,11 +313,64 @@ mod tests {
     #[test]
     fn finds_pod_uids_with_either_driver() {
         let uid = "1b2c3d4e-5f60-7182-93a4-b5c6d7e8f901";
-        let systemd = "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1b2c3d4e_5f60_7182_93a4_b5c6d7e8f901.slice/cri-containerd-x.scope";
-        let cgroupfs = "/kubepods/besteffort/pod1b2c3d4e-5f60-7182-93a4-b5c6d7e8f901/abc";
-        assert_eq!(pod_uid(systemd).as_deref(), Some(uid));
-        assert_eq!(pod_uid(cgroupfs).as_deref(), Some(uid));
-        assert_eq!(pod_uid("/system.slice/pod-helper.service"), None);
+        let u = "1b2c3d4e_5f60_7182_93a4_b5c6d7e8f901";
+        for path in [
+            format!(
+                "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{u}.slice/cri-containerd-x.scope"
+            ),
+            format!("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{u}.slice"),
+            format!("/kubepods.slice/kubepods-pod{u}.slice/crio-x.scope"),
+            format!("/kubepods/besteffort/pod{uid}/abc"),
+            format!("/kubepods/burstable/pod{uid}"),
+            format!("/kubepods/pod{uid}/abc"),
+            // Seen from a daemon in a pod (its own cgroup namespace).
+            format!("/../../kubepods-besteffort-pod{u}.slice/cri-containerd-x.scope"),
+            format!("/../../kubepods-besteffort.slice/kubepods-besteffort-pod{u}.slice/x"),
+            format!("/../../../kubepods/besteffort/pod{uid}/abc"),
+            format!("/../../pod{uid}/abc"),
+            // A tenant's own sub-cgroups below its pod do not change its UID.
+            format!("/kubepods/pod{uid}/abc/kubepods/pod0a1b2c3d-4e5f-4061-8273-94a5b6c7d8e9"),
+        ] {
+            assert_eq!(pod_uid(&path).as_deref(), Some(uid), "{path}");
+        }
+    }
+
+    #[test]
+    fn no_partial_or_forged_pod_uids() {
+        let uid = "1b2c3d4e-5f60-7182-93a4-b5c6d7e8f901";
+        let u = "1b2c3d4e_5f60_7182_93a4_b5c6d7e8f901";
+        for path in [
+            "/system.slice/pod-helper.service".to_string(),
+            // Not the kubelet's parents.
+            format!("/system.slice/x.service/kubepods/pod{uid}"),
+            format!("/user.slice/kubepods.slice/kubepods-pod{u}.slice"),
+            format!("/../../system.slice/x.service/kubepods-pod{u}.slice"),
+            format!("/kubepods/guaranteed/pod{uid}/abc"),
+            format!("/kubepods/burstable/besteffort/pod{uid}"),
+            format!("/kubepods.slice/kubepods-besteffort.slice/kubepods-burstable-pod{u}.slice"),
+            format!("/kubepods.slice/kubepods-besteffort-pod{u}.slice"),
+            format!("/kubepods-besteffort-pod{u}.slice"),
+            format!("/pod{uid}"),
+            format!("/burstable/pod{uid}"),
+            // The driver's separator, whole: no mix, no swap.
+            format!("/kubepods.slice/kubepods-pod{uid}.slice"),
+            format!("/kubepods/pod{u}"),
+            format!(
+                "/kubepods.slice/kubepods-pod{}.slice",
+                u.replacen('_', "-", 1)
+            ),
+            // Partial, padded or upper-case UIDs.
+            format!("/kubepods/pod{uid}0"),
+            format!("/kubepods/pod{}", &uid[..35]),
+            format!("/kubepods/pod{}", uid.to_uppercase()),
+            format!("/kubepods/xpod{uid}"),
+            format!("/kubepods/pod{uid}.scope"),
+            "/kubepods/pod0123456789abcdef0123456789abcdef".to_string(),
+            format!("/kubepods.slice/kubepods-pod{u}.slicex"),
+            format!("/kubepods.slice/kubepods-x-pod{u}.slice"),
+        ] {
+            assert_eq!(pod_uid(&path), None, "{path}");
+        }
     }
 
     #[test]
@@ -282,16 +383,16 @@ mod tests {
             .spawn()
             .expect("spawn sleep");
         // Right after spawn the new image's environment may not be readable yet.
-        let mut names = pod_names(child.id());
+        let mut names = pod_claim(child.id());
         for _ in 0..100 {
-            if names.0 == "vllm-7d9f" {
+            if names.0.as_deref() == Some("vllm-7d9f") {
                 break;
             }
             std::thread::sleep(std::time::Duration::from_millis(10));
-            names = pod_names(child.id());
+            names = pod_claim(child.id());
         }
         let _ = child.kill();
         let _ = child.wait();
-        assert_eq!(names, ("vllm-7d9f".into(), "inference".into()));
+        assert_eq!(names, (Some("vllm-7d9f".into()), Some("inference".into())));
     }
 }

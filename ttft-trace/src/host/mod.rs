@@ -6,6 +6,7 @@ pub mod caps;
 pub mod cgroups;
 pub mod clock;
 pub mod deadline;
+pub mod kubelet;
 pub mod own_files;
 pub mod ports;
 pub mod rootfs;

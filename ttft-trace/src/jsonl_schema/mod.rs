@@ -7,6 +7,8 @@
 //! - `episode`: one per GPU episode (`episodes::EpisodeRecord` as written,
 //!   [`Episode`] as read back);
 //! - `attach` and `detach`: a library's probes ([`Attach`], [`Detach`]);
+//! - `workload`: a workload followed from now on, its labels and what its
+//!   processes claim of their pod ([`WorkloadLine`]);
 //! - `totals`: the last line of a run ([`Totals`]).
 //!
 //! Times are CLOCK_MONOTONIC nanoseconds, the clock of `bpf_ktime_get_ns`.
@@ -20,7 +22,7 @@ pub(crate) mod tests;
 pub use request::{
     Cause, Evidence, Request, RequestId, RequestLine, StallWindow, Stalls, Workload,
 };
-pub use run::{Attach, Detach, Episode, Totals, WorkloadStats};
+pub use run::{Attach, Detach, Episode, Totals, WorkloadLine, WorkloadStats};
 
 /// The `type` of each kind of line.
 pub mod kind {
@@ -29,4 +31,5 @@ pub mod kind {
     pub const ATTACH: &str = "attach";
     pub const DETACH: &str = "detach";
     pub const TOTALS: &str = "totals";
+    pub const WORKLOAD: &str = "workload";
 }

@@ -128,10 +128,12 @@ pub struct RequestId {
 }
 
 /// The workload's labels as read back (`workloads::WorkloadLabels`).
-#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Workload {
     #[serde(default)]
     pub comm: String,
+    #[serde(default)]
+    pub container: String,
     #[serde(default)]
     pub pod: String,
     #[serde(default)]

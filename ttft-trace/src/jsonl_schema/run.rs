@@ -92,3 +92,29 @@ pub struct WorkloadStats {
     pub stats: BTreeMap<String, u64>,
     pub workload_pid: u32,
 }
+
+/// A workload the tracer started to follow, and how it is named: its
+/// labels (from the host: the cgroup path and the kubelet's records of its
+/// pod UID), and beside them what its processes claim of their pod, with
+/// the verdict on that claim. Fields in the order written.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct WorkloadLine {
+    /// [`super::kind::WORKLOAD`].
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub t_ns: u64,
+    pub workload_pid: u32,
+    /// The labels its series carry (the overflow set past the cap).
+    pub workload: super::Workload,
+    /// The pod UID in its cgroup path; null outside a pod.
+    pub pod_uid: Option<String>,
+    /// `POD_NAME`, else the container's `/etc/hostname`; null when neither
+    /// names a pod.
+    pub claimed_pod: Option<String>,
+    /// `POD_NAMESPACE`, else the service account's namespace file.
+    pub claimed_namespace: Option<String>,
+    /// `matches`, `differs` (rejected, counted in
+    /// `ttft_trace_label_claims_rejected_total`) or `unverified` (the host
+    /// has no record of the UID); null when nothing is claimed.
+    pub claim_verdict: Option<String>,
+}

@@ -239,6 +239,7 @@ fn the_report_reads_back_the_request_the_writer_wrote() {
         notes: vec!["joined_running_batch".into()],
         workload: Workload {
             comm: "vllm".into(),
+            container: "c0ffee".into(),
             pod: "vllm-0".into(),
             namespace: "serving".into(),
         },

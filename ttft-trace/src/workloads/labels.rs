@@ -2,11 +2,14 @@
 //! them: a cap on how many label sets exist (the rest share one overflow
 //! set, counted), and retirement of sets whose processes are all gone.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, time::Instant};
 
 use serde::Serialize;
 
-use crate::host::cgroups;
+use crate::host::{
+    cgroups,
+    kubelet::{PodName, PodRecords},
+};
 
 /// Label names of every per-workload series, in order; `pid` is appended
 /// when asked for.
@@ -46,23 +49,41 @@ pub struct WorkloadLabels {
 
 impl WorkloadLabels {
     /// The labels of the workload rooted at `pid`: its command name and,
-    /// from its cgroup, container id and pod (name and namespace when they
-    /// can be read, else the pod UID).
-    pub fn of_process(pid: u32, with_pid: bool) -> Self {
+    /// from its cgroup, container id and pod UID; the pod's namespace and
+    /// name are those the host records for that UID (`pods`), else the pod
+    /// label is the UID and the namespace empty. What the process claims of
+    /// its pod is read (inside a pod only) and judged against the host's
+    /// record, never used as a label.
+    pub fn of_process(pid: u32, with_pid: bool, pods: &mut PodRecords) -> Naming {
         let path = cgroups::cgroup_path(pid).unwrap_or_default();
-        let (pod, namespace) = match cgroups::pod_uid(&path) {
-            Some(uid) => {
-                let (name, ns) = cgroups::pod_names(pid);
-                (if name.is_empty() { uid } else { name }, ns)
+        let pod_uid = cgroups::pod_uid(&path);
+        let host = pod_uid
+            .as_deref()
+            .and_then(|uid| pods.lookup(uid, Instant::now()));
+        let claim = match pod_uid {
+            Some(_) => {
+                let (pod, namespace) = cgroups::pod_claim(pid);
+                PodClaim { pod, namespace }
             }
-            None => Default::default(),
+            None => PodClaim::default(),
         };
-        Self {
-            comm: clean_comm(&crate::host::targets::comm(pid).unwrap_or_default()),
-            container: cgroups::container_id(&path).unwrap_or_default(),
-            pod,
-            namespace,
-            pid: with_pid.then_some(pid),
+        let verdict = claim.verdict(host.as_ref());
+        let (pod, namespace) = match (&host, &pod_uid) {
+            (Some(h), _) => (h.name.clone(), h.namespace.clone()),
+            (None, Some(uid)) => (uid.clone(), String::new()),
+            (None, None) => Default::default(),
+        };
+        Naming {
+            labels: Self {
+                comm: clean_comm(&crate::host::targets::comm(pid).unwrap_or_default()),
+                container: cgroups::container_id(&path).unwrap_or_default(),
+                pod,
+                namespace,
+                pid: with_pid.then_some(pid),
+            },
+            pod_uid,
+            claim,
+            verdict,
         }
     }
 
@@ -97,6 +118,75 @@ impl WorkloadLabels {
         }
         names
     }
+}
+
+/// What a workload's processes say their pod is (downward-API variables,
+/// files in their root): theirs to write, so shown beside the labels
+/// (`claimed_*` in the JSONL), never as one.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodClaim {
+    pub pod: Option<String>,
+    pub namespace: Option<String>,
+}
+
+/// A claim held against the host's record of the pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimVerdict {
+    /// Every part claimed is what the host records.
+    Matches,
+    /// A part claimed is not: the claim is rejected (and counted).
+    Differs,
+    /// The host has no record to hold it against (no pod log entry, or an
+    /// ambiguous one).
+    Unverified,
+}
+
+impl ClaimVerdict {
+    /// As the JSONL writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Matches => "matches",
+            Self::Differs => "differs",
+            Self::Unverified => "unverified",
+        }
+    }
+}
+
+impl PodClaim {
+    pub fn is_empty(&self) -> bool {
+        self.pod.is_none() && self.namespace.is_none()
+    }
+
+    /// None when nothing is claimed.
+    pub fn verdict(&self, host: Option<&PodName>) -> Option<ClaimVerdict> {
+        if self.is_empty() {
+            return None;
+        }
+        let Some(host) = host else {
+            return Some(ClaimVerdict::Unverified);
+        };
+        let differs = |claimed: &Option<String>, recorded: &str| {
+            claimed.as_deref().is_some_and(|c| c != recorded)
+        };
+        Some(
+            if differs(&self.pod, &host.name) || differs(&self.namespace, &host.namespace) {
+                ClaimVerdict::Differs
+            } else {
+                ClaimVerdict::Matches
+            },
+        )
+    }
+}
+
+/// How a workload is named: its labels, the pod UID they rest on, and what
+/// its processes claim.
+#[derive(Debug, Clone)]
+pub struct Naming {
+    pub labels: WorkloadLabels,
+    pub pod_uid: Option<String>,
+    pub claim: PodClaim,
+    /// None when nothing is claimed.
+    pub verdict: Option<ClaimVerdict>,
 }
 
 #[derive(Debug)]
@@ -235,6 +325,45 @@ mod tests {
     }
 
     #[test]
+    fn a_claim_is_judged_against_the_hosts_record() {
+        let host = PodName {
+            namespace: "serving".into(),
+            name: "vllm-0".into(),
+        };
+        let claim = |pod: Option<&str>, ns: Option<&str>| PodClaim {
+            pod: pod.map(str::to_string),
+            namespace: ns.map(str::to_string),
+        };
+        use ClaimVerdict::*;
+        for (c, h, want) in [
+            (claim(None, None), Some(&host), None),
+            (
+                claim(Some("vllm-0"), Some("serving")),
+                Some(&host),
+                Some(Matches),
+            ),
+            (claim(Some("vllm-0"), None), Some(&host), Some(Matches)),
+            (
+                claim(Some("vllm-0"), Some("kube-system")),
+                Some(&host),
+                Some(Differs),
+            ),
+            (
+                claim(Some("payments-api"), None),
+                Some(&host),
+                Some(Differs),
+            ),
+            (
+                claim(Some("vllm-0"), Some("serving")),
+                None,
+                Some(Unverified),
+            ),
+        ] {
+            assert_eq!(c.verdict(h), want, "{c:?}");
+        }
+    }
+
+    #[test]
     fn comm_is_printable_and_short() {
         assert_eq!(clean_comm("python3"), "python3");
         assert_eq!(clean_comm("a\nb\u{1b}[2Jc\u{e9}"), "a?b?[2Jc?");
@@ -253,7 +382,8 @@ mod tests {
         assert_eq!(WorkloadLabels::names(true).len(), l.values().len());
         assert_eq!(l.values()[4], "42");
         assert_eq!(WorkloadLabels::names(false), LABEL_NAMES.to_vec());
-        let own = WorkloadLabels::of_process(std::process::id(), false);
+        let mut pods = PodRecords::new(std::path::Path::new("/nonexistent"));
+        let own = WorkloadLabels::of_process(std::process::id(), false, &mut pods).labels;
         assert_eq!(
             own.comm,
             crate::host::targets::comm(std::process::id()).unwrap_or_default()

@@ -7,4 +7,4 @@ pub mod discover;
 pub mod labels;
 
 pub use discover::Filters;
-pub use labels::{LabelSets, WorkloadLabels};
+pub use labels::{ClaimVerdict, LabelSets, Naming, PodClaim, WorkloadLabels};
