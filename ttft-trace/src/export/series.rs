@@ -14,7 +14,10 @@ use super::prometheus::{
 use super::view::KernelView;
 use crate::{
     episodes::EpisodeRecord,
-    host::kubelet::{DEFAULT_POD_LOG_DIR, PodRecords},
+    host::{
+        deadline::TargetWork,
+        kubelet::{DEFAULT_POD_LOG_DIR, PodRecords},
+    },
     judging::JudgedRequest,
     probes::libraries::ReadStats,
     workloads::{ClaimVerdict, LabelSets, Naming, WorkloadLabels},
@@ -57,7 +60,15 @@ pub struct Series {
     pods: PodRecords,
     /// Pod claims a workload made that the host's record contradicts.
     claims_rejected: IntCounter,
+    /// Reads of the claims (inside the target's root) off the loop.
+    claims: TargetWork,
 }
+
+/// A read of a workload's claimed pod that makes no progress this long is
+/// abandoned (its claim then unverified); past this many such reads stuck,
+/// claims are not read.
+const CLAIM_READ_STALL: Duration = Duration::from_millis(500);
+const CLAIM_READS_STUCK_MAX: usize = 2;
 
 impl Series {
     pub fn new(labels: &LabelConfig) -> Result<Self, MetricsError> {
@@ -84,6 +95,7 @@ impl Series {
             with_pid: labels.with_pid,
             pods: PodRecords::new(&labels.pod_log_dir),
             claims_rejected,
+            claims: TargetWork::new(CLAIM_READ_STALL, CLAIM_READS_STUCK_MAX),
         })
     }
 
@@ -96,7 +108,8 @@ impl Series {
     /// zero so that rate() works from the first scrape; a claim the host's
     /// record contradicts is counted.
     pub fn admit(&mut self, root: u32) -> Naming {
-        let mut naming = WorkloadLabels::of_process(root, self.with_pid, &mut self.pods);
+        let mut naming =
+            WorkloadLabels::of_process(root, self.with_pid, &mut self.pods, &mut self.claims);
         self.evictions("pod_log_dir_entries", self.pods.entries_dropped);
         self.evictions("pod_records", self.pods.records_dropped);
         if naming.verdict == Some(ClaimVerdict::Differs) {
@@ -174,8 +187,11 @@ impl Series {
         self.core.set_evictions(table, total);
     }
 
+    /// The library scan's given-up reads, and the claims'.
     pub fn target_reads(&self, reads: &ReadStats) {
-        self.core.set_target_reads(reads);
+        let mut all = *reads;
+        all.work.add(self.claims.stats());
+        self.core.set_target_reads(&all);
     }
 
     pub fn traced(&self, processes: usize, runtime_libs: usize, driver_libs: usize) {

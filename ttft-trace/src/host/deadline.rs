@@ -42,6 +42,15 @@ pub struct WorkStats {
     pub stuck_now: usize,
 }
 
+impl WorkStats {
+    /// Adds another worker's figures to these.
+    pub fn add(&mut self, other: WorkStats) {
+        self.abandoned += other.abandoned;
+        self.refused += other.refused;
+        self.stuck_now += other.stuck_now;
+    }
+}
+
 type Job = Box<dyn FnOnce() + Send>;
 
 /// The one thread that runs work, with what it shares with the loop.

@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use crate::host::{
     cgroups,
+    deadline::TargetWork,
     kubelet::{PodName, PodRecords},
 };
 
@@ -54,17 +55,27 @@ impl WorkloadLabels {
     /// label is the UID and the namespace empty. What the process claims of
     /// its pod is read (inside a pod only) and judged against the host's
     /// record, never used as a label.
-    pub fn of_process(pid: u32, with_pid: bool, pods: &mut PodRecords) -> Naming {
+    pub fn of_process(
+        pid: u32,
+        with_pid: bool,
+        pods: &mut PodRecords,
+        claims: &mut TargetWork,
+    ) -> Naming {
         let path = cgroups::cgroup_path(pid).unwrap_or_default();
         let pod_uid = cgroups::pod_uid(&path);
         let host = pod_uid
             .as_deref()
             .and_then(|uid| pods.lookup(uid, Instant::now()));
         let claim = match pod_uid {
-            Some(_) => {
-                let (pod, namespace) = cgroups::pod_claim(pid);
-                PodClaim { pod, namespace }
-            }
+            // The claim is read inside the target's root, which may be
+            // a mount whose reads never return: off this thread.
+            Some(_) => match claims.run(move || cgroups::pod_claim(pid)) {
+                Ok((pod, namespace)) => PodClaim { pod, namespace },
+                Err(e) => {
+                    log::warn!("process {pid}: its claimed pod not read: {e}");
+                    PodClaim::default()
+                }
+            },
             None => PodClaim::default(),
         };
         let verdict = claim.verdict(host.as_ref());
@@ -383,7 +394,9 @@ mod tests {
         assert_eq!(l.values()[4], "42");
         assert_eq!(WorkloadLabels::names(false), LABEL_NAMES.to_vec());
         let mut pods = PodRecords::new(std::path::Path::new("/nonexistent"));
-        let own = WorkloadLabels::of_process(std::process::id(), false, &mut pods).labels;
+        let mut claims = TargetWork::new(std::time::Duration::from_secs(5), 1);
+        let own =
+            WorkloadLabels::of_process(std::process::id(), false, &mut pods, &mut claims).labels;
         assert_eq!(
             own.comm,
             crate::host::targets::comm(std::process::id()).unwrap_or_default()
