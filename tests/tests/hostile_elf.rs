@@ -4,10 +4,21 @@
 //! tests for what the fuzzers found (a mapped file's headers are its
 //! owner's, and a CUDA library whose program headers wrap the address
 //! space must be refused or read, never panic; the stub is patched on disk).
+//! One root test: the daemon refuses a mapped file over a cap and counts it.
 
-use anyhow::{Context as _, Result};
+use std::{
+    io::{BufRead, BufReader},
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use anyhow::{Context as _, Result, bail};
 use ttft_trace::probes::libraries;
-use ttft_trace_tests::fixtures::{existing_fixture, temp_path};
+use ttft_trace_tests::{
+    fixtures::{ChildGuard, existing_fixture, temp_path},
+    otlp_receiver::free_addr,
+    tracer::{Tracer, http_get, metric_total, root_test, workload_daemon_args},
+};
 
 fn u16_at(b: &[u8], at: usize) -> usize {
     usize::from(u16::from_le_bytes([b[at], b[at + 1]]))
@@ -167,6 +178,64 @@ fn a_name_defined_at_many_addresses_refuses_the_library() -> Result<()> {
         }
         other => panic!("expected TooManyCopies, got {other:?}"),
     }
+    Ok(())
+}
+
+/// The daemon meets such a file mapped by a process: not probed, a warning
+/// naming it, counted once in `ttft_trace_libraries_refused_total`
+/// (issue 28 item 2), however often the process is scanned.
+#[test]
+fn the_daemon_refuses_a_mapped_library_over_a_cap_and_counts_it() -> Result<()> {
+    let Some(_g) = root_test("the_daemon_refuses_a_mapped_library_over_a_cap_and_counts_it") else {
+        return Ok(());
+    };
+    let path = temp_path("many-copies-mapped", "so");
+    std::fs::write(&path, one_name_at_every_function()?)?;
+    // A process named `workload` (the tests' comm filter) that maps it.
+    let mut child = Command::new("python3")
+        .args([
+            "-c",
+            "import ctypes, mmap, sys, time\n\
+             ctypes.CDLL(None).prctl(15, b'workload', 0, 0, 0)\n\
+             f = open(sys.argv[1], 'rb')\n\
+             m = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ)\n\
+             print('mapped', flush=True)\n\
+             time.sleep(120)",
+        ])
+        .arg(&path)
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("starting the mapping process")?;
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().context("stdout")?).read_line(&mut line)?;
+    let _mapper = ChildGuard::new(child);
+    if line.trim() != "mapped" {
+        bail!("the mapping process said {line:?}");
+    }
+    let addr = free_addr()?;
+    let mut tracer = Tracer::start_daemon(&workload_daemon_args(addr))?;
+    tracer.wait_for_stderr("defined at over 16 addresses", 1, Duration::from_secs(20))?;
+    // Scanned again and again (every 200 ms): counted once.
+    std::thread::sleep(Duration::from_millis(1000));
+    let metrics = http_get(addr, "/metrics")?;
+    let out = tracer.interrupt(Duration::from_secs(30))?;
+    let _ = std::fs::remove_file(&path);
+    assert!(out.success, "{}", out.stderr);
+    let refused = |reason: &str| {
+        metric_total(
+            &metrics,
+            &format!("ttft_trace_libraries_refused_total{{reason=\"{reason}\"}}"),
+        )
+    };
+    assert_eq!(refused("too_many_copies"), 1, "{metrics}");
+    assert_eq!(refused("too_large"), 0);
+    assert_eq!(
+        out.stderr.matches("defined at over 16 addresses").count(),
+        1,
+        "warned once: {}",
+        out.stderr
+    );
+    assert!(!out.stderr.contains("attached"), "{}", out.stderr);
     Ok(())
 }
 

@@ -76,6 +76,7 @@ pub struct Metrics {
     workloads: IntGauge,
     workload_overflows: IntCounter,
     target_reads_overdue: IntCounterVec,
+    libraries_refused: IntCounterVec,
     target_reads_stuck: IntGauge,
     targets_set_aside: IntGauge,
 }
@@ -184,6 +185,16 @@ impl Metrics {
             ),
             &["outcome"],
         )?;
+        let libraries_refused = IntCounterVec::new(
+            Opts::new(
+                "ttft_trace_libraries_refused_total",
+                "Mapped files not probed for a cap on the ELF work they ask for: too_large \
+                 (over 256 MiB of headers and symbol tables, or 4 million symbols) or \
+                 too_many_copies (a probed function defined at over 16 addresses); each file \
+                 once",
+            ),
+            &["reason"],
+        )?;
         let target_reads_stuck = IntGauge::new(
             "ttft_trace_target_reads_stuck_threads",
             "Threads abandoned in a read of a target's file that has not returned yet",
@@ -217,6 +228,7 @@ impl Metrics {
             Box::new(workloads.clone()),
             Box::new(workload_overflows.clone()),
             Box::new(target_reads_overdue.clone()),
+            Box::new(libraries_refused.clone()),
             Box::new(target_reads_stuck.clone()),
             Box::new(targets_set_aside.clone()),
             Box::new(build_info),
@@ -241,6 +253,7 @@ impl Metrics {
             workloads,
             workload_overflows,
             target_reads_overdue,
+            libraries_refused,
             target_reads_stuck,
             targets_set_aside,
         })
@@ -348,6 +361,13 @@ impl Metrics {
             ("refused", reads.work.refused),
         ] {
             let c = self.target_reads_overdue.with_label_values(&[outcome]);
+            c.inc_by(total.saturating_sub(c.get()));
+        }
+        for (reason, total) in [
+            ("too_large", reads.too_large),
+            ("too_many_copies", reads.too_many_copies),
+        ] {
+            let c = self.libraries_refused.with_label_values(&[reason]);
             c.inc_by(total.saturating_sub(c.get()));
         }
         self.target_reads_stuck

@@ -76,11 +76,14 @@ pub enum LibraryError {
 
 impl LibraryError {
     /// Whether the file was refused for a cap on the ELF work it asks for.
-    fn is_over_cap(&self) -> bool {
-        matches!(
-            self,
-            LibraryError::TooLarge(_) | LibraryError::TooManyCopies { .. }
-        )
+    /// Which cap, as the `reason` label of
+    /// `ttft_trace_libraries_refused_total` names it.
+    fn over_cap(&self) -> Option<&'static str> {
+        match self {
+            LibraryError::TooLarge(_) => Some("too_large"),
+            LibraryError::TooManyCopies { .. } => Some("too_many_copies"),
+            _ => None,
+        }
     }
 
     fn is_permission(&self) -> bool {

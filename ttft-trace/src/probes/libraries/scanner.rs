@@ -56,8 +56,11 @@ pub struct Scan {
 enum Seen {
     Library(Arc<Library>),
     /// No library to probe, or a file that cannot be inspected (not regular,
-    /// not the mapped file, too large, unreadable): not tried again.
+    /// not the mapped file, unreadable): not tried again.
     Other,
+    /// A file over a cap on the ELF work it asks for (the cap named as in
+    /// `ttft_trace_libraries_refused_total`): not tried again.
+    OverCap(&'static str),
     /// A file we may not open.
     Denied,
 }
@@ -113,6 +116,8 @@ pub struct Scanner {
     cache: HashMap<(u64, u64), Entry>,
     work: TargetWork,
     quarantine: Quarantine,
+    /// Files refused for a cap on ELF work, by cap (each once: remembered).
+    refused: HashMap<&'static str, u64>,
 }
 
 impl Default for Scanner {
@@ -121,6 +126,7 @@ impl Default for Scanner {
             cache: HashMap::new(),
             work: TargetWork::new(READ_STALL, STUCK_READERS_MAX),
             quarantine: Quarantine::default(),
+            refused: HashMap::new(),
         }
     }
 }
@@ -133,6 +139,11 @@ pub struct ReadStats {
     pub set_aside: usize,
     /// Those that could not be set aside (the table full).
     pub set_aside_overflowed: u64,
+    /// Files refused for a cap on the ELF work they ask for: over 256 MiB
+    /// of headers and symbol tables or 4 million symbols, and a probed
+    /// name at too many addresses.
+    pub too_large: u64,
+    pub too_many_copies: u64,
 }
 
 impl Scanner {
@@ -147,6 +158,8 @@ impl Scanner {
             work: self.work.stats(),
             set_aside: self.quarantine.held(),
             set_aside_overflowed: self.quarantine.overflowed,
+            too_large: self.refused.get("too_large").copied().unwrap_or(0),
+            too_many_copies: self.refused.get("too_many_copies").copied().unwrap_or(0),
         }
     }
 
@@ -179,6 +192,9 @@ impl Scanner {
                     else {
                         continue;
                     };
+                    if let Seen::OverCap(cap) = seen {
+                        *self.refused.entry(cap).or_default() += 1;
+                    }
                     self.remember(
                         key,
                         Entry {
@@ -194,7 +210,7 @@ impl Scanner {
             match seen {
                 Seen::Library(lib) => scan.libraries.push(lib),
                 Seen::Denied => scan.denied.push(mapped.path),
-                Seen::Other => {}
+                Seen::Other | Seen::OverCap(_) => {}
             }
         }
         Ok(scan)
@@ -299,7 +315,7 @@ impl Scanner {
                     libraries += usize::from(!stays);
                     stays
                 }
-                Seen::Other | Seen::Denied => age < OTHER_FILE_AGE,
+                Seen::Other | Seen::OverCap(_) | Seen::Denied => age < OTHER_FILE_AGE,
             }
         });
         libraries
@@ -343,15 +359,16 @@ fn inspect_mapped(mapped: &maps::MappedFile) -> Option<(Seen, Option<Stamp>)> {
             // A file over a cap is worth an operator's eye (a hostile or
             // broken library is left unprobed); it is remembered, so this
             // is said once per file.
-            if e.is_over_cap() {
+            if let Some(cap) = e.over_cap() {
                 log::warn!("not probing {}: {e}", mapped.path.display());
+                Seen::OverCap(cap)
             } else {
                 log::debug!("not inspecting {}: {e}", mapped.path.display());
-            }
-            if e.is_permission() {
-                Seen::Denied
-            } else {
-                Seen::Other
+                if e.is_permission() {
+                    Seen::Denied
+                } else {
+                    Seen::Other
+                }
             }
         }
     };
