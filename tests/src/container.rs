@@ -352,6 +352,24 @@ impl PodCgroup {
         Self::make(dir, vec![pod, qos, kubepods], pod_uid, container_id)
     }
 
+    /// Another container of the same pod (its own cgroup beside this one).
+    pub fn sibling(&self) -> Result<Self> {
+        let pod = self.dir.parent().context("a pod directory")?;
+        let (_, container_id) = Self::ids();
+        let name = self
+            .dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .context("a container directory")?
+            .replace(&self.container_id, &container_id);
+        Self::make(
+            pod.join(name),
+            self.made.clone(),
+            self.pod_uid.clone(),
+            container_id,
+        )
+    }
+
     /// A unique pod UID (RFC 4122 form) and container id (64 hex digits).
     fn ids() -> (String, String) {
         static N: AtomicU64 = AtomicU64::new(0);
@@ -365,9 +383,12 @@ impl PodCgroup {
             n & 0xfff,
             fixtures::monotonic_ns() & 0xffff_ffff_ffff
         );
+        // Unique in its first 12 digits (the `container` label): this
+        // process's count, then its pid.
         let container_id = format!(
-            "{:016x}{:016x}{:016x}{:016x}",
-            salt,
+            "{:06x}{:010x}{:016x}{:016x}{:016x}",
+            n & 0xff_ffff,
+            (salt >> 16) & 0xff_ffff_ffff,
             fixtures::monotonic_ns(),
             n,
             0xc0ffee_u64
@@ -453,21 +474,9 @@ impl PodLogDir {
     /// test's containers (a /proc scan every 200 ms, no NVML), serves
     /// /metrics on `listen` and names pods from this directory.
     pub fn daemon_args(&self, listen: std::net::SocketAddr) -> Vec<String> {
-        [
-            "--listen",
-            &listen.to_string(),
-            "--rescan-ms",
-            "200",
-            "--no-nvml",
-            "--interval",
-            "60",
-            "--comm",
-            "^workload$",
-            "--pod-log-dir",
-            &self.dir.display().to_string(),
-        ]
-        .map(String::from)
-        .to_vec()
+        let mut args = crate::tracer::workload_daemon_args(listen);
+        args.extend(["--pod-log-dir".into(), self.dir.display().to_string()]);
+        args
     }
 }
 

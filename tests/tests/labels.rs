@@ -153,8 +153,7 @@ fn labels_come_from_the_host_and_claims_only_beside_them() -> Result<()> {
         let c = &case.container;
         let (namespace, pod) = case.labels;
         let pod = pod.unwrap_or(&c.cgroup.pod_uid);
-        // The test's container ids share their first 12 digits: the pod
-        // label tells the series apart.
+        // One series of the pod (each pod here has one container).
         let line = metrics
             .lines()
             .find(|l| {
@@ -220,6 +219,103 @@ fn labels_come_from_the_host_and_claims_only_beside_them() -> Result<()> {
             "{}: {traced} of {} episodes traced",
             case.what,
             truth.len()
+        );
+    }
+    Ok(())
+}
+
+/// Host capacity shared by quota (issue 28 item 3): a pod whose containers
+/// want more label sets than its share (`--max-label-sets-per-pod 2`, three
+/// containers) reports the third under its own `comm="_other"` set, its pod
+/// and namespace kept, counted once; another pod beside it keeps its own
+/// set, and every episode of all four is still counted.
+#[test]
+fn a_pod_past_its_share_of_label_sets_is_degraded_alone() -> Result<()> {
+    let Some(_g) = root_test("a_pod_past_its_share_of_label_sets_is_degraded_alone") else {
+        return Ok(());
+    };
+    let logs = PodLogDir::new()?;
+    let greedy = PodCgroup::new()?;
+    logs.add("serving", "greedy", &greedy.pod_uid)?;
+    let (greedy_2, greedy_3) = (greedy.sibling()?, greedy.sibling()?);
+    let quiet = PodCgroup::systemd()?;
+    logs.add("serving", "quiet", &quiet.pod_uid)?;
+    let mut containers = Vec::new();
+    for (name, cgroup) in [
+        ("share-greedy-1", greedy),
+        ("share-greedy-2", greedy_2),
+        ("share-greedy-3", greedy_3),
+        ("share-quiet", quiet),
+    ] {
+        containers.push(container(name, cgroup, &[])?);
+    }
+    let addr = free_addr()?;
+    let mut args = logs.daemon_args(addr);
+    args.extend(["--max-label-sets-per-pod".into(), "2".into()]);
+    let mut tracer = Tracer::start_daemon(&args)?;
+    for c in &containers {
+        tracer.wait_for_workload(c.pid)?;
+    }
+    for c in &containers {
+        fixtures::cont(c.pid)?;
+    }
+    for c in &mut containers {
+        let st = c.wait(Duration::from_secs(60))?;
+        ensure!(st.success(), "{st}");
+    }
+    tracer.wait_for_stderr("has exited", containers.len(), Duration::from_secs(10))?;
+    let metrics = http_get(addr, "/metrics")?;
+    let out = tracer.interrupt(Duration::from_secs(10))?;
+    ensure!(out.success, "{}", out.stderr);
+
+    let launches = |pod: &str| -> Vec<&str> {
+        metrics
+            .lines()
+            .filter(|l| {
+                l.starts_with("ttft_trace_cuda_kernel_launches_total{")
+                    && l.contains(&format!("pod=\"{pod}\""))
+            })
+            .collect()
+    };
+    let greedy_sets = launches("greedy");
+    eprintln!("greedy's series: {greedy_sets:#?}");
+    let own: Vec<&&str> = greedy_sets
+        .iter()
+        .filter(|l| l.contains("comm=\"workload\""))
+        .collect();
+    let shared: Vec<&&str> = greedy_sets
+        .iter()
+        .filter(|l| l.contains("comm=\"_other\""))
+        .collect();
+    ensure!(
+        own.len() == 2 && shared.len() == 1 && greedy_sets.len() == 3,
+        "greedy: two own sets and its overflow set: {greedy_sets:#?}"
+    );
+    ensure!(
+        shared[0].contains("namespace=\"serving\"") && shared[0].contains("container=\"\""),
+        "{}",
+        shared[0]
+    );
+    let quiet_sets = launches("quiet");
+    ensure!(
+        quiet_sets.len() == 1 && quiet_sets[0].contains("comm=\"workload\""),
+        "quiet keeps its own set: {quiet_sets:#?}"
+    );
+    let exceeded = metric_total(
+        &metrics,
+        "ttft_trace_quota_exceeded_total{resource=\"label_sets\"}",
+    );
+    let overflowed = metric_total(&metrics, "ttft_trace_workload_label_overflows_total");
+    ensure!(
+        (exceeded, overflowed) == (1, 0),
+        "quota exceeded {exceeded} (1), host cap overflows {overflowed} (0)"
+    );
+    let episodes = out.episodes();
+    for c in &containers {
+        let traced = episodes.iter().filter(|e| e.pid == c.pid).count();
+        ensure!(
+            traced == EPISODES as usize,
+            "{traced} of {EPISODES} episodes"
         );
     }
     Ok(())

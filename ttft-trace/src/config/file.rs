@@ -124,6 +124,9 @@ pub struct Labels {
     pub pid: bool,
     /// Most workload label sets; later workloads share `comm="_other"`.
     pub max_sets: usize,
+    /// Most label sets of one pod's workloads (its share of `max_sets`);
+    /// its later ones share the pod's own `comm="_other"` set.
+    pub max_sets_per_pod: usize,
     /// Series of workloads gone this long are removed.
     pub retire_after_s: f64,
     /// The kubelet's pod log directory on this host: its entries
@@ -211,6 +214,7 @@ impl Default for Labels {
         Self {
             pid: false,
             max_sets: 100,
+            max_sets_per_pod: 25,
             retire_after_s: 300.0,
             pod_log_dir: PathBuf::from(crate::host::kubelet::DEFAULT_POD_LOG_DIR),
         }
@@ -291,6 +295,7 @@ ports = [8000]
 [labels]
 pid = false
 max_sets = 100
+max_sets_per_pod = 10
 retire_after_s = 300
 [nvml]
 enabled = true
@@ -300,6 +305,7 @@ queueing_min_ns = 2000000000
 "#;
         let cfg: DaemonConfig = toml::from_str(text).expect("parse");
         assert_eq!(cfg.discovery.ports, vec![8000]);
+        assert_eq!(cfg.labels.max_sets_per_pod, 10);
         assert_eq!(
             cfg.listen_addr().expect("addr"),
             Some("0.0.0.0:9464".parse().expect("a"))

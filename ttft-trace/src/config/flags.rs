@@ -93,6 +93,10 @@ pub struct DaemonArgs {
     /// Most workload label sets (later ones share comm="_other").
     #[arg(long, value_name = "N")]
     pub max_label_sets: Option<usize>,
+    /// Most label sets of one pod's workloads (its later ones share the
+    /// pod's own comm="_other" set).
+    #[arg(long, value_name = "N")]
+    pub max_label_sets_per_pod: Option<usize>,
     /// Remove the series of a vanished workload after this many seconds.
     #[arg(long, value_name = "SECONDS")]
     pub retire_after: Option<f64>,
@@ -222,6 +226,9 @@ impl DaemonArgs {
             .detach_unmapped
             .unwrap_or(file.discovery.detach_unmapped_s);
         file.labels.max_sets = self.max_label_sets.unwrap_or(file.labels.max_sets);
+        file.labels.max_sets_per_pod = self
+            .max_label_sets_per_pod
+            .unwrap_or(file.labels.max_sets_per_pod);
         file.labels.retire_after_s = self.retire_after.unwrap_or(file.labels.retire_after_s);
         file.labels.pid |= self.label_pid;
         file.labels.pod_log_dir = self.pod_log_dir.unwrap_or(file.labels.pod_log_dir);

@@ -172,6 +172,7 @@ fn trace_config(
         labels: LabelConfig {
             with_pid: file.labels.pid,
             max_sets: file.labels.max_sets,
+            max_sets_per_pod: file.labels.max_sets_per_pod,
             retire_after: Duration::try_from_secs_f64(file.labels.retire_after_s).map_err(
                 |_| ConfigError::Duration {
                     what: "labels.retire_after_s",

@@ -30,6 +30,8 @@ pub struct LabelConfig {
     pub with_pid: bool,
     /// Most label sets; later workloads share the overflow set.
     pub max_sets: usize,
+    /// Most of one pod's own; its later workloads share its overflow set.
+    pub max_sets_per_pod: usize,
     /// Series of a workload gone this long are removed.
     pub retire_after: Duration,
     /// The kubelet's pod log directory, whose entries name the pods (by
@@ -42,6 +44,7 @@ impl Default for LabelConfig {
         Self {
             with_pid: false,
             max_sets: 100,
+            max_sets_per_pod: 25,
             retire_after: Duration::from_secs(300),
             pod_log_dir: PathBuf::from(DEFAULT_POD_LOG_DIR),
         }
@@ -89,6 +92,7 @@ impl Series {
             core,
             label_sets: LabelSets::new(
                 labels.max_sets,
+                labels.max_sets_per_pod,
                 u64::try_from(labels.retire_after.as_nanos()).unwrap_or(u64::MAX),
                 labels.with_pid,
             ),
@@ -144,8 +148,11 @@ impl Series {
             self.causes.retire_workload(&w);
             self.stalls.retire_workload(&w);
         }
-        self.core
-            .set_workloads(self.label_sets.len(), self.label_sets.overflowed);
+        self.core.set_workloads(
+            self.label_sets.len(),
+            self.label_sets.overflowed,
+            self.label_sets.pod_overflowed,
+        );
         for labels in &retired {
             log::info!("retired the series of workload {}", labels.comm);
         }

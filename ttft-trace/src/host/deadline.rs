@@ -295,6 +295,29 @@ mod tests {
         assert_eq!(work.run(|| 1).expect("a thread again"), 1);
     }
 
+    /// What handing work to the thread costs the loop, beside the work:
+    /// `cargo test -p ttft-trace --lib round_trip_cost -- --ignored
+    /// --nocapture` (a figure, not a check).
+    #[test]
+    #[ignore]
+    fn round_trip_cost() {
+        let mut work = TargetWork::new(Duration::from_secs(1), 1);
+        let n = 20_000;
+        let started = Instant::now();
+        for i in 0..n {
+            assert_eq!(work.run(move || i).expect("ran"), i);
+        }
+        let each = started.elapsed() / n;
+        let started = Instant::now();
+        for i in 0..n {
+            std::hint::black_box(i);
+        }
+        eprintln!(
+            "{n} runs: {each:?} each (a loop of the same calls inline: {:?} in all)",
+            started.elapsed()
+        );
+    }
+
     #[test]
     fn a_panic_in_work_is_an_error_and_the_next_work_runs() {
         // The panic's message and backtrace are printed before the thread

@@ -208,31 +208,77 @@ struct SetState {
     idle_since_ns: Option<u64>,
 }
 
-/// The label sets in use, at most `max` of them plus the overflow set.
+/// The label sets in use, at most `max` of them plus the overflow set; at
+/// most `max_per_pod` of a pod's own, so that one tenant cannot take the
+/// host's sets (past its share, its workloads share its own overflow set).
 #[derive(Debug)]
 pub struct LabelSets {
     max: usize,
+    max_per_pod: usize,
     retire_after_ns: u64,
     overflow: WorkloadLabels,
     sets: BTreeMap<WorkloadLabels, SetState>,
     /// Workloads put in the overflow set because the cap was reached.
     pub overflowed: u64,
+    /// Workloads put in their pod's overflow set because the pod had its
+    /// share.
+    pub pod_overflowed: u64,
 }
 
 impl LabelSets {
-    pub fn new(max: usize, retire_after_ns: u64, with_pid: bool) -> Self {
+    pub fn new(max: usize, max_per_pod: usize, retire_after_ns: u64, with_pid: bool) -> Self {
         Self {
             max,
+            max_per_pod,
             retire_after_ns,
             overflow: WorkloadLabels::overflow(with_pid),
             sets: BTreeMap::new(),
             overflowed: 0,
+            pod_overflowed: 0,
         }
     }
 
+    /// The overflow set of the pod of `labels`: its pod and namespace kept,
+    /// so that what it costs stays the pod's.
+    fn pod_overflow(&self, labels: &WorkloadLabels) -> WorkloadLabels {
+        WorkloadLabels {
+            pod: labels.pod.clone(),
+            namespace: labels.namespace.clone(),
+            ..self.overflow.clone()
+        }
+    }
+
+    /// A pod's own sets (not its overflow set), of at most `max` + 1.
+    fn sets_of_pod(&self, labels: &WorkloadLabels) -> usize {
+        self.sets
+            .keys()
+            .filter(|l| {
+                l.pod == labels.pod && l.namespace == labels.namespace && l.comm != OVERFLOW_COMM
+            })
+            .count()
+    }
+
     /// A workload starts: returns the label set to report it under (its
-    /// own, or the overflow set when the cap is reached).
+    /// own; its pod's overflow set when its pod has its share; the overflow
+    /// set when the host's cap is reached).
     pub fn admit(&mut self, labels: WorkloadLabels) -> WorkloadLabels {
+        let labels = if self.sets.contains_key(&labels)
+            || labels.pod.is_empty()
+            || self.sets_of_pod(&labels) < self.max_per_pod
+        {
+            labels
+        } else {
+            self.pod_overflowed += 1;
+            log::warn!(
+                "pod {}/{} has its share of {} label sets: its workload {} is reported under \
+                 comm=\"{OVERFLOW_COMM}\" (ttft_trace_quota_exceeded_total{{resource=\"label_sets\"}})",
+                labels.namespace,
+                labels.pod,
+                self.max_per_pod,
+                labels.comm
+            );
+            self.pod_overflow(&labels)
+        };
         let own = self.sets.len() - usize::from(self.sets.contains_key(&self.overflow));
         let labels = if self.sets.contains_key(&labels) || own < self.max {
             labels
@@ -299,9 +345,46 @@ mod tests {
         }
     }
 
+    fn in_pod(comm: &str, pod: &str) -> WorkloadLabels {
+        WorkloadLabels {
+            comm: comm.into(),
+            pod: pod.into(),
+            namespace: "ns".into(),
+            ..WorkloadLabels::default()
+        }
+    }
+
+    #[test]
+    fn a_pod_past_its_share_shares_its_own_overflow_set_and_others_are_untouched() {
+        let mut sets = LabelSets::new(10, 2, 10, false);
+        assert_eq!(sets.admit(in_pod("a", "greedy")), in_pod("a", "greedy"));
+        assert_eq!(sets.admit(in_pod("b", "greedy")), in_pod("b", "greedy"));
+        // Its third and fourth workloads: the pod's overflow set, its pod
+        // and namespace kept; a known one keeps its own.
+        let over = sets.admit(in_pod("c", "greedy"));
+        assert_eq!(over, in_pod(OVERFLOW_COMM, "greedy"));
+        assert_eq!(sets.admit(in_pod("d", "greedy")), over);
+        assert_eq!(sets.admit(in_pod("a", "greedy")), in_pod("a", "greedy"));
+        assert_eq!(sets.pod_overflowed, 2);
+        // Another pod, and host processes (no pod), are not held by it.
+        for comm in ["a", "b"] {
+            assert_eq!(sets.admit(in_pod(comm, "other")), in_pod(comm, "other"));
+        }
+        for comm in ["h1", "h2", "h3"] {
+            assert_eq!(sets.admit(named(comm)), named(comm));
+        }
+        assert_eq!((sets.overflowed, sets.pod_overflowed), (0, 2));
+        // Once one of its sets retires, the pod has room again.
+        let a = in_pod("a", "greedy");
+        sets.release(&a, 0);
+        sets.release(&a, 0);
+        assert_eq!(sets.retire(10), vec![a]);
+        assert_eq!(sets.admit(in_pod("e", "greedy")), in_pod("e", "greedy"));
+    }
+
     #[test]
     fn caps_the_sets_and_counts_the_overflow() {
-        let mut sets = LabelSets::new(2, 10, false);
+        let mut sets = LabelSets::new(2, 2, 10, false);
         assert_eq!(sets.admit(named("a")), named("a"));
         assert_eq!(sets.admit(named("b")), named("b"));
         // A third name overflows; a known name does not.
@@ -314,7 +397,7 @@ mod tests {
 
     #[test]
     fn retires_a_set_only_after_its_last_workload_and_the_grace() {
-        let mut sets = LabelSets::new(8, 100, false);
+        let mut sets = LabelSets::new(8, 8, 100, false);
         let a = sets.admit(named("a"));
         let a2 = sets.admit(named("a"));
         sets.release(&a, 1_000);
@@ -328,7 +411,7 @@ mod tests {
         assert_eq!(sets.retire(3_100), vec![named("a")]);
         assert!(sets.is_empty());
         // Retiring frees room under the cap.
-        let mut capped = LabelSets::new(1, 0, false);
+        let mut capped = LabelSets::new(1, 1, 0, false);
         let x = capped.admit(named("x"));
         capped.release(&x, 0);
         assert_eq!(capped.retire(0), vec![named("x")]);

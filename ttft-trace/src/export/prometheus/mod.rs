@@ -77,6 +77,7 @@ pub struct Metrics {
     workload_overflows: IntCounter,
     target_reads_overdue: IntCounterVec,
     libraries_refused: IntCounterVec,
+    quota_exceeded: IntCounterVec,
     target_reads_stuck: IntGauge,
     targets_set_aside: IntGauge,
 }
@@ -195,6 +196,14 @@ impl Metrics {
             ),
             &["reason"],
         )?;
+        let quota_exceeded = IntCounterVec::new(
+            Opts::new(
+                "ttft_trace_quota_exceeded_total",
+                "Times one pod went past its share of a host-wide resource and it alone was \
+                 degraded: label_sets (its later workloads share its own comm=\"_other\" set)",
+            ),
+            &["resource"],
+        )?;
         let target_reads_stuck = IntGauge::new(
             "ttft_trace_target_reads_stuck_threads",
             "Threads abandoned in a read of a target's file that has not returned yet",
@@ -229,6 +238,7 @@ impl Metrics {
             Box::new(workload_overflows.clone()),
             Box::new(target_reads_overdue.clone()),
             Box::new(libraries_refused.clone()),
+            Box::new(quota_exceeded.clone()),
             Box::new(target_reads_stuck.clone()),
             Box::new(targets_set_aside.clone()),
             Box::new(build_info),
@@ -254,6 +264,7 @@ impl Metrics {
             workload_overflows,
             target_reads_overdue,
             libraries_refused,
+            quota_exceeded,
             target_reads_stuck,
             targets_set_aside,
         })
@@ -327,10 +338,12 @@ impl Metrics {
     }
 
     /// Label sets in use, and the overflow count so far (a total).
-    pub fn set_workloads(&self, sets: usize, overflowed: u64) {
+    pub fn set_workloads(&self, sets: usize, overflowed: u64, pod_overflowed: u64) {
         self.workloads.set(sets as i64);
         self.workload_overflows
             .inc_by(overflowed.saturating_sub(self.workload_overflows.get()));
+        let c = self.quota_exceeded.with_label_values(&["label_sets"]);
+        c.inc_by(pod_overflowed.saturating_sub(c.get()));
     }
 
     /// Sets the lost-event, unseen-segment and dropped-state counters to
@@ -476,8 +489,8 @@ mod tests {
         m.add_counters(&delta, &w);
         m.set_kernel_stats(3, 2, 0);
         m.set_kernel_stats(3, 2, 0);
-        m.set_workloads(1, 2);
-        m.set_workloads(1, 2);
+        m.set_workloads(1, 2, 4);
+        m.set_workloads(1, 2, 4);
         let text = render(&m.registry);
         for needle in [
             "ttft_trace_launch_to_first_d2h_seconds_bucket{comm=\"python3\",pod=\"\",le=\"0.0001\"} 0",
@@ -488,6 +501,7 @@ mod tests {
             "ttft_trace_events_lost_total 3",
             "ttft_trace_segments_unseen_total 2",
             "ttft_trace_workload_label_overflows_total 2",
+            "ttft_trace_quota_exceeded_total{resource=\"label_sets\"} 4",
             "ttft_trace_build_info{version=",
         ] {
             assert!(text.contains(needle), "missing {needle} in\n{text}");
