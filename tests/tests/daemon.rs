@@ -273,7 +273,8 @@ fn daemon_filters_and_caps_label_sets() -> Result<()> {
     // A comm filter: only the matching command is traced.
     let tracer = Tracer::start_daemon(&daemon_args(free_addr()?, &["--comm", "^workload$"]))?;
     // 2 s each: found by a scan (every 200 ms) and attached in time on a
-    // busy machine (CI once missed all of a 0.75 s one).
+    // busy machine (a local full run, beside builds, missed all of a
+    // 0.75 s one).
     let plain = paced(Variant::Linked, 80);
     let hashed = paced(Variant::Hashed, 80);
     let (_, truth_plain) = run_paced(&plain)?;
