@@ -8,7 +8,7 @@ use std::{
     os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
     sync::{
-        Arc,
+        Arc, Mutex,
         atomic::{AtomicBool, Ordering},
     },
     time::{Duration, Instant},
@@ -18,7 +18,7 @@ use super::{
     FileId, Library, LibraryError, elf, maps,
     quarantine::{Quarantine, Target},
 };
-use crate::host::deadline::{Overdue, TargetWork, WorkStats};
+use crate::host::deadline::{self, Overdue, TargetWork, WorkStats};
 
 /// Most files remembered by a [`Scanner`]; past that, what it remembers of
 /// files that are no library to probe (or failed) is forgotten.
@@ -165,95 +165,114 @@ impl Scanner {
 
     /// The libraries process `pid` maps, each file inspected once. A
     /// process set aside after a read that did not return is not read.
+    /// Two hand-overs to the worker at most: the maps, then every file the
+    /// cache cannot vouch for, in one piece of work (a hand-over waits for
+    /// the worker to be scheduled: on a busy machine, a hand-over a file
+    /// made a new workload's first scan several times slower).
     pub fn scan(&mut self, pid: u32) -> Result<Scan, LibraryError> {
-        if self.quarantine.holds(Target::Process(pid), Instant::now()) {
+        let now = Instant::now();
+        if self.quarantine.holds(Target::Process(pid), now) {
             return Err(LibraryError::SetAside(pid));
         }
-        let files = self.off_loop(pid, None, move || maps::mapped_files(pid))??;
+        let files = self.off_loop(pid, || None, move || maps::mapped_files(pid))??;
         let mut scan = Scan::default();
+        let mut slots = Vec::with_capacity(files.len());
+        let mut reads = Vec::new();
         for mapped in files {
             scan.searched.push(mapped.path.clone());
             let key = (mapped.dev, mapped.inode);
-            if self
-                .quarantine
-                .holds(Target::File(key.0, key.1), Instant::now())
-            {
+            if self.quarantine.holds(Target::File(key.0, key.1), now) {
                 continue;
             }
-            let path = path_hash(&mapped.path);
-            let seen = match self.known(&mapped, path, pid)? {
-                Some(seen) => seen,
-                None => {
-                    let m = mapped.clone();
-                    // The process exited or unmapped it meanwhile: a later
-                    // scan tries again.
-                    let Some((seen, stamp)) =
-                        self.off_loop(pid, Some(key), move || inspect_mapped(&m))?
-                    else {
-                        continue;
+            match self.cache.get_mut(&key) {
+                // The same path; or a library, which holds its file open
+                // (its inode number cannot be given to another file).
+                Some(e)
+                    if e.path == path_hash(&mapped.path) || matches!(e.seen, Seen::Library(_)) =>
+                {
+                    e.path = path_hash(&mapped.path);
+                    e.last_found = now;
+                    slots.push(Slot::Known(e.seen.clone(), mapped.path));
+                }
+                // Another file's stamp is checked (an open and an fstat, no
+                // ELF read); a file not remembered is inspected.
+                entry => {
+                    let expect = entry.and_then(|e| e.stamp);
+                    slots.push(Slot::Read);
+                    reads.push((mapped, expect));
+                }
+            }
+        }
+        let mut found = if reads.is_empty() {
+            Vec::new()
+        } else {
+            let current = Arc::new(Mutex::new(None));
+            let reading = current.clone();
+            let stalled_on = move || current.lock().ok().and_then(|c| *c);
+            self.off_loop(pid, stalled_on, move || read_files(reads, &reading))?
+        }
+        .into_iter();
+        for slot in slots {
+            let (seen, path) = match slot {
+                Slot::Known(seen, path) => (seen, path),
+                Slot::Read => {
+                    let Some((mapped, read)) = found.next() else {
+                        break;
                     };
-                    if let Seen::OverCap(cap) = seen {
-                        *self.refused.entry(cap).or_default() += 1;
+                    let path = mapped.path.clone();
+                    match self.apply(mapped, read, now) {
+                        Some(seen) => (seen, path),
+                        None => continue,
                     }
-                    self.remember(
-                        key,
-                        Entry {
-                            seen: seen.clone(),
-                            path,
-                            stamp,
-                            last_found: Instant::now(),
-                        },
-                    );
-                    seen
                 }
             };
             match seen {
                 Seen::Library(lib) => scan.libraries.push(lib),
-                Seen::Denied => scan.denied.push(mapped.path),
+                Seen::Denied => scan.denied.push(path),
                 Seen::Other | Seen::OverCap(_) => {}
             }
         }
         Ok(scan)
     }
 
-    /// What is remembered of `mapped` (found under the path hashed to
-    /// `path`), if it still describes it: the same path; or a library (it
-    /// holds its file open, so its inode number cannot be given to another
-    /// file); or any other file whose stamp is unchanged (an open and an
-    /// fstat, no ELF read).
-    fn known(
-        &mut self,
-        mapped: &maps::MappedFile,
-        path: u64,
-        pid: u32,
-    ) -> Result<Option<Seen>, LibraryError> {
+    /// Records what the worker read of `mapped`; what it is, or None where
+    /// the failure was the process's (the next scan reads it again).
+    fn apply(&mut self, mapped: maps::MappedFile, read: Read, now: Instant) -> Option<Seen> {
         let key = (mapped.dev, mapped.inode);
-        let Some(entry) = self.cache.get(&key) else {
-            return Ok(None);
-        };
-        let still = match entry.stamp {
-            _ if entry.path == path || matches!(entry.seen, Seen::Library(_)) => true,
-            Some(stamp) => {
-                let m = mapped.clone();
-                self.off_loop(pid, Some(key), move || stamp_of_mapped(&m))? == Some(stamp)
+        let path = path_hash(&mapped.path);
+        match read {
+            Read::Same => {
+                let e = self.cache.get_mut(&key)?;
+                e.path = path;
+                e.last_found = now;
+                Some(e.seen.clone())
             }
-            None => false,
-        };
-        let entry = match self.cache.get_mut(&key) {
-            Some(entry) if still => entry,
-            _ => return Ok(None),
-        };
-        entry.path = path;
-        entry.last_found = Instant::now();
-        Ok(Some(entry.seen.clone()))
+            Read::Inspected(None) => None,
+            Read::Inspected(Some((seen, stamp))) => {
+                if let Seen::OverCap(cap) = seen {
+                    *self.refused.entry(cap).or_default() += 1;
+                }
+                self.remember(
+                    key,
+                    Entry {
+                        seen: seen.clone(),
+                        path,
+                        stamp,
+                        last_found: now,
+                    },
+                );
+                Some(seen)
+            }
+        }
     }
 
-    /// Runs a read of process `pid`'s files (of the file `file`, if one)
-    /// off this thread; one that does not return sets them aside.
+    /// Runs a read of process `pid`'s files off this thread; one that does
+    /// not return sets the process aside, and the file `stalled_on` names
+    /// (the one being read then, if any).
     fn off_loop<T: Send + 'static>(
         &mut self,
         pid: u32,
-        file: Option<(u64, u64)>,
+        stalled_on: impl FnOnce() -> Option<(u64, u64)>,
         read: impl FnOnce() -> T + Send + 'static,
     ) -> Result<T, LibraryError> {
         let returned = Arc::new(AtomicBool::new(false));
@@ -269,7 +288,7 @@ impl Scanner {
         if let Overdue::Stalled(_) = why {
             let now = Instant::now();
             let mut targets = vec![Target::Process(pid)];
-            targets.extend(file.map(|(dev, ino)| Target::File(dev, ino)));
+            targets.extend(stalled_on().map(|(dev, ino)| Target::File(dev, ino)));
             let mut aside = Duration::ZERO;
             for t in &targets {
                 aside = self.quarantine.add(*t, now);
@@ -334,6 +353,42 @@ impl Scanner {
 /// The stamp of the file of `mapped`, if it can be opened.
 fn stamp_of_mapped(mapped: &maps::MappedFile) -> Option<Stamp> {
     maps::open_mapped(mapped).ok().and_then(|f| Stamp::of(&f))
+}
+
+/// A mapped file in a scan: told by the cache, or read by the worker.
+enum Slot {
+    Known(Seen, PathBuf),
+    Read,
+}
+
+/// What the worker read of a file: still the file remembered (its stamp
+/// unchanged), or inspected (None: the process's failure).
+enum Read {
+    Same,
+    Inspected(Option<(Seen, Option<Stamp>)>),
+}
+
+/// On the worker: each file's stamp checked against the one remembered, or
+/// the file inspected; `reading` names the file being read (for the set
+/// aside, should a read not return).
+fn read_files(
+    files: Vec<(maps::MappedFile, Option<Stamp>)>,
+    reading: &Mutex<Option<(u64, u64)>>,
+) -> Vec<(maps::MappedFile, Read)> {
+    files
+        .into_iter()
+        .map(|(mapped, expect)| {
+            if let Ok(mut r) = reading.lock() {
+                *r = Some((mapped.dev, mapped.inode));
+            }
+            let read = match expect {
+                Some(stamp) if stamp_of_mapped(&mapped) == Some(stamp) => Read::Same,
+                _ => Read::Inspected(inspect_mapped(&mapped)),
+            };
+            deadline::progress();
+            (mapped, read)
+        })
+        .collect()
 }
 
 /// A hash of a path, to tell a name from another without keeping it.
@@ -455,7 +510,7 @@ mod tests {
         let me = std::process::id();
         let mut scanner = Scanner::default();
         let (release, stalled) = std::sync::mpsc::channel::<()>();
-        let r = scanner.off_loop(me, Some((1, 2)), move || stalled.recv().is_ok());
+        let r = scanner.off_loop(me, || Some((1, 2)), move || stalled.recv().is_ok());
         assert!(
             matches!(
                 r,
