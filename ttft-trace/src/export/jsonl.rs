@@ -327,7 +327,7 @@ mod tests {
         r#""throttle_reasons":["sw_thermal_slowdown"]},"first_gpu_work_in_window":false,"#,
         r#""gpu_process_age_ns":null},"stalls":{"threshold_ns":100000000,"count":2,"#,
         r#""total_ns":900000000,"longest_ns":500000000,"windows":[{"t_start_ns":1000020000000,"#,
-        r#""t_end_ns":1000520000000,"duration_ns":500000000,"causes":[{"#,
+        r#""t_end_ns":1000520000000,"duration_ns":500000000,"seen_at":"send","causes":[{"#,
         r#""class":"prefill_interference","explained_ns":440000000,"evidence":{"prefills":1}}],"#,
         r#""interfering_request":{"conn":"0xdef","request_index":3}}],"windows_dropped":1,"#,
         r#""pace_ratio_permille":2500,"degrading":true}}"#,

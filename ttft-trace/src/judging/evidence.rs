@@ -82,6 +82,26 @@ pub fn gather_stall(
     ev
 }
 
+/// Evidence over one stall seen only at the delivery, `[start, end]` between two chunks'
+/// ACKs: the sends were on time, so only the request's connection is read (retransmits from
+/// `causes::NETWORK_LOOKBACK_NS` before the stall to its end).
+pub fn gather_delivery_stall(
+    record: &RequestRecord,
+    store: &SignalStore,
+    start: u64,
+    end: u64,
+) -> Evidence {
+    let mut ev = Evidence::new(RequestTimes {
+        t_arrive_ns: start,
+        ttft_ns: Some(end.saturating_sub(start)),
+        ..RequestTimes::default()
+    });
+    for e in store.tcp_events_in(record.sk, start.saturating_sub(NETWORK_LOOKBACK_NS), end) {
+        add_tcp(&mut ev, e);
+    }
+    ev
+}
+
 /// The signals of a window `[a, ft]` whose queue part ends at `qe` (when known): run-queue
 /// delay, CPU-stage and GPU-thread time, copies, GPU readings. What TTFT and stall evidence
 /// share.
