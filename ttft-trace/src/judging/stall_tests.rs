@@ -350,6 +350,16 @@ fn a_late_delivery_after_a_retransmit_is_network() {
     store.on_tcp(&retransmit(sk, ACK_START + 495 * MS));
     let s = judged(&mut judge(), delivered_late(500), &store);
     assert_eq!(explained(&s, CauseClass::Network), Some(500 * MS));
+    // Stamped just after the ACK it drew (on loopback, inside its own
+    // transmission): up to 5 ms after the stall's end counts, not later.
+    let mut store = SignalStore::default();
+    store.on_tcp(&retransmit(sk, ACK_START + 502 * MS));
+    let s = judged(&mut judge(), delivered_late(500), &store);
+    assert_eq!(classes(&s), vec![CauseClass::Network]);
+    let mut store = SignalStore::default();
+    store.on_tcp(&retransmit(sk, ACK_START + 510 * MS));
+    let s = judged(&mut judge(), delivered_late(500), &store);
+    assert_eq!(classes(&s), vec![]);
     // Up to 200 ms before it counts; not before, nor on another connection.
     let mut store = SignalStore::default();
     store.on_tcp(&retransmit(sk, ACK_START - 150 * MS));
