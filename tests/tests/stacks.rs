@@ -6,6 +6,8 @@
 //! complete response is `ok` with E2E and TPOT, and the traced TTFT agrees
 //! with the client's own. Prints one markdown table (docs/measurements.md, "Real HTTP
 //! stacks under the tracer"). `TTFT_STACKS=a,b` runs only those stacks.
+//! Under loss: the first token's (`network_loss_on_real_stacks`), and loss
+//! mid-stream, found between the chunks' ACKs (`midstream_loss_on_real_stacks`).
 
 use std::{
     collections::HashMap,
