@@ -659,7 +659,7 @@ fn traced_run(stack: &str, cudart: &Path, load: &Load) -> Result<Option<Run>> {
 
 /// Loss pulses for mid-stream loss ([`Load::loss_pulses`]).
 const PULSE_ON: Duration = Duration::from_millis(300);
-const PULSE_OFF: Duration = Duration::from_millis(1700);
+const PULSE_OFF: Duration = Duration::from_millis(1200);
 
 /// A thread that drops the server's packets in pulses until stopped.
 struct LossPulses {
@@ -1201,16 +1201,18 @@ fn network_loss_on_real_stacks() -> Result<()> {
 /// Loss mid-stream on every stack (issue 31, item 5): httpx streams of
 /// [`MIDSTREAM_TOKENS`] tokens (about 0.6 s at the stub's 5 ms a decode
 /// step) one after another while the server's packets are dropped in
-/// pulses of 300 ms every 2 s ([`LossPulses`]). A request is injected when
+/// pulses of 300 ms every 1.5 s ([`LossPulses`]). A request is injected when
 /// a pulse began after its first token's send and before its last send
 /// (the traced times), clean when no pulse overlapped it from its arrival
 /// to 100 ms after its last send; others (a pulse over its first token,
 /// or just after its end) are not scored.
 /// Recalled: a stall over the pulse named `network`. Asserted over all
-/// stacks together: recall ≥ 95 %, ≤ 2 % of clean requests with a stall,
-/// every stack with a request injected.
+/// stacks together: recall ≥ 95 %, ≤ 2 % of clean requests with a stall
+/// seen at the delivery or named `network` (a send stall of a busy CPU is
+/// not this test's: it runs beside the other stacks tests; those are
+/// printed), every stack with a request injected.
 const MIDSTREAM_TOKENS: u64 = 120;
-const MIDSTREAM_REQUESTS: usize = 16;
+const MIDSTREAM_REQUESTS: usize = 12;
 
 #[test]
 fn midstream_loss_on_real_stacks() -> Result<()> {
@@ -1231,7 +1233,7 @@ fn midstream_loss_on_real_stacks() -> Result<()> {
         in_root_cgroup: false,
     };
     eprintln!(
-        "| stack | recalled / injected | seen at | clean with a stall / clean | not scored | time |"
+        "| stack | recalled / injected | seen at | clean with a stall on the wire / any stall / clean | not scored | time |"
     );
     eprintln!("| --- | --- | --- | --- | --- | --- |");
     let (mut all_injected, mut all_recalled, mut all_clean, mut all_fp) = (0, 0, 0, 0);
@@ -1242,6 +1244,7 @@ fn midstream_loss_on_real_stacks() -> Result<()> {
             continue;
         };
         let (mut injected, mut recalled, mut clean, mut fp, mut skipped) = (0, 0, 0, 0, 0);
+        let mut stalled = 0;
         let mut seen_at: HashMap<String, usize> = HashMap::new();
         for t in run.traced.values() {
             let at = |k: &str| t[k].as_u64();
@@ -1297,12 +1300,19 @@ fn midstream_loss_on_real_stacks() -> Result<()> {
             }
             clean += 1;
             if !windows.is_empty() {
-                fp += 1;
+                let wire = windows.iter().any(|w| {
+                    w["seen_at"] == "delivery"
+                        || w["causes"]
+                            .as_array()
+                            .is_some_and(|c| c.iter().any(|c| c["class"] == "network"))
+                });
+                fp += usize::from(wire);
+                stalled += 1;
                 eprintln!("{stack}: clean request stalled: {t}");
             }
         }
         eprintln!(
-            "| {stack} | {recalled}/{injected} | {seen_at:?} | {fp}/{clean} | {skipped} | {:.0} s |",
+            "| {stack} | {recalled}/{injected} | {seen_at:?} | {fp} / {stalled} / {clean} | {skipped} | {:.0} s |",
             started.elapsed().as_secs_f64()
         );
         if injected == 0 {
@@ -1314,7 +1324,7 @@ fn midstream_loss_on_real_stacks() -> Result<()> {
         all_fp += fp;
     }
     eprintln!(
-        "all: {all_recalled}/{all_injected} recalled, {all_fp}/{all_clean} clean requests with a stall"
+        "all: {all_recalled}/{all_injected} recalled, {all_fp}/{all_clean} clean requests with a stall on the wire"
     );
     // Over all stacks: a handful injected per stack, too few for a bound each.
     ensure!(
@@ -1327,7 +1337,7 @@ fn midstream_loss_on_real_stacks() -> Result<()> {
     );
     ensure!(
         all_fp as f64 <= 0.02 * all_clean as f64,
-        "clean requests with a stall: {all_fp} of {all_clean} > 2 %"
+        "clean requests with a stall on the wire: {all_fp} of {all_clean} > 2 %"
     );
     Ok(())
 }
