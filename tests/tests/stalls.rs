@@ -6,6 +6,12 @@
 //! the prefill. The traced stall must be `prefill_interference` naming the
 //! long request by its connection and index, explaining most of the stall;
 //! the long request itself has no stall. Prints both requests' stalls.
+//!
+//! Then the recall matrix (issue 31, item 5): each kind injected mid-stream
+//! into many streams, a third left clean; loss mid-stream is found between
+//! the chunks' ACKs (`seen_at: "delivery"`), the sends being on time. The
+//! tracer binary is `target/debug/ttft-trace` as built: `cargo build -p
+//! ttft-trace` first after a change.
 
 use std::{
     collections::BTreeMap,
@@ -128,20 +134,25 @@ enum Inject {
 /// One stream as its client saw it.
 struct Stream {
     client_port: u16,
+    /// CLOCK_MONOTONIC before it connected and after it read its end: its
+    /// request arrived in between (ports are reused, times tell them apart).
+    span: (u64, u64),
     /// When the injection held it, on CLOCK_MONOTONIC; `None`: clean.
     injected: Option<(u64, u64)>,
 }
 
 /// One streamed completion on a connection of its own, with `fault` asked
 /// for; `hook(n)` runs after the n-th token's chunk is read (1-based).
-/// Returns the client's port and when each token's chunk was read.
+/// Returns the client's port, when each token's chunk was read, and the
+/// stream's span (before the connect, after the end).
 fn stream(
     port: u16,
     prompt_tokens: u32,
     max_tokens: u32,
     fault: Option<&str>,
     mut hook: impl FnMut(usize) -> Result<()>,
-) -> Result<(u16, Vec<u64>)> {
+) -> Result<(u16, Vec<u64>, (u64, u64))> {
+    let t_connect = monotonic_ns();
     let body = format!(
         r#"{{"model":"ttft-demo","prompt":"x","max_tokens":{max_tokens},"stream":true,"demo_prompt_tokens":{prompt_tokens}}}"#
     );
@@ -166,7 +177,7 @@ fn stream(
         done |= line.starts_with("data: [DONE]");
     }
     anyhow::ensure!(done, "stream on port {client_port} ended early");
-    Ok((client_port, times))
+    Ok((client_port, times, (t_connect, monotonic_ns())))
 }
 
 /// Runs `STREAMS` streams one at a time under the tracer, two of three
@@ -177,25 +188,27 @@ fn run_kind(inject: Inject) -> Result<(Vec<Stream>, Vec<Request>)> {
     let mut streams = Vec::new();
     for i in 0..STREAMS {
         if i % 3 == 2 {
-            let (client_port, _) = stream(port, 16, OUT_TOKENS, None, |_| Ok(()))?;
+            let (client_port, _, span) = stream(port, 16, OUT_TOKENS, None, |_| Ok(()))?;
             streams.push(Stream {
                 client_port,
+                span,
                 injected: None,
             });
             continue;
         }
         match inject {
             Inject::Fault(fault) => {
-                let (client_port, t) = stream(port, 16, OUT_TOKENS, Some(fault), |_| Ok(()))?;
+                let (client_port, t, span) = stream(port, 16, OUT_TOKENS, Some(fault), |_| Ok(()))?;
                 // Token AT (0-based) waited: the gap between its read and the one before.
                 streams.push(Stream {
                     client_port,
+                    span,
                     injected: Some((t[AT - 1], t[AT])),
                 });
             }
             Inject::Prefill => {
                 let mut long = None;
-                let (client_port, _) = stream(port, 16, OUT_TOKENS, None, |n| {
+                let (client_port, _, span) = stream(port, 16, OUT_TOKENS, None, |n| {
                     if n == AT + 1 {
                         let from = monotonic_ns();
                         long = Some((
@@ -206,21 +219,23 @@ fn run_kind(inject: Inject) -> Result<(Vec<Stream>, Vec<Request>)> {
                     Ok(())
                 })?;
                 let (from, long) = long.expect("the long prompt was sent");
-                let (long_port, t) = long.join().expect("the long prompt")?;
+                let (long_port, t, long_span) = long.join().expect("the long prompt")?;
                 let to = *t.last().expect("its tokens");
                 streams.push(Stream {
                     client_port,
+                    span,
                     injected: Some((from, to)),
                 });
                 // The long request itself is not injected: a clean stream.
                 streams.push(Stream {
                     client_port: long_port,
+                    span: long_span,
                     injected: None,
                 });
             }
             Inject::Loss => {
                 let mut window = None;
-                let (client_port, _) = stream(port, 16, OUT_TOKENS, None, |n| {
+                let (client_port, _, span) = stream(port, 16, OUT_TOKENS, None, |n| {
                     if n == AT + 1 {
                         let loss = PacketLoss::from_server_after_handshake(port, 99)?;
                         let from = monotonic_ns();
@@ -233,6 +248,7 @@ fn run_kind(inject: Inject) -> Result<(Vec<Stream>, Vec<Request>)> {
                 })?;
                 streams.push(Stream {
                     client_port,
+                    span,
                     injected: window,
                 });
             }
@@ -251,25 +267,39 @@ struct Score {
     injected: usize,
     recalled: usize,
     clean: usize,
+    /// Clean streams with a stall named a cause.
     false_positives: usize,
+    /// Clean streams with any stall (unexplained ones too).
+    clean_with_stall: usize,
     /// What the stalls over the injections were named (`no stall` when
     /// none overlapped; `unexplained`).
     named: BTreeMap<String, usize>,
     /// Injected streams whose connection retransmitted.
     with_retransmits: usize,
+    /// Where the stalls over the injections were seen (`send`, `delivery`).
+    seen_at: BTreeMap<String, usize>,
 }
 
 fn score(kind: &str, streams: &[Stream], requests: &[Request]) -> Score {
     let mut s = Score::default();
     for st in streams {
+        let (t_connect, t_end) = st.span;
         let traced: Vec<&Request> = requests
             .iter()
-            .filter(|r| r.client_port == st.client_port)
+            .filter(|r| {
+                r.client_port == st.client_port
+                    && r.t_arrive_ns >= t_connect
+                    && r.t_arrive_ns <= t_end
+            })
             .collect();
         assert_eq!(traced.len(), 1, "{kind}: port {}", st.client_port);
         let r = traced[0];
         let Some((from, to)) = st.injected else {
             s.clean += 1;
+            if r.stalls.count > 0 {
+                s.clean_with_stall += 1;
+                eprintln!("{kind}: clean stream {} stalled: {:?}", r.conn, r.stalls);
+            }
             let named: Vec<&str> = r
                 .stalls
                 .windows
@@ -304,6 +334,9 @@ fn score(kind: &str, streams: &[Stream], requests: &[Request]) -> Score {
                 *s.named.entry(c.class.clone()).or_default() += 1;
             }
         }
+        for w in &over {
+            *s.seen_at.entry(w.seen_at.clone()).or_default() += 1;
+        }
         let hit = over
             .iter()
             .any(|w| w.causes.iter().any(|c| c.class == kind));
@@ -325,11 +358,11 @@ fn selected(kind: &str) -> bool {
         .unwrap_or(true)
 }
 
-/// Recall ≥ 95 % per kind (the goal of issue 31), except `network`, not met
-/// and so not asserted at 95 % (printed, and stated in docs/stalls.md): its
-/// loss after an on-time send is not in the server's gaps; the loss must
-/// reach the request's connection (retransmits on every injected stream).
-/// False positives ≤ 2 % over the clean streams of all kinds.
+/// Recall ≥ 95 % per kind (the goal of issue 31): the stall over the injection is named the
+/// kind. For `network` that stall is seen at the delivery (the chunks are sent on time and
+/// ACKed late), and the loss must reach the request's connection (retransmits on every
+/// injected stream). False positives ≤ 2 % over the clean streams of all kinds: a stall
+/// named a cause, and any stall at all, each counted.
 #[test]
 fn each_kind_of_stall_injected_mid_stream_is_recalled() -> Result<()> {
     let Some(_g) = root_test("each_kind_of_stall_injected_mid_stream_is_recalled") else {
@@ -349,38 +382,57 @@ fn each_kind_of_stall_injected_mid_stream_is_recalled() -> Result<()> {
         let (streams, requests) = run_kind(inject)?;
         scores.push((kind, score(kind, &streams, &requests)));
     }
-    eprintln!("| kind | injected | recalled | clean | false positives | over the injections |");
-    eprintln!("| --- | --- | --- | --- | --- | --- |");
+    eprintln!(
+        "| kind | injected | recalled | clean | false positives (named) | clean with any stall | over the injections | seen at |"
+    );
+    eprintln!("| --- | --- | --- | --- | --- | --- | --- | --- |");
     for (kind, s) in &scores {
         eprintln!(
-            "| {kind} | {} | {} ({:.0} %) | {} | {} | {:?} |",
+            "| {kind} | {} | {} ({:.0} %) | {} | {} | {} | {:?} | {:?} |",
             s.injected,
             s.recalled,
             100.0 * s.recalled as f64 / s.injected.max(1) as f64,
             s.clean,
             s.false_positives,
-            s.named
+            s.clean_with_stall,
+            s.named,
+            s.seen_at
         );
     }
-    let (clean, fp) = scores.iter().fold((0, 0), |(c, f), (_, s)| {
-        (c + s.clean, f + s.false_positives)
+    let (clean, fp, stalled) = scores.iter().fold((0, 0, 0), |(c, f, a), (_, s)| {
+        (c + s.clean, f + s.false_positives, a + s.clean_with_stall)
     });
-    eprintln!("clean streams: {fp} of {clean} with a stall named a cause");
+    eprintln!(
+        "clean streams: {fp} of {clean} with a stall named a cause, {stalled} with any stall"
+    );
+    // Every bound checked, all that failed said at once.
+    let mut failed = Vec::new();
     for (kind, s) in &scores {
-        assert!(s.injected > 0, "{kind}: nothing injected");
-        if *kind == "network" {
-            assert_eq!(
-                s.with_retransmits, s.injected,
-                "network: the loss reached every injected stream's connection"
-            );
+        if s.injected == 0 {
+            failed.push(format!("{kind}: nothing injected"));
             continue;
         }
+        if *kind == "network" && s.with_retransmits != s.injected {
+            failed.push(format!(
+                "network: the loss reached {} of {} injected streams' connections",
+                s.with_retransmits, s.injected
+            ));
+        }
         let recall = s.recalled as f64 / s.injected as f64;
-        assert!(recall >= 0.95, "{kind}: recall {recall:.3} < 0.95");
+        if recall < 0.95 {
+            failed.push(format!("{kind}: recall {recall:.3} < 0.95"));
+        }
     }
-    assert!(
-        fp as f64 <= 0.02 * clean as f64,
-        "false positives {fp} of {clean} clean streams > 2 %"
-    );
+    if fp as f64 > 0.02 * clean as f64 {
+        failed.push(format!(
+            "false positives {fp} of {clean} clean streams > 2 %"
+        ));
+    }
+    if stalled as f64 > 0.02 * clean as f64 {
+        failed.push(format!(
+            "clean streams with a stall: {stalled} of {clean} > 2 %"
+        ));
+    }
+    assert!(failed.is_empty(), "{}", failed.join("; "));
     Ok(())
 }

@@ -60,7 +60,8 @@ pub use config::CauseConfig;
 pub use evidence::{Evidence, RETRANSMIT_TIMES_CAP, RequestTimes};
 pub use rules::attribute;
 pub use stalls::{
-    NETWORK_LOOKBACK_NS, PrefillOverlap, RequestId, StallEvidence, StallVerdict, attribute_stall,
+    NETWORK_LOOKBACK_NS, PrefillOverlap, RequestId, StallEvidence, StallVerdict,
+    attribute_delivery_stall, attribute_stall,
 };
 pub use summary::CauseSummary;
 

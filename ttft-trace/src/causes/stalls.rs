@@ -107,6 +107,26 @@ fn prefill_interference(ev: &StallEvidence, cfg: &CauseConfig, span: u64) -> Opt
     ))
 }
 
+/// Judges one stall seen only at the delivery (`ev` filled as for [`StallEvidence`]'s window,
+/// its retransmits only): the chunks were sent on time and reached the client late, so the
+/// one rule is `network`: a retransmit on the request's connection in the stall or up to
+/// [`NETWORK_LOOKBACK_NS`] before it explains all of it (the retransmit that repairs a loss
+/// comes at the stall's end, as late as the timeout or the later segments that reveal it: no
+/// share of the stall after it is asked for, unlike at the send). Otherwise unexplained
+/// (empty).
+pub fn attribute_delivery_stall(ev: &Evidence) -> Vec<Cause> {
+    let span = ev.request.ttft_ns.unwrap_or(0);
+    let Some(&first) = ev.retransmit_times_ns.first() else {
+        return Vec::new();
+    };
+    let e = EvidenceMap::from([
+        ("retransmits", ev.retransmits.into()),
+        ("resets", ev.resets.into()),
+        ("first_retransmit_ns", first.into()),
+    ]);
+    vec![cause(CauseClass::Network, span, e)]
+}
+
 /// Loss on the request's own connection while the stream stood still: the stall from the
 /// first retransmit (in it, or shortly before it) on.
 fn network(ev: &Evidence, cfg: &CauseConfig, span: u64) -> Option<Cause> {

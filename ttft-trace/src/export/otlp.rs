@@ -634,13 +634,15 @@ fn names(labels: Vec<&'static str>) -> Value {
     ))
 }
 
-/// A stall event's attributes: its duration, its causes (the first, the
+/// A stall event's attributes: its duration, where it was seen (`send` or
+/// `delivery`), its causes (the first, the
 /// longest explained, as `cause`, with the time it explains), and the
 /// request whose prefill interfered.
 fn stall_attributes(s: &JudgedStall) -> Vec<KeyValue> {
     let labels = s.labels();
     let mut a = vec![
         int("ttft_trace.stall.duration_ns", s.duration_ns),
+        KeyValue::new("ttft_trace.stall.seen_at", s.seen_at.name()),
         KeyValue::new("ttft_trace.stall.cause", labels[0]),
         int(
             "ttft_trace.stall.explained_ns",

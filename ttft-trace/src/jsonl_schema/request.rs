@@ -114,10 +114,18 @@ pub struct StallWindow {
     pub t_start_ns: u64,
     pub t_end_ns: u64,
     pub duration_ns: u64,
+    /// `send` (a gap between sends) or `delivery` (between the chunks'
+    /// ACKs, the sends on time); `send` on lines of tracers before it.
+    #[serde(default = "seen_at_send")]
+    pub seen_at: String,
     #[serde(default)]
     pub causes: Vec<Cause>,
     #[serde(default)]
     pub interfering_request: Option<RequestId>,
+}
+
+fn seen_at_send() -> String {
+    "send".into()
 }
 
 /// A request named by its connection and index on it.

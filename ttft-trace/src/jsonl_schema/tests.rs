@@ -24,6 +24,7 @@ use crate::{
         Lines,
         tests::{MS, T0, record},
     },
+    requests::stream_stalls::SeenAt,
     requests::{CorrelatorStats, Outcome},
     workloads::WorkloadLabels,
 };
@@ -78,6 +79,7 @@ pub(crate) fn slow_request() -> JudgedRequest {
                 t_start_ns: T0 + 20 * MS,
                 t_end_ns: T0 + 520 * MS,
                 duration_ns: 500 * MS,
+                seen_at: SeenAt::Send,
                 causes: vec![causes::Cause {
                     class: CauseClass::PrefillInterference,
                     explained_ns: 440 * MS,
@@ -265,6 +267,7 @@ fn the_report_reads_back_the_request_the_writer_wrote() {
                 t_start_ns: T0 + 20 * MS,
                 t_end_ns: T0 + 520 * MS,
                 duration_ns: 500 * MS,
+                seen_at: "send".into(),
                 causes: vec![Cause {
                     class: "prefill_interference".into(),
                     explained_ns: 440 * MS,
@@ -340,4 +343,28 @@ fn the_other_lines_read_back_as_written() {
             .map_or(0, |o| o.len()),
         "every statistic by name"
     );
+}
+
+/// A stall's `seen_at` reads back as written; a line of a tracer before it
+/// (no `seen_at`) reads as `send`.
+#[test]
+fn a_stalls_seen_at_reads_back() {
+    let line = |extra: &str| {
+        format!(r#"{{"t_start_ns":1,"t_end_ns":2,"duration_ns":1,{extra}"causes":[]}}"#)
+    };
+    let w: StallWindow = serde_json::from_str(&line(r#""seen_at":"delivery","#)).expect("new");
+    assert_eq!(w.seen_at, "delivery");
+    let w: StallWindow = serde_json::from_str(&line("")).expect("old");
+    assert_eq!(w.seen_at, "send");
+    let judged = JudgedStall {
+        t_start_ns: 1,
+        t_end_ns: 2,
+        duration_ns: 1,
+        seen_at: SeenAt::Delivery,
+        causes: Vec::new(),
+        interfering_request: None,
+    };
+    let back: StallWindow =
+        serde_json::from_value(serde_json::to_value(&judged).expect("write")).expect("read");
+    assert_eq!(back.seen_at, "delivery");
 }

@@ -82,6 +82,37 @@ pub fn gather_stall(
     ev
 }
 
+/// How long after a delivery stall's end a retransmit still counts: the tracepoint stamps a
+/// retransmit after its transmission returns, and on loopback the ACK it draws can be
+/// processed inside that call, so the retransmit that ended a stall is dated a few
+/// microseconds after the stall's end (axum, which streams with Nagle on, under loss pulses:
+/// 2 of 9 stalls ended by their only retransmit).
+const RETRANSMIT_STAMP_SLACK_NS: u64 = 5_000_000;
+
+/// Evidence over one stall seen only at the delivery, `[start, end]` between two chunks'
+/// ACKs: the sends were on time, so only the request's connection is read (retransmits from
+/// `causes::NETWORK_LOOKBACK_NS` before the stall to [`RETRANSMIT_STAMP_SLACK_NS`] after it).
+pub fn gather_delivery_stall(
+    record: &RequestRecord,
+    store: &SignalStore,
+    start: u64,
+    end: u64,
+) -> Evidence {
+    let mut ev = Evidence::new(RequestTimes {
+        t_arrive_ns: start,
+        ttft_ns: Some(end.saturating_sub(start)),
+        ..RequestTimes::default()
+    });
+    let (from, to) = (
+        start.saturating_sub(NETWORK_LOOKBACK_NS),
+        end.saturating_add(RETRANSMIT_STAMP_SLACK_NS),
+    );
+    for e in store.tcp_events_in(record.sk, from, to) {
+        add_tcp(&mut ev, e);
+    }
+    ev
+}
+
 /// The signals of a window `[a, ft]` whose queue part ends at `qe` (when known): run-queue
 /// delay, CPU-stage and GPU-thread time, copies, GPU readings. What TTFT and stall evidence
 /// share.

@@ -14,7 +14,10 @@ use super::*;
 use crate::{
     causes::{CauseClass, CauseConfig, RequestId},
     report::tests::{MS, T0, record},
-    requests::{Outcome, stream_stalls::StallConfig},
+    requests::{
+        Outcome,
+        stream_stalls::{SeenAt, StallConfig},
+    },
 };
 
 /// The stall of [`stalled`]: the sixth gap, after five of 20 ms from the
@@ -304,4 +307,138 @@ fn a_slowing_stream_is_degrading_and_dropped_windows_are_counted() {
     let s = judged(&mut j, r, &SignalStore::default());
     assert_eq!((s.count, s.windows.len(), s.windows_dropped), (20, 16, 4));
     assert_eq!(j.stall_windows_dropped, 4);
+}
+
+/// A stream sent on time (twelve 20 ms gaps from T0 + 10 ms) whose chunks'
+/// ACKs, from 50 µs after the first send, stand still `gap_ms` after the
+/// sixth chunk (a stall on the wire), the rest 20 ms apart.
+fn delivered_late(gap_ms: u64) -> RequestRecord {
+    let mut r = record(Outcome::Ok);
+    r.itl_ns = vec![20 * MS; 12];
+    r.t_first_chunk_acked_ns = r.t_first_token_ns.map(|t| t + MS / 20);
+    r.chunk_ack_gaps_ns = vec![20 * MS; 12];
+    r.chunk_ack_gaps_ns[5] = gap_ms * MS;
+    r
+}
+
+/// The sixth chunk's ACK: where the delivery stall of [`delivered_late`] starts.
+const ACK_START: u64 = START + MS / 20;
+
+#[test]
+fn a_late_delivery_after_a_retransmit_is_network() {
+    let r = delivered_late(500);
+    let sk = r.sk;
+    let mut store = SignalStore::default();
+    store.on_tcp(&retransmit(sk, ACK_START + 10 * MS));
+    let s = judged(&mut judge(), r, &store);
+    assert_eq!((s.count, s.total_ns), (1, 500 * MS), "{s:?}");
+    let w = &s.windows[0];
+    assert_eq!(w.seen_at, SeenAt::Delivery);
+    assert_eq!(
+        (w.t_start_ns, w.t_end_ns),
+        (ACK_START, ACK_START + 500 * MS)
+    );
+    assert_eq!(classes(&s), vec![CauseClass::Network]);
+    assert_eq!(
+        explained(&s, CauseClass::Network),
+        Some(500 * MS),
+        "all of it"
+    );
+    // The retransmit that repaired the loss, at the stall's end, is enough:
+    // the loss began before it.
+    let mut store = SignalStore::default();
+    store.on_tcp(&retransmit(sk, ACK_START + 495 * MS));
+    let s = judged(&mut judge(), delivered_late(500), &store);
+    assert_eq!(explained(&s, CauseClass::Network), Some(500 * MS));
+    // Stamped just after the ACK it drew (on loopback, inside its own
+    // transmission): up to 5 ms after the stall's end counts, not later.
+    let mut store = SignalStore::default();
+    store.on_tcp(&retransmit(sk, ACK_START + 502 * MS));
+    let s = judged(&mut judge(), delivered_late(500), &store);
+    assert_eq!(classes(&s), vec![CauseClass::Network]);
+    let mut store = SignalStore::default();
+    store.on_tcp(&retransmit(sk, ACK_START + 510 * MS));
+    let s = judged(&mut judge(), delivered_late(500), &store);
+    assert_eq!(classes(&s), vec![]);
+    // Up to 200 ms before it counts; not before, nor on another connection.
+    let mut store = SignalStore::default();
+    store.on_tcp(&retransmit(sk, ACK_START - 150 * MS));
+    assert_eq!(
+        classes(&judged(&mut judge(), delivered_late(500), &store)),
+        vec![CauseClass::Network]
+    );
+    let mut store = SignalStore::default();
+    store.on_tcp(&retransmit(sk, ACK_START - 250 * MS));
+    store.on_tcp(&retransmit(sk + 1, ACK_START + 10 * MS));
+    assert_eq!(
+        classes(&judged(&mut judge(), delivered_late(500), &store)),
+        vec![]
+    );
+}
+
+#[test]
+fn a_late_delivery_without_a_retransmit_is_unexplained_whatever_else_ran() {
+    // Run-queue delay in the window would be `cpu` for a send stall: the
+    // sends were on time, so it did not hold this one.
+    let mut store = SignalStore::default();
+    store.on_episode(1, 2, T0);
+    store.on_sched(&sched(
+        SCHED_RUNQ,
+        2,
+        ACK_START + 10 * MS,
+        ACK_START + 300 * MS,
+    ));
+    let s = judged(&mut judge(), delivered_late(500), &store);
+    assert_eq!(s.windows[0].seen_at, SeenAt::Delivery);
+    assert_eq!(classes(&s), vec![]);
+    assert_eq!(s.windows[0].labels(), vec!["unexplained"]);
+}
+
+#[test]
+fn a_stall_seen_at_the_send_and_the_delivery_is_one_stall() {
+    // The sixth send gap is 500 ms and so is the gap between those chunks' ACKs.
+    let mut r = delivered_late(500);
+    r.itl_ns[5] = 500 * MS;
+    let s = judged(&mut judge(), r, &SignalStore::default());
+    assert_eq!((s.count, s.total_ns), (1, 500 * MS), "{s:?}");
+    assert_eq!(s.windows[0].seen_at, SeenAt::Send);
+    assert_eq!(s.windows[0].t_start_ns, START);
+}
+
+#[test]
+fn delivery_gaps_under_the_threshold_are_no_stall() {
+    // 90 ms: under the 100 ms floor; and a delivery stall is judged against
+    // the send side's threshold too (its pace: 4 x 40 ms here), even when
+    // ACKs that cover several chunks make the delivery median 0.
+    let s = judged(&mut judge(), delivered_late(90), &SignalStore::default());
+    assert_eq!(s.count, 0, "{s:?}");
+    let mut r = delivered_late(150);
+    r.itl_ns = vec![40 * MS; 12];
+    for (i, g) in r.chunk_ack_gaps_ns.iter_mut().enumerate() {
+        if i != 5 {
+            *g = if i % 2 == 0 { 0 } else { 80 * MS };
+        }
+    }
+    let s = judged(&mut judge(), r, &SignalStore::default());
+    assert_eq!((s.count, s.threshold_ns), (0, 160 * MS), "{s:?}");
+}
+
+#[test]
+fn send_and_delivery_stalls_are_listed_in_time_order_and_capped() {
+    let mut r = delivered_late(500);
+    r.itl_ns[1] = 300 * MS;
+    // The delivery gaps follow the sends: 300 ms at the second as well.
+    r.chunk_ack_gaps_ns[1] = 300 * MS;
+    let s = judged(&mut judge(), r.clone(), &SignalStore::default());
+    let seen: Vec<SeenAt> = s.windows.iter().map(|w| w.seen_at).collect();
+    assert_eq!(seen, [SeenAt::Send, SeenAt::Delivery]);
+    assert_eq!((s.count, s.total_ns, s.longest_ns), (2, 800 * MS, 500 * MS));
+    let capped = StallConfig {
+        max_listed: 1,
+        ..StallConfig::default()
+    };
+    let mut j = Judge::new(CauseConfig::default(), capped, None);
+    let s = judged(&mut j, r, &SignalStore::default());
+    assert_eq!((s.count, s.windows.len(), s.windows_dropped), (2, 1, 1));
+    assert_eq!(s.windows[0].seen_at, SeenAt::Send);
 }

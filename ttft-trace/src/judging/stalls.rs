@@ -1,26 +1,37 @@
 //! A request's stalls after the first token (issue 31): found in its gaps
-//! (`requests::stream_stalls`), each judged on its window, and the stream's
-//! pace over its length. What the JSONL, Prometheus and OTLP export.
+//! between sends and between its chunks' ACKs (`requests::stream_stalls`),
+//! each judged on its window, and the stream's pace over its length. What
+//! the JSONL, Prometheus and OTLP export.
 
 use serde::Serialize;
 
 use super::{WorkloadSignals, evidence, prefills::Prefills};
 use crate::{
-    causes::{Cause, CauseConfig, RequestId, StallEvidence, attribute_stall, labels_of},
+    causes::{
+        Cause, CauseConfig, RequestId, StallEvidence, attribute_delivery_stall, attribute_stall,
+        labels_of,
+    },
     nvml::Sampler,
     requests::{
         RequestRecord,
-        stream_stalls::{DEGRADING_PERMILLE, StallConfig, find_stalls, tpot_ratio_permille},
+        stream_stalls::{
+            DEGRADING_PERMILLE, SeenAt, StallConfig, Stalls, find_delivery_stalls, find_stalls,
+            merge, tpot_ratio_permille,
+        },
     },
 };
 
 /// One stall, judged.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct JudgedStall {
-    /// The send before the gap and the send after it.
+    /// The send before the gap and the send after it; seen at the
+    /// delivery, the ACKs of those chunks.
     pub t_start_ns: u64,
     pub t_end_ns: u64,
     pub duration_ns: u64,
+    /// Where the gap was: between sends, or only between the chunks' ACKs
+    /// (the sends on time).
+    pub seen_at: SeenAt,
     /// Longest explained first; empty: unexplained.
     pub causes: Vec<Cause>,
     /// The request whose prefill interfered (`prefill_interference`).
@@ -72,7 +83,7 @@ pub fn judge(
     let Some(ft) = record.t_first_token_ns else {
         return out;
     };
-    let found = find_stalls(ft, &record.itl_ns, config);
+    let found = stalls_of(ft, record, config);
     // GPU busy and idle time only for a request joined to GPU work.
     let episodes = w.episodes.filter(|_| record.queue_ns.is_some());
     out.windows = found
@@ -80,6 +91,18 @@ pub fn judge(
         .iter()
         .map(|stall| {
             let (a, b) = (stall.t_start_ns, stall.t_end_ns);
+            if stall.seen_at == SeenAt::Delivery {
+                // Sent on time: only the wire can have held it.
+                let ev = evidence::gather_delivery_stall(record, w.store, a, b);
+                return JudgedStall {
+                    t_start_ns: a,
+                    t_end_ns: b,
+                    duration_ns: stall.duration_ns(),
+                    seen_at: stall.seen_at,
+                    causes: attribute_delivery_stall(&ev),
+                    interfering_request: None,
+                };
+            }
             // The GPU step that ended the stall, and what ran before it.
             let join = episodes.map(|h| h.join(a, b));
             let overlaps = prefills.overlapping(w.root, record, a, b);
@@ -94,6 +117,7 @@ pub fn judge(
                 t_start_ns: a,
                 t_end_ns: b,
                 duration_ns: stall.duration_ns(),
+                seen_at: stall.seen_at,
                 causes: verdict.causes,
                 interfering_request: verdict.interfering,
             }
@@ -105,4 +129,20 @@ pub fn judge(
     out.longest_ns = found.longest_ns;
     out.windows_dropped = found.dropped;
     out
+}
+
+/// The stalls of `record`'s stream whose first token was sent at `ft`: those
+/// between its sends, and those only between its chunks' ACKs (one stall
+/// when seen at both), in time order.
+fn stalls_of(ft: u64, record: &RequestRecord, config: &StallConfig) -> Stalls {
+    let uncapped = StallConfig {
+        max_listed: usize::MAX,
+        ..*config
+    };
+    let sent = find_stalls(ft, &record.itl_ns, &uncapped);
+    let delivered = match record.t_first_chunk_acked_ns {
+        Some(t) => find_delivery_stalls(t, &record.chunk_ack_gaps_ns, &sent, config),
+        None => Stalls::default(),
+    };
+    merge(sent, delivered, config.max_listed)
 }

@@ -386,6 +386,10 @@ fn stall_mark(out: &mut String, x: &Scale, bar: f64, t_arrive_ns: u64, w: &Stall
     if let Some(other) = &w.interfering_request {
         let _ = write!(tip, " (request {} on {})", other.request_index, other.conn);
     }
+    if w.seen_at == "delivery" {
+        // Sent on time: the gap is between the chunks' ACKs.
+        tip.push_str(" (seen at the delivery: between the ACKs of the chunks)");
+    }
     let to = w.t_end_ns.saturating_sub(t_arrive_ns) as f64 / 1e6;
     rect(out, x, STALL, (from, to), (bar + 2.0, 12.0), &tip);
 }

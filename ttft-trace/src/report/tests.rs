@@ -130,6 +130,9 @@ pub(crate) fn record(outcome: Outcome) -> RequestRecord {
         gpu_steps_waited: Some(1),
         gpu_idle_before_start_ns: Some(0),
         itl_ns: vec![MS, 2 * MS, 3 * MS],
+        t_first_chunk_acked_ns: None,
+        chunk_ack_gaps_ns: Vec::new(),
+        chunk_ack_gap_by_close: None,
         chunks: 4,
         tpot_ns: Some(5 * MS),
         e2e_ns: Some(30 * MS),
@@ -356,7 +359,7 @@ fn the_waterfall_shows_the_stalls() {
              "causes": [{"class": "prefill_interference", "explained_ns": 25 * MS, "evidence": {}}],
              "interfering_request": {"conn": "0xdef", "request_index": 3}},
             {"t_start_ns": arrive + 936 * MS, "t_end_ns": arrive + 939 * MS, "duration_ns": 3 * MS,
-             "causes": []},
+             "seen_at": "delivery", "causes": []},
             {"t_start_ns": arrive + 60_000 * MS, "t_end_ns": arrive + 60_500 * MS,
              "duration_ns": 500 * MS, "causes": []},
         ],
@@ -371,6 +374,8 @@ fn the_waterfall_shows_the_stalls() {
         "the legend's, and the two stalls within the axis"
     );
     assert!(page.contains("stall 30.00 ms: prefill_interference 25.00 (request 3 on 0xdef)"));
-    assert!(page.contains("stall 3.00 ms: unexplained"));
+    assert!(page.contains(
+        "stall 3.00 ms: unexplained (seen at the delivery: between the ACKs of the chunks)"
+    ));
     assert!(page.contains("; 3 stalls, longest 500.00 ms; degrading"));
 }

@@ -21,6 +21,7 @@ const TCP_LAST_ACK: u32 = 9;
 const TCP_CLOSING: u32 = 11;
 
 use super::{
+    chunk_delivery::{ChunkAcks, ChunkDates, Dated},
     delivery::{self, AckTracker, Delivery, RequestSegment},
     http::{self, Head},
     join::Join,
@@ -177,6 +178,12 @@ pub(crate) struct Outbox {
     /// First-token deliveries by `(connection serial, request index)`, of
     /// requests in flight or finished, until their record is made.
     pub deliveries: HashMap<(u64, u32), Delivery>,
+    /// Every chunk's delivery by `(connection serial, request index)`, of
+    /// requests in flight or finished, until their record is made.
+    pub chunk_dates: HashMap<(u64, u32), ChunkDates>,
+    /// Chunks given up for want of room (`chunk_delivery::MAX_PENDING_CHUNKS`
+    /// waiting on one connection).
+    pub chunk_acks_evicted: u64,
 }
 
 impl Outbox {
@@ -189,6 +196,19 @@ impl Outbox {
         self.first_tokens.push_back((t_ns, sk, index));
     }
 
+    /// Request `index` of connection `serial`: its next chunk's fate.
+    fn chunk_dated(&mut self, serial: u64, dated: Dated) {
+        let index = match dated {
+            Dated::Acked { index, .. } | Dated::ByClose { index, .. } | Dated::Lost { index } => {
+                index
+            }
+        };
+        // Absent: the request was reported already (it waited too long).
+        if let Some(d) = self.chunk_dates.get_mut(&(serial, index)) {
+            d.on_dated(dated);
+        }
+    }
+
     fn finish(&mut self, mut request: Request, cause: Cause) {
         if cause == Cause::Idle {
             request.notes.push("end_by_idle");
@@ -198,6 +218,7 @@ impl Outbox {
         {
             let r = &dropped.request;
             self.deliveries.remove(&(r.conn.serial, r.index));
+            self.chunk_dates.remove(&(r.conn.serial, r.index));
             self.finished_dropped += 1;
         }
         let outcome = outcome(&request, cause);
@@ -213,6 +234,8 @@ pub(crate) struct Connection {
     pub last_event_ns: u64,
     itl_cap: usize,
     acks: AckTracker,
+    /// Every chunk's ACK (`requests/chunk_delivery.rs`).
+    chunks: ChunkAcks,
     /// The server's first send was HTTP/2's connection preface (or a 101 to
     /// `h2c`): every request from then on is HTTP/2.
     http2: bool,
@@ -237,6 +260,7 @@ impl Connection {
             last_event_ns: t_ns,
             itl_cap,
             acks: AckTracker::default(),
+            chunks: ChunkAcks::default(),
             http2: false,
             peer_closed: false,
             closed_at: None,
@@ -322,6 +346,7 @@ impl Connection {
             return;
         }
         let had_token = req.t_first_token().is_some();
+        let chunks_before = req.response.as_ref().map_or(0, |r| r.chunks);
         match req.response.as_mut() {
             Some(r) => r.on_send(&send),
             None => match head.unwrap_or_else(|| http::parse_head(send.head, n)) {
@@ -335,6 +360,21 @@ impl Connection {
                 let end = delivery::first_token_end(seg, req.bytes_out);
                 let d = self.acks.first_token(req.index, end, t);
                 out.deliveries.insert((self.info.serial, req.index), d);
+            }
+        }
+        // A body send (a chunk): its delivery is awaited.
+        if let (Some(seg), Some(r)) = (req.segment, req.response.as_ref())
+            && r.chunks > chunks_before
+        {
+            let key = (self.info.serial, req.index);
+            let end = delivery::first_token_end(seg, req.bytes_out);
+            out.chunk_dates
+                .entry(key)
+                .or_insert_with(|| ChunkDates::new(self.itl_cap.saturating_add(1)))
+                .on_sent();
+            if let Some(dated) = self.chunks.sent(req.index, end, ev.t_ns) {
+                out.chunk_acks_evicted += u64::from(matches!(dated, Dated::Lost { .. }));
+                out.chunk_dated(self.info.serial, dated);
             }
         }
         if req.response.as_ref().map(Response::end) == Some(End::Complete) {
@@ -351,6 +391,11 @@ impl Connection {
             // Absent: the request was reported already (it waited too long).
             if let Some(d) = out.deliveries.get_mut(&(self.info.serial, index)) {
                 *d = Delivery::Acked(ack);
+            }
+        }
+        if let Some((t_ns, snd_una)) = delivery::ack_of(ev) {
+            for dated in self.chunks.acked(t_ns, snd_una) {
+                out.chunk_dated(self.info.serial, dated);
             }
         }
     }
@@ -370,6 +415,10 @@ impl Connection {
             if let Some(d) = out.deliveries.get_mut(&(self.info.serial, index)) {
                 *d = Delivery::Unknown;
             }
+        }
+        let exact = self.acks.exact();
+        for dated in self.chunks.closed(ev.t_last_segment_ns, exact) {
+            out.chunk_dated(self.info.serial, dated);
         }
     }
 
@@ -396,6 +445,9 @@ impl Connection {
                 *d = Delivery::Acked(ack);
             }
         }
+        for dated in self.chunks.all_acked(ev.t_ns) {
+            out.chunk_dated(self.info.serial, dated);
+        }
     }
 
     /// The kernel is done with the socket (`TCP_CLOSE`), or it was reused.
@@ -419,6 +471,9 @@ impl Connection {
             if let Some(d) = out.deliveries.get_mut(&(self.info.serial, index)) {
                 *d = Delivery::Unknown;
             }
+        }
+        for dated in self.chunks.give_up() {
+            out.chunk_dated(self.info.serial, dated);
         }
     }
 

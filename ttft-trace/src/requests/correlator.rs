@@ -47,6 +47,12 @@ pub struct CorrelatorConfig {
     /// token, then reported without a delivery time. 5 s covers Linux's
     /// 200 ms minimum retransmission timeout doubled four times.
     pub ack_wait_ns: u64,
+    /// A finished request whose chunks are not all acknowledged (see
+    /// `requests/chunk_delivery.rs`) is held up to this long after its
+    /// last send, then reported with the deliveries seen. 1 s covers a
+    /// stall on the wire of several retransmission timeouts (200 ms, then
+    /// 400 ms) after the last chunk.
+    pub chunk_ack_wait_ns: u64,
     /// A connection with no event for this long is dropped (its close was
     /// probably lost). A closed one is dropped `ack_wait_ns` after its close.
     pub conn_idle_ns: u64,
@@ -69,6 +75,7 @@ impl Default for CorrelatorConfig {
             episode_history_ns: 60 * S,
             episode_cap: 100_000,
             ack_wait_ns: 5 * S,
+            chunk_ack_wait_ns: S,
             conn_idle_ns: 600 * S,
             response_quiet_ns: 5 * S,
             max_connections: 65_536,
@@ -116,6 +123,9 @@ pub struct CorrelatorStats {
     pub episodes_dropped: u64,
     /// Finished requests dropped before being drained (`max_finished`).
     pub requests_dropped: u64,
+    /// Chunks whose ACK was no longer awaited because
+    /// `chunk_delivery::MAX_PENDING_CHUNKS` waited on their connection.
+    pub chunk_acks_evicted: u64,
 }
 
 #[derive(Debug)]
@@ -279,9 +289,11 @@ impl Correlator {
             self.next_sweep_ns = now_ns.saturating_add(SWEEP_EVERY_NS);
         }
         let (grace, ack_wait) = (self.cfg.join_grace_ns, self.cfg.ack_wait_ns);
-        let due = |t_first_token: u64, waiting_for_ack: bool| {
+        let chunk_wait = self.cfg.chunk_ack_wait_ns;
+        let due = |t_first_token: u64, waiting_for_ack: bool, chunks_since: Option<u64>| {
             t_first_token.saturating_add(grace) <= now_ns
                 && (!waiting_for_ack || t_first_token.saturating_add(ack_wait) <= now_ns)
+                && chunks_since.is_none_or(|t| t.saturating_add(chunk_wait) <= now_ns)
         };
         let ready = self.emit(due, Some(ack_wait));
         self.episodes.prune(now_ns);
@@ -300,7 +312,7 @@ impl Correlator {
         }
         self.out.first_tokens.clear();
         // At exit a delivery still awaited was not awaited its full time.
-        self.emit(|_, _| true, None)
+        self.emit(|_, _, _| true, None)
     }
 
     /// Whether connection `sk` is followed (opened, not closed or evicted).
@@ -318,6 +330,7 @@ impl Correlator {
             socket_errors: self.out.socket_errors,
             episodes_dropped: self.episodes.dropped,
             requests_dropped: self.out.finished_dropped,
+            chunk_acks_evicted: self.out.chunk_acks_evicted,
             ..self.stats.clone()
         }
     }
@@ -470,16 +483,15 @@ impl Correlator {
     }
 
     /// Records for the finished requests that `due` (given the first-token
-    /// time, and whether the client's ACK of it is still awaited) says are
-    /// ready; requests without a first token are always ready.
-    /// Returns the finished requests `due` (first token, awaiting its ACK)
-    /// says are ready. One still awaiting its ACK after the whole
+    /// time, whether the client's ACK of it is still awaited, and the last
+    /// send when some chunk's ACK is) says are ready; requests without a
+    /// first token are always ready. One still awaiting its ACK after the whole
     /// `ack_waited` is reported as unacknowledged that long after its first
     /// token (the evidence of a delivery held up past every retransmission
     /// the wait covers).
     fn emit(
         &mut self,
-        due: impl Fn(u64, bool) -> bool,
+        due: impl Fn(u64, bool, Option<u64>) -> bool,
         ack_waited: Option<u64>,
     ) -> Vec<RequestRecord> {
         let mut ready = Vec::new();
@@ -491,7 +503,14 @@ impl Correlator {
                 Some(Delivery::Waiting { .. })
             );
             let t_first_token = f.request.t_first_token();
-            if !t_first_token.is_none_or(|t| due(t, awaited)) {
+            let chunks_since = self
+                .out
+                .chunk_dates
+                .get(&key)
+                .filter(|c| c.pending() > 0)
+                .and(f.request.response.as_ref())
+                .map(|r| r.t_last_send);
+            if !t_first_token.is_none_or(|t| due(t, awaited, chunks_since)) {
                 waiting.push_back(f);
                 continue;
             }
@@ -508,7 +527,13 @@ impl Correlator {
                 .join
                 .take()
                 .or_else(|| t_first_token.map(|t| self.episodes.join(f.request.t_arrive, t)));
-            ready.push(RequestRecord::new(&f, join.as_ref(), &delivery));
+            let chunks = self.out.chunk_dates.remove(&key);
+            ready.push(RequestRecord::new(
+                &f,
+                join.as_ref(),
+                &delivery,
+                chunks.as_ref(),
+            ));
         }
         self.out.finished = waiting;
         ready

@@ -52,6 +52,21 @@ pub(crate) fn seq_at_or_after(a: u32, b: u32) -> bool {
     a.wrapping_sub(b) < 1 << 31
 }
 
+/// What segment `ev` says was acknowledged, and when: `(t_ns, snd_una)`;
+/// None when it acknowledged nothing new. Its own acknowledgment number
+/// where the probe reads it, else the move of `snd_una` since the previous
+/// segment, dated to that one (see the module notes).
+pub(crate) fn ack_of(ev: &SegmentEvent) -> Option<(u64, u32)> {
+    if ev.flags & SEGMENT_ACKED == 0 {
+        return None;
+    }
+    Some(if ev.flags & SEGMENT_ACK_EXACT != 0 {
+        (ev.t_ns, ev.ack_seq)
+    } else {
+        (ev.t_prev_ns, ev.snd_una)
+    })
+}
+
 /// An acknowledgement: the bytes before `snd_una` reached the client and
 /// it said so at `t_ns`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,12 +141,7 @@ impl AckTracker {
     pub fn on_segment(&mut self, ev: &SegmentEvent, idle: bool) -> Vec<(u32, Ack)> {
         let mut acked = Vec::new();
         self.exact = ev.flags & SEGMENT_ACK_EXACT != 0;
-        if ev.flags & SEGMENT_ACKED != 0 {
-            let (t_ns, snd_una) = if self.exact {
-                (ev.t_ns, ev.ack_seq)
-            } else {
-                (ev.t_prev_ns, ev.snd_una)
-            };
+        if let Some((t_ns, snd_una)) = ack_of(ev) {
             let ack = Ack {
                 t_ns,
                 snd_una,
@@ -158,6 +168,12 @@ impl AckTracker {
             });
         }
         acked
+    }
+
+    /// Whether the last segment carried its own acknowledgment number (see
+    /// the module notes).
+    pub fn exact(&self) -> bool {
+        self.exact
     }
 
     /// The connection's handshake completed at `t_ns` with the socket's

@@ -59,6 +59,12 @@
 //!   stands for it (note `first_token_acked_by_close`: no later than), if
 //!   no segment arrived between the first token and the close (that one
 //!   may have been the ACK, unseen: then the delivery is unknown).
+//! - **Chunk deliveries**: every body send's ACK, the same way
+//!   (`requests/chunk_delivery.rs`): `t_first_chunk_acked_ns` and the gaps
+//!   between consecutive chunks' ACKs (`chunk_ack_gaps_ns`), what stalls on
+//!   the wire are found in. A finished request is held up to
+//!   `chunk_ack_wait_ns` (1 s) after its last send for its chunks' ACKs
+//!   (no longer than it must: at once when all came).
 //! - `gpu_steps_waited`: episodes completed in `[t_arrive, t_first_token]`;
 //!   `gpu_idle_before_start_ns`: time in `[t_arrive, t_gpu_start]` covered
 //!   by no episode's `[launch, D2H done]`.
@@ -109,8 +115,13 @@
 //! `joined_running_batch`, `no_gpu_episode`, `itl_truncated`,
 //! `header_end_not_captured`, `head_not_captured`, `end_by_idle` (the
 //! response's end was taken after `response_quiet_ns` without a send),
-//! `first_token_acked_by_close`.
+//! `first_token_acked_by_close`, `chunks_acked_by_close` (some chunks'
+//! ACKs dated by the close, see `chunk_ack_gap_by_close`),
+//! `chunk_acks_incomplete` (some chunk's ACK was not seen: the connection
+//! ended first, the record's wait for it ended, or
+//! `chunk_delivery::MAX_PENDING_CHUNKS` waited).
 
+mod chunk_delivery;
 mod chunked;
 mod connection;
 mod correlator;

@@ -4,7 +4,8 @@
 use serde::{Serialize, Serializer};
 
 use super::{
-    connection::Finished, delivery::Seen, join::Join, outcome::Outcome, response::Framing,
+    chunk_delivery::ChunkDates, connection::Finished, delivery::Seen, join::Join, outcome::Outcome,
+    response::Framing,
 };
 
 /// The figures kept per request, for histograms and percentiles.
@@ -99,6 +100,19 @@ pub struct RequestRecord {
     /// Every gap between consecutive body sends, at most the configured cap
     /// (note `itl_truncated` when cut; `chunks` still counts all).
     pub itl_ns: Vec<u64>,
+    /// When the client acknowledged the first chunk's last byte (see
+    /// `requests::chunk_delivery`); None when no chunk's ACK was seen.
+    pub t_first_chunk_acked_ns: Option<u64>,
+    /// The gaps between consecutive chunks' ACKs, from the first chunk on,
+    /// as long as each was seen (at most `itl_ns`'s cap; note
+    /// `chunk_acks_incomplete` when some chunk was not dated).
+    pub chunk_ack_gaps_ns: Vec<u64>,
+    /// The first gap in `chunk_ack_gaps_ns` that ends at the connection's
+    /// close rather than at an ACK seen (its chunk's ACK came after the
+    /// server closed, where `tcp_probe` does not see it: the state change
+    /// that says everything was acknowledged dates it, no later than);
+    /// every later gap ends there too.
+    pub chunk_ack_gap_by_close: Option<u32>,
     pub chunks: u32,
     pub tpot_ns: Option<u64>,
     pub e2e_ns: Option<u64>,
@@ -113,7 +127,12 @@ pub struct RequestRecord {
 }
 
 impl RequestRecord {
-    pub(crate) fn new(f: &Finished, join: Option<&Join>, delivery: &Seen) -> Self {
+    pub(crate) fn new(
+        f: &Finished,
+        join: Option<&Join>,
+        delivery: &Seen,
+        chunk_dates: Option<&ChunkDates>,
+    ) -> Self {
         let req = &f.request;
         let resp = req.response.as_ref();
         let t_arrive = req.t_arrive;
@@ -146,6 +165,14 @@ impl RequestRecord {
         let unacked = unacked.filter(|_| t_first_token.is_some());
         if acked.is_some_and(|a| a.at_close) {
             notes.push("first_token_acked_by_close");
+        }
+        if let Some(d) = chunk_dates {
+            if d.by_close_from.is_some() {
+                notes.push("chunks_acked_by_close");
+            }
+            if d.lost || d.pending() > 0 {
+                notes.push("chunk_acks_incomplete");
+            }
         }
         let segment = req.segment;
         if segment.is_some_and(|s| s.at_handshake) {
@@ -200,6 +227,12 @@ impl RequestRecord {
             gpu_steps_waited: join.map(|j| j.steps_waited),
             gpu_idle_before_start_ns: join.and_then(|j| j.idle_before_start_ns),
             itl_ns: resp.map(|r| r.itl.clone()).unwrap_or_default(),
+            t_first_chunk_acked_ns: chunk_dates.and_then(|d| d.acked_ns.first().copied()),
+            chunk_ack_gaps_ns: chunk_dates.map(ChunkDates::gaps_ns).unwrap_or_default(),
+            chunk_ack_gap_by_close: chunk_dates
+                .and_then(|d| d.by_close_from)
+                .and_then(|k| k.checked_sub(1))
+                .and_then(|k| u32::try_from(k).ok()),
             chunks,
             tpot_ns: tpot,
             e2e_ns: e2e,

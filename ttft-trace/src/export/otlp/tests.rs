@@ -425,14 +425,15 @@ fn each_stall_is_an_event_with_its_cause_and_explained_time() {
     use opentelemetry_sdk::trace::{IdGenerator as _, RandomIdGenerator};
 
     use super::{Clock, spans};
-    use crate::{causes::RequestId, judging::JudgedStall};
+    use crate::{causes::RequestId, judging::JudgedStall, requests::stream_stalls::SeenAt};
 
     let mut j = judged(1);
     let t = j.record.t_first_token_ns.expect("first token");
-    let stall = |start: u64, causes: Vec<Cause>, interfering| JudgedStall {
+    let stall = |start: u64, causes: Vec<Cause>, interfering, seen_at| JudgedStall {
         t_start_ns: start,
         t_end_ns: start + 500 * MS,
         duration_ns: 500 * MS,
+        seen_at,
         causes,
         interfering_request: interfering,
     };
@@ -450,8 +451,8 @@ fn each_stall_is_an_event_with_its_cause_and_explained_time() {
         total_ns: 1_000 * MS,
         longest_ns: 500 * MS,
         windows: vec![
-            stall(t + 20 * MS, vec![prefill], Some(other)),
-            stall(t + 600 * MS, vec![], None),
+            stall(t + 20 * MS, vec![prefill], Some(other), SeenAt::Send),
+            stall(t + 600 * MS, vec![], None, SeenAt::Delivery),
         ],
         pace_ratio_permille: Some(2500),
         degrading: true,
@@ -489,6 +490,10 @@ fn each_stall_is_an_event_with_its_cause_and_explained_time() {
         Some(Value::I64((500 * MS) as i64))
     );
     assert_eq!(
+        get(first, "ttft_trace.stall.seen_at"),
+        Some(Value::from("send"))
+    );
+    assert_eq!(
         get(first, "ttft_trace.stall.interfering.connection"),
         Some(Value::from("0xdef"))
     );
@@ -506,6 +511,10 @@ fn each_stall_is_an_event_with_its_cause_and_explained_time() {
         Some(Value::I64(0))
     );
     assert_eq!(get(second, "ttft_trace.stall.interfering.connection"), None);
+    assert_eq!(
+        get(second, "ttft_trace.stall.seen_at"),
+        Some(Value::from("delivery"))
+    );
     let attrs = &root.attributes;
     assert_eq!(get(attrs, "ttft_trace.stalls.count"), Some(Value::I64(2)));
     assert_eq!(

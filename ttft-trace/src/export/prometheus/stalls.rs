@@ -102,6 +102,7 @@ mod tests {
             t_start_ns: 0,
             t_end_ns: ms * 1_000_000,
             duration_ns: ms * 1_000_000,
+            seen_at: crate::requests::stream_stalls::SeenAt::Send,
             causes: causes
                 .iter()
                 .map(|&class| Cause {

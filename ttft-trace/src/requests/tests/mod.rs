@@ -2,6 +2,7 @@
 //! requests the correlator must make of them. They are the specification.
 
 mod bounds;
+mod chunk_delivery;
 mod delivery;
 mod framing;
 mod http1;

@@ -2,7 +2,7 @@
 //! pace of a stream's last quarter against its first.
 
 use crate::requests::stream_stalls::{
-    StallConfig, StallWindow, find_stalls, threshold_ns, tpot_ratio_permille,
+    SeenAt, StallConfig, StallWindow, find_stalls, threshold_ns, tpot_ratio_permille,
 };
 
 const MS: u64 = 1_000_000;
@@ -32,7 +32,8 @@ fn a_gap_over_the_floor_is_a_stall_with_its_window() {
         stalls.windows,
         vec![StallWindow {
             t_start_ns: 1_015 * MS,
-            t_end_ns: 1_265 * MS
+            t_end_ns: 1_265 * MS,
+            seen_at: SeenAt::Send,
         }]
     );
 }
