@@ -798,6 +798,26 @@ fn signal(pid: u32, sig: libc::c_int) -> Result<()> {
     }
 }
 
+/// A process named `workload` (the tests' comm filter) that maps `path`
+/// and waits (`fixtures/map_file.py`), returned once it has mapped it;
+/// killed on drop.
+pub fn map_file(path: &Path) -> Result<ChildGuard> {
+    let mut child = Command::new("python3")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/map_file.py"))
+        .arg(path)
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("starting map_file.py")?;
+    let out = child.stdout.take().context("map_file.py's stdout")?;
+    let guard = ChildGuard::new(child);
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(out), &mut line)?;
+    if line.trim() != "mapped" {
+        bail!("map_file.py said {line:?}");
+    }
+    Ok(guard)
+}
+
 /// A child process that is killed (SIGKILL) and reaped when dropped, so a
 /// failing test does not leave a stopped workload behind.
 #[derive(Debug)]

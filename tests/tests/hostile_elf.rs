@@ -6,16 +6,12 @@
 //! space must be refused or read, never panic; the stub is patched on disk).
 //! One root test: the daemon refuses a mapped file over a cap and counts it.
 
-use std::{
-    io::{BufRead, BufReader},
-    process::{Command, Stdio},
-    time::Duration,
-};
+use std::time::Duration;
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Context as _, Result};
 use ttft_trace::probes::libraries;
 use ttft_trace_tests::{
-    fixtures::{ChildGuard, existing_fixture, temp_path},
+    fixtures::{existing_fixture, map_file, temp_path},
     otlp_receiver::free_addr,
     tracer::{Tracer, http_get, metric_total, root_test, workload_daemon_args},
 };
@@ -192,26 +188,7 @@ fn the_daemon_refuses_a_mapped_library_over_a_cap_and_counts_it() -> Result<()> 
     let path = temp_path("many-copies-mapped", "so");
     std::fs::write(&path, one_name_at_every_function()?)?;
     // A process named `workload` (the tests' comm filter) that maps it.
-    let mut child = Command::new("python3")
-        .args([
-            "-c",
-            "import ctypes, mmap, sys, time\n\
-             ctypes.CDLL(None).prctl(15, b'workload', 0, 0, 0)\n\
-             f = open(sys.argv[1], 'rb')\n\
-             m = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ)\n\
-             print('mapped', flush=True)\n\
-             time.sleep(120)",
-        ])
-        .arg(&path)
-        .stdout(Stdio::piped())
-        .spawn()
-        .context("starting the mapping process")?;
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().context("stdout")?).read_line(&mut line)?;
-    let _mapper = ChildGuard::new(child);
-    if line.trim() != "mapped" {
-        bail!("the mapping process said {line:?}");
-    }
+    let _mapper = map_file(&path)?;
     let addr = free_addr()?;
     let mut tracer = Tracer::start_daemon(&workload_daemon_args(addr))?;
     tracer.wait_for_stderr("defined at over 16 addresses", 1, Duration::from_secs(20))?;

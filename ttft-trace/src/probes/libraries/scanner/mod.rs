@@ -184,13 +184,12 @@ impl Scanner {
             if self.quarantine.holds(Target::File(key.0, key.1), now) {
                 continue;
             }
+            let path = path_hash(&mapped.path);
             match self.cache.get_mut(&key) {
                 // The same path; or a library, which holds its file open
                 // (its inode number cannot be given to another file).
-                Some(e)
-                    if e.path == path_hash(&mapped.path) || matches!(e.seen, Seen::Library(_)) =>
-                {
-                    e.path = path_hash(&mapped.path);
+                Some(e) if e.path == path || matches!(e.seen, Seen::Library(_)) => {
+                    e.path = path;
                     e.last_found = now;
                     slots.push(Slot::Known(e.seen.clone(), mapped.path));
                 }
