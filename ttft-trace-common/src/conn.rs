@@ -63,10 +63,23 @@ pub struct ConnState {
     pub unseen_counted: u32,
     /// Time of the last segment seen on the socket (0: none yet).
     pub probe_t_ns: u64,
+    /// [`CONN_H2`] | [`CONN_TX_CHECKED`] | [`CONN_RX_CHECKED`].
+    pub h2: u32,
+    pub _pad: u32,
 }
 
+/// [`ConnState::h2`]: the connection speaks HTTP/2; its walk state is in
+/// `H2_CONNS`.
+pub const CONN_H2: u32 = 1;
+/// [`ConnState::h2`]: the server's first send was looked at (its SETTINGS
+/// preface or not).
+pub const CONN_TX_CHECKED: u32 = 2;
+/// [`ConnState::h2`]: the client's first data segment was looked at (its
+/// connection preface or not).
+pub const CONN_RX_CHECKED: u32 = 4;
+
 const _: () = {
-    assert!(core::mem::size_of::<ConnState>() == 32);
+    assert!(core::mem::size_of::<ConnState>() == 40);
     assert!(core::mem::offset_of!(ConnState, recv_seq) == 12);
     assert!(core::mem::offset_of!(ConnState, probe_t_ns) == 24);
 };

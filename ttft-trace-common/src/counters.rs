@@ -114,10 +114,17 @@ pub enum Stat {
     /// outside the cgroups the program is on (systemd socket activation
     /// creates it in its own).
     ListenerUnseen = 5,
+    /// HTTP/2 frames not summarised: past `H2_MAX_FRAMES` in one call.
+    H2FramesDropped = 6,
+    /// Times an HTTP/2 connection's frame walk lost its place in one
+    /// direction (a frame header split across calls, an implausible
+    /// header, a segment out of order): its frames go unread until a call
+    /// starts on a plausible header again.
+    H2WalkLost = 7,
 }
 
 /// Number of [`Stat`] slots.
-pub const STATS: u32 = 6;
+pub const STATS: u32 = 8;
 
 /// The plain (not LRU) hash maps, which refuse inserts when full, and the
 /// statistic counting the refusals in the kernel, for

@@ -10,13 +10,14 @@ pub mod conn;
 pub mod counters;
 pub mod episode;
 pub mod event;
+pub mod h2;
 pub mod offsets;
 pub mod process;
 pub mod signals;
 
 pub use conn::{
-    ConnState, LISTEN_ANY_NETNS, LISTEN_PORT_SLOTS, LISTEN_SOME_NETNS, ListenKey, SLOT_BYTES,
-    SendArgs, listen_byte,
+    CONN_H2, CONN_RX_CHECKED, CONN_TX_CHECKED, ConnState, LISTEN_ANY_NETNS, LISTEN_PORT_SLOTS,
+    LISTEN_SOME_NETNS, ListenKey, SLOT_BYTES, SendArgs, listen_byte,
 };
 pub use counters::{Direction, GpuCounters, MAP_FULL_STATS, Stat};
 pub use episode::{Completion, ThreadState, launch_key};
@@ -37,6 +38,8 @@ mod pod {
     unsafe impl aya::Pod for crate::ConnEvent {}
     unsafe impl aya::Pod for crate::SockEvent {}
     unsafe impl aya::Pod for crate::SegmentEvent {}
+    unsafe impl aya::Pod for crate::h2::H2FramesEvent {}
+    unsafe impl aya::Pod for crate::h2::H2State {}
     unsafe impl aya::Pod for crate::signals::SchedEvent {}
     unsafe impl aya::Pod for crate::signals::TcpEvent {}
     unsafe impl aya::Pod for crate::signals::CopyEvent {}

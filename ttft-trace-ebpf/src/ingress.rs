@@ -32,7 +32,7 @@ use aya_ebpf::{
 use ttft_trace_common::ConnEvent;
 
 use crate::{
-    listen,
+    h2, listen,
     maps::{CONNS, INGRESS_LISTENERS},
     sock::{TCP_LISTEN, kernel, send_offsets},
     tcp::{AF_INET, Segment, TCP_ESTABLISHED, on_segment},
@@ -101,7 +101,11 @@ fn on_ingress(ctx: &SkBuffContext) -> Option<()> {
     if after_close && CONNS.get_ptr(sk).is_none() {
         return None;
     }
-    on_segment(sk, &Ingress::read(ctx, skb, tp, sk, port)?);
+    let seg = Ingress::read(ctx, skb, tp, sk, port)?;
+    on_segment(sk, &seg);
+    if seg.data_len > 0 {
+        h2::on_segment(ctx, sk, seg.payload_at, seg.data_len, seg.seq);
+    }
     Some(())
 }
 
@@ -123,6 +127,9 @@ struct Ingress {
     sk: u64,
     port: u16,
     data_len: u32,
+    /// Where the payload starts in the packet, and its sequence number.
+    payload_at: u32,
+    seq: u32,
     ack_seq: Option<u32>,
     /// The segment's source port (the client's), network order.
     remote_port: u16,
@@ -154,6 +161,8 @@ impl Ingress {
             sk,
             port,
             data_len: ctx.len().saturating_sub(header as u32),
+            payload_at: header as u32,
+            seq: u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]),
             ack_seq,
             remote_port: u16::from_ne_bytes([tcp[0], tcp[1]]),
         })

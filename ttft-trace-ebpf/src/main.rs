@@ -9,6 +9,8 @@
 #[cfg(target_arch = "bpf")]
 mod cuda;
 #[cfg(target_arch = "bpf")]
+mod h2;
+#[cfg(target_arch = "bpf")]
 mod ingress;
 #[cfg(target_arch = "bpf")]
 mod listen;

@@ -77,6 +77,19 @@ pub static INGRESS_LISTENERS: LruHashMap<u32, u32> = LruHashMap::with_max_entrie
 #[map]
 pub static CONNS: LruHashMap<u64, ConnState> = LruHashMap::with_max_entries(65536, 0);
 
+/// HTTP/2 frame walk state of the followed connections that speak it
+/// (`h2.rs`), keyed by socket address; removed with the connection. LRU:
+/// a connection evicted here loses its place in the walk (its next calls
+/// resync), never another's.
+#[map]
+pub static H2_CONNS: LruHashMap<u64, ttft_trace_common::h2::H2State> =
+    LruHashMap::with_max_entries(16384, 0);
+
+/// An HTTP/2 walk in progress (`h2::Scratch`), per CPU: one slot for sends
+/// (process context), one for segments (softirq).
+#[map]
+pub static H2_SCRATCH: PerCpuArray<crate::h2::Scratch> = PerCpuArray::with_max_entries(2, 0);
+
 /// Buffer of the send in progress on a thread, kept from where it starts
 /// (`tcp_sendmsg_locked`, or a send syscall's `sys_enter`) for
 /// `sock_send_length` to read the bytes.
@@ -298,6 +311,18 @@ pub fn bump_stat(stat: ttft_trace_common::Stat) {
     if let Some(p) = STATS_MAP.get_ptr_mut(stat as u32) {
         // SAFETY: per-CPU slot, no concurrent writer on this CPU.
         unsafe { *p += 1 };
+    }
+}
+
+/// Adds `n` to a statistic.
+#[inline(always)]
+pub fn add_stat(stat: ttft_trace_common::Stat, n: u64) {
+    if n == 0 {
+        return;
+    }
+    if let Some(p) = STATS_MAP.get_ptr_mut(stat as u32) {
+        // SAFETY: per-CPU slot, no concurrent writer on this CPU.
+        unsafe { *p += n };
     }
 }
 

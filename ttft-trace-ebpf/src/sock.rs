@@ -34,7 +34,7 @@ use ttft_trace_common::{
 };
 
 use crate::{
-    listen,
+    h2, listen,
     maps::{
         CONNS, EVENTS, SEND_ARGS, bump_stat, is_tracked, may_be_traced, offset, offsets,
         seg_offset, wakeup_flag,
@@ -121,6 +121,7 @@ pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
         submit_conn(conn_event(&ctx, CONN_STATE, sk, old, new, sport));
     }
     if new == TCP_CLOSE {
+        h2::forget(sk, state);
         let _ = CONNS.remove(sk);
     }
     0
@@ -262,6 +263,14 @@ fn sent(sk: u64, ret: i32) {
     let args = unsafe { SEND_ARGS.get(tid) }.copied();
     let sends = count_send(state);
     emit_sock(SOCK_SEND, sk, ret, args, sends < HEAD_SENDS, ret as u64);
+    if let Some(args) = args {
+        let range = h2::SendRange {
+            skip: 0,
+            new: ret as u32,
+            seq: 0,
+        };
+        h2::on_send(sk, state, &args, &range);
+    }
 }
 
 /// `sock:sock_recv_length` (classic: the fallback where the raw tracepoint
@@ -417,6 +426,15 @@ pub fn tcp_sendmsg_locked(ctx: RawTracePointContext) -> i32 {
         sends < HEAD_SENDS && skip == 0,
         count,
     );
+    if let Some(args) = args {
+        let new = new as u32;
+        let range = h2::SendRange {
+            skip: skip as u32,
+            new,
+            seq: end.wrapping_sub(new),
+        };
+        h2::on_send(sk, state, &args, &range);
+    }
     0
 }
 
@@ -557,7 +575,7 @@ fn tail_segment(args: &SendArgs, sent: u64) -> Option<(u64, u64)> {
 /// The `i`th iovec of the send, less what was sent of the first before the
 /// send began.
 #[inline(always)]
-fn segment(args: &SendArgs, i: u64) -> Option<(u64, u64)> {
+pub(crate) fn segment(args: &SendArgs, i: u64) -> Option<(u64, u64)> {
     if args.iov == 0 || i >= args.iovlen {
         return None;
     }

@@ -5,6 +5,7 @@ use thiserror::Error;
 use ttft_trace_common::{
     ConnEvent, EVENT_CONN, EVENT_EPISODE, EVENT_SEGMENT, EVENT_SOCK, EpisodeEvent, SegmentEvent,
     SockEvent,
+    h2::{EVENT_H2, H2FramesEvent},
     process::{DiscoverEvent, EVENT_DISCOVER},
     signals::{CopyEvent, EVENT_COPY, EVENT_SCHED, EVENT_TCP, SchedEvent, TcpEvent},
 };
@@ -25,6 +26,8 @@ pub enum Event {
     /// Boxed: a send's captured bytes make it several times larger.
     Sock(Box<SockEvent>),
     Segment(SegmentEvent),
+    /// Boxed: sixteen frame summaries.
+    H2(Box<H2FramesEvent>),
     Sched(SchedEvent),
     Tcp(TcpEvent),
     Copy(CopyEvent),
@@ -42,6 +45,7 @@ pub fn decode(bytes: &[u8]) -> Result<Event, DecodeError> {
         EVENT_CONN => read_pod::<ConnEvent>(bytes).map(Event::Conn),
         EVENT_SOCK => read_pod::<SockEvent>(bytes).map(|e| Event::Sock(Box::new(e))),
         EVENT_SEGMENT => read_pod::<SegmentEvent>(bytes).map(Event::Segment),
+        EVENT_H2 => read_pod::<H2FramesEvent>(bytes).map(|e| Event::H2(Box::new(e))),
         EVENT_SCHED => read_pod::<SchedEvent>(bytes).map(Event::Sched),
         EVENT_TCP => read_pod::<TcpEvent>(bytes).map(Event::Tcp),
         EVENT_COPY => read_pod::<CopyEvent>(bytes).map(Event::Copy),
@@ -167,6 +171,45 @@ mod tests {
         assert_eq!(&bytes[44..48], &2027u32.to_ne_bytes());
         assert_eq!(&bytes[48..52], &0x20u32.to_ne_bytes());
         assert_eq!(decode(&bytes[..55]), Err(DecodeError::Short(55)));
+    }
+
+    #[test]
+    fn h2_frames_event_round_trips() {
+        use ttft_trace_common::h2::{H2_HEADERS, H2_SEND, H2Frame};
+        let mut ev = H2FramesEvent {
+            dir: H2_SEND,
+            tgid: 7,
+            sk: 0xffff_8880_0000_0001,
+            t_ns: 5_000,
+            seq: 0xffff_fff0,
+            bytes: 120,
+            carry_in: 3,
+            n_frames: 1,
+            ..H2FramesEvent::default()
+        };
+        ev.frames[0] = H2Frame {
+            offset: 3,
+            len: 40,
+            stream: 5,
+            kind: H2_HEADERS,
+            flags: 4,
+            head_len: 1,
+            _pad: 0,
+            head: [0x88, 0, 0, 0, 0, 0, 0, 0],
+        };
+        let bytes = encode(&ev);
+        assert_eq!(bytes.len(), 56 + 24 * 16);
+        let Ok(Event::H2(back)) = decode(&bytes) else {
+            panic!("not an HTTP/2 event");
+        };
+        assert_eq!(*back, ev);
+        assert_eq!(back.frames().len(), 1);
+        assert_eq!(back.frames()[0].head(), &[0x88]);
+        // Field placement as the kernel writes it (little-endian host).
+        assert_eq!(&bytes[32..36], &0xffff_fff0u32.to_ne_bytes());
+        assert_eq!(&bytes[56..60], &3u32.to_ne_bytes());
+        assert_eq!(&bytes[64..68], &5u32.to_ne_bytes());
+        assert_eq!(decode(&bytes[..100]), Err(DecodeError::Short(100)));
     }
 
     #[test]

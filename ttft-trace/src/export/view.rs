@@ -53,6 +53,10 @@ pub struct KernelView<'a> {
     /// Followed connections read with none of their segments seen.
     pub segments_unseen: u64,
     pub thread_state_dropped: u64,
+    /// HTTP/2 frames walked but not summarised, and walks that lost their
+    /// place (`ttft_trace_common::Stat`).
+    pub h2_frames_dropped: u64,
+    pub h2_walk_lost: u64,
     /// Inserts refused by a full kernel map, per map.
     pub map_full: &'a [(&'static str, u64)],
 }

@@ -8,7 +8,7 @@ use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
 };
 
-use ttft_trace_common::{ConnEvent, SegmentEvent, SockEvent};
+use ttft_trace_common::{ConnEvent, SegmentEvent, SockEvent, h2::H2FramesEvent};
 
 /// TCP states (`include/net/tcp_states.h`).
 pub(crate) const TCP_ESTABLISHED: u32 = 1;
@@ -379,6 +379,15 @@ impl Connection {
         }
         if req.response.as_ref().map(Response::end) == Some(End::Complete) {
             self.finish_current(Cause::Ended, out);
+        }
+    }
+
+    /// HTTP/2 frames the kernel walked: the kernel saw the connection's
+    /// preface (the client's, which the server's first send may not show).
+    pub fn on_h2(&mut self, _ev: &H2FramesEvent) {
+        self.http2 = true;
+        if let Some(req) = self.current.as_mut() {
+            req.http2 = true;
         }
     }
 

@@ -11,7 +11,7 @@ use std::{
 use serde::Serialize;
 use ttft_trace_common::{
     CONN_CLOSE, CONN_OPEN, CONN_STATE, ConnEvent, EpisodeEvent, SOCK_RECV, SOCK_SEND, SegmentEvent,
-    SockEvent,
+    SockEvent, h2::H2FramesEvent,
 };
 
 use super::{
@@ -135,6 +135,7 @@ enum Pending {
     /// [`SockSlots`], so that the heap moves small entries.
     Sock(usize),
     Segment(SegmentEvent),
+    H2(Box<H2FramesEvent>),
 }
 
 /// Slots kept allocated when none is in use.
@@ -267,6 +268,11 @@ impl Correlator {
         self.hold(ev.t_ns, Pending::Segment(*ev));
     }
 
+    /// HTTP/2 frames sent or received (`ttft_trace_common::h2`).
+    pub fn on_h2(&mut self, ev: Box<H2FramesEvent>) {
+        self.hold(ev.t_ns, Pending::H2(ev));
+    }
+
     pub fn on_episode(&mut self, ev: &EpisodeEvent) {
         self.episodes.insert(ev);
     }
@@ -364,6 +370,10 @@ impl Correlator {
             },
             Pending::Segment(ev) => match self.conns.get_mut(&ev.sk) {
                 Some(conn) => conn.on_segment(&ev, &mut self.out),
+                None => self.stats.unknown_conn_events += 1,
+            },
+            Pending::H2(ev) => match self.conns.get_mut(&ev.sk) {
+                Some(conn) => conn.on_h2(&ev),
                 None => self.stats.unknown_conn_events += 1,
             },
         }

@@ -73,6 +73,11 @@ impl Router {
                     w.correlator.on_segment(&ev);
                 }
             }
+            Ok(Event::H2(ev)) => {
+                if let Some(w) = ws.of_socket(ev.sk, false) {
+                    w.correlator.on_h2(ev);
+                }
+            }
             Ok(Event::Sched(ev)) => self.route_sched(&ev, lookup),
             Ok(Event::Tcp(ev)) => {
                 self.out.push(Routed::Tcp { what: ev.what });

@@ -36,6 +36,8 @@ pub(super) fn kernel_view(k: &KernelStats) -> KernelView<'_> {
         events_lost: k.events_lost,
         segments_unseen: k.segments_unseen,
         thread_state_dropped: k.thread_state_dropped,
+        h2_frames_dropped: k.h2_frames_dropped,
+        h2_walk_lost: k.h2_walk_lost,
         map_full: &k.map_full,
     }
 }

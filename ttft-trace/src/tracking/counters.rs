@@ -31,6 +31,10 @@ pub struct KernelStats {
     /// Followed connections read with none of their segments seen.
     pub segments_unseen: u64,
     pub thread_state_dropped: u64,
+    /// HTTP/2 frames walked but not summarised (past the cap per call),
+    /// and the times a connection's walk lost its place.
+    pub h2_frames_dropped: u64,
+    pub h2_walk_lost: u64,
     /// Inserts refused by a full kernel map, per map.
     pub map_full: Vec<(&'static str, u64)>,
 }

@@ -230,6 +230,8 @@ impl Tracking {
                 events_lost: probes.stat(Stat::RingbufLost)?,
                 segments_unseen,
                 thread_state_dropped: probes.stat(Stat::ThreadStateFull)?,
+                h2_frames_dropped: probes.stat(Stat::H2FramesDropped)?,
+                h2_walk_lost: probes.stat(Stat::H2WalkLost)?,
                 map_full: probes.map_full()?,
             },
         })

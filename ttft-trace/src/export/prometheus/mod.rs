@@ -69,6 +69,8 @@ pub struct Metrics {
     events_lost: IntCounter,
     segments_unseen: IntCounter,
     thread_state_dropped: IntCounter,
+    h2_frames_dropped: IntCounter,
+    h2_walk_lost: IntCounter,
     table_evictions: IntCounterVec,
     map_full: IntCounterVec,
     traced_processes: IntGauge,
@@ -143,6 +145,17 @@ impl Metrics {
         let thread_state_dropped = IntCounter::new(
             "ttft_trace_thread_state_dropped_total",
             "CUDA calls not followed because the per-thread state map was full",
+        )?;
+        let h2_frames_dropped = IntCounter::new(
+            "ttft_trace_http2_frames_dropped_total",
+            "HTTP/2 frames walked in the kernel but not reported: past the frames kept per \
+             send or segment",
+        )?;
+        let h2_walk_lost = IntCounter::new(
+            "ttft_trace_http2_walk_lost_total",
+            "Times the kernel's walk of an HTTP/2 connection's frames lost its place in one \
+             direction (a frame header split across calls, a segment after a gap, too many \
+             frames in one call); its frames go unread until a call starts on a frame again",
         )?;
         let table_evictions = IntCounterVec::new(
             Opts::new(
@@ -230,6 +243,8 @@ impl Metrics {
             Box::new(events_lost.clone()),
             Box::new(segments_unseen.clone()),
             Box::new(thread_state_dropped.clone()),
+            Box::new(h2_frames_dropped.clone()),
+            Box::new(h2_walk_lost.clone()),
             Box::new(table_evictions.clone()),
             Box::new(map_full.clone()),
             Box::new(traced_processes.clone()),
@@ -256,6 +271,8 @@ impl Metrics {
             events_lost,
             segments_unseen,
             thread_state_dropped,
+            h2_frames_dropped,
+            h2_walk_lost,
             table_evictions,
             map_full,
             traced_processes,
@@ -353,6 +370,13 @@ impl Metrics {
         bump(&self.events_lost, lost);
         bump(&self.segments_unseen, segments_unseen);
         bump(&self.thread_state_dropped, state_dropped);
+    }
+
+    /// Sets the HTTP/2 walk's counters to the kernel's totals.
+    pub fn set_h2_stats(&self, frames_dropped: u64, walk_lost: u64) {
+        let bump = |c: &IntCounter, total: u64| c.inc_by(total.saturating_sub(c.get()));
+        bump(&self.h2_frames_dropped, frames_dropped);
+        bump(&self.h2_walk_lost, walk_lost);
     }
 
     /// Sets map `map`'s refused-insert counter to the kernel's total.

@@ -1,0 +1,348 @@
+//! HTTP/2 frame summaries: on a followed connection that speaks HTTP/2, the
+//! kernel walks the 9-byte frame headers of each send (and of each data
+//! segment received) and sends one [`H2FramesEvent`] per call, not one per
+//! frame. Userspace turns them into one request per stream.
+
+/// Tag of [`H2FramesEvent`] (after the signals' 4 to 6 and the segment's 7).
+pub const EVENT_H2: u32 = 8;
+
+/// Frame summaries in one event: the walk stops there (the rest of the
+/// call's frames are counted in `Stat::H2FramesDropped`, and the
+/// direction's walk loses its place until a later call starts on a frame).
+pub const H2_MAX_FRAMES: usize = 16;
+/// Payload bytes kept per frame: enough for a HEADERS frame's pad length
+/// and priority fields (6) and the first byte of its header block (an
+/// HPACK static index such as `:status: 200`), a gRPC message's prefix,
+/// RST_STREAM's error code, GOAWAY's last stream and error code.
+pub const H2_FRAME_HEAD: usize = 8;
+/// A frame header's length.
+pub const H2_FRAME_HEADER: u32 = 9;
+/// The client connection preface (RFC 9113 §3.4).
+pub const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// [`H2FramesEvent::dir`]: frames the client sent (a data segment).
+pub const H2_RECV: u32 = 1;
+/// [`H2FramesEvent::dir`]: frames the server sent (a send call).
+pub const H2_SEND: u32 = 2;
+
+/// [`H2FramesEvent::flags`]: the walk stopped at [`H2_MAX_FRAMES`] with
+/// bytes left; what followed is lost.
+pub const H2_TRUNCATED: u32 = 1;
+/// [`H2FramesEvent::flags`]: the direction had lost its place, and this
+/// call's first bytes read as a plausible frame header: the walk starts
+/// there again. Its first frame is a guess, however plausible.
+pub const H2_RESYNCED: u32 = 2;
+/// [`H2FramesEvent::flags`]: the walk lost its place in this call (a frame
+/// header split across calls, an implausible header, a segment out of
+/// order): later calls are not walked until one resyncs.
+pub const H2_LOST: u32 = 4;
+/// [`H2FramesEvent::flags`]: the client's connection preface starts this
+/// segment (the walk begins after it).
+pub const H2_PREFACE_SEEN: u32 = 8;
+
+/// Frame types (RFC 9113 §6).
+pub const H2_DATA: u8 = 0x0;
+pub const H2_HEADERS: u8 = 0x1;
+pub const H2_PRIORITY: u8 = 0x2;
+pub const H2_RST_STREAM: u8 = 0x3;
+pub const H2_SETTINGS: u8 = 0x4;
+pub const H2_PUSH_PROMISE: u8 = 0x5;
+pub const H2_PING: u8 = 0x6;
+pub const H2_GOAWAY: u8 = 0x7;
+pub const H2_WINDOW_UPDATE: u8 = 0x8;
+pub const H2_CONTINUATION: u8 = 0x9;
+
+/// Frame flags.
+pub const H2_END_STREAM: u8 = 0x1;
+pub const H2_ACK: u8 = 0x1;
+pub const H2_END_HEADERS: u8 = 0x4;
+pub const H2_PADDED: u8 = 0x8;
+pub const H2_PRIORITY_FLAG: u8 = 0x20;
+
+/// Largest frame payload a peer may allow (`SETTINGS_MAX_FRAME_SIZE`).
+pub const H2_MAX_FRAME_LEN: u32 = (1 << 24) - 1;
+
+/// One frame's header, where it starts, and its first payload bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct H2Frame {
+    /// Offset of the frame header from [`H2FramesEvent::seq`].
+    pub offset: u32,
+    /// Payload length (24 bits).
+    pub len: u32,
+    /// Stream identifier (reserved bit cleared).
+    pub stream: u32,
+    pub kind: u8,
+    pub flags: u8,
+    /// Valid bytes in `head` (the payload's first, within this call).
+    pub head_len: u8,
+    pub _pad: u8,
+    pub head: [u8; H2_FRAME_HEAD],
+}
+
+impl H2Frame {
+    /// The captured payload bytes.
+    pub fn head(&self) -> &[u8] {
+        &self.head[..usize::from(self.head_len).min(H2_FRAME_HEAD)]
+    }
+}
+
+/// The frames of one send, or of one data segment received, on an HTTP/2
+/// connection.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct H2FramesEvent {
+    /// [`EVENT_H2`].
+    pub kind: u32,
+    /// [`H2_RECV`] or [`H2_SEND`].
+    pub dir: u32,
+    /// The sending task (0 for a segment: softirq, no task).
+    pub tgid: u32,
+    pub tid: u32,
+    pub sk: u64,
+    /// `bpf_ktime_get_ns`: where the send starts, or the segment arrives.
+    pub t_ns: u64,
+    /// TCP sequence number of the call's first byte walked.
+    pub seq: u32,
+    /// Bytes of the call walked, from `seq`.
+    pub bytes: u32,
+    /// Bytes at `seq` that carried on a frame begun in an earlier call
+    /// (can exceed `bytes`: the whole call is inside one frame).
+    pub carry_in: u32,
+    /// Valid entries of `frames`.
+    pub n_frames: u32,
+    /// [`H2_TRUNCATED`] | [`H2_RESYNCED`] | [`H2_LOST`] | [`H2_PREFACE_SEEN`].
+    pub flags: u32,
+    pub _pad: u32,
+    pub frames: [H2Frame; H2_MAX_FRAMES],
+}
+
+impl Default for H2FramesEvent {
+    fn default() -> Self {
+        Self {
+            kind: EVENT_H2,
+            dir: 0,
+            tgid: 0,
+            tid: 0,
+            sk: 0,
+            t_ns: 0,
+            seq: 0,
+            bytes: 0,
+            carry_in: 0,
+            n_frames: 0,
+            flags: 0,
+            _pad: 0,
+            frames: [H2Frame::default(); H2_MAX_FRAMES],
+        }
+    }
+}
+
+impl H2FramesEvent {
+    /// The frames walked.
+    pub fn frames(&self) -> &[H2Frame] {
+        &self.frames[..(self.n_frames as usize).min(H2_MAX_FRAMES)]
+    }
+}
+
+/// Per-connection walk state of an HTTP/2 connection (value of the
+/// kernel's `H2_CONNS`), one per direction.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct H2State {
+    /// Sends: bytes of the frame in progress that the next send starts
+    /// with (0: it starts on a frame header).
+    pub tx_carry: u32,
+    /// Receives: sequence number of the next frame header.
+    pub rx_next: u32,
+    /// [`H2_TX_SYNC`] | [`H2_RX_SYNC`]: whether the direction knows where
+    /// its next frame starts.
+    pub sync: u32,
+    pub _pad: u32,
+}
+
+pub const H2_TX_SYNC: u32 = 1;
+pub const H2_RX_SYNC: u32 = 2;
+
+/// The parts of a 9-byte frame header: (payload length, type, flags,
+/// stream id with the reserved bit cleared).
+#[inline(always)]
+pub fn parse_header(h: &[u8; 9]) -> (u32, u8, u8, u32) {
+    let len = (u32::from(h[0]) << 16) | (u32::from(h[1]) << 8) | u32::from(h[2]);
+    let stream = u32::from_be_bytes([h[5], h[6], h[7], h[8]]) & 0x7fff_ffff;
+    (len, h[3], h[4], stream)
+}
+
+/// Whether a frame header is one a real peer would send: a known type, on
+/// the stream kind it belongs to, of a length the type allows, the reserved
+/// bit clear. The walk trusts headers where it knows its place; this is
+/// asked only where it resumes after losing it, and of a server's first
+/// send (its SETTINGS preface).
+#[inline(always)]
+pub fn plausible_header(h: &[u8; 9]) -> bool {
+    let (len, kind, _flags, stream) = parse_header(h);
+    if h[5] & 0x80 != 0 || len > H2_MAX_FRAME_LEN {
+        return false;
+    }
+    match kind {
+        H2_DATA | H2_HEADERS | H2_CONTINUATION => stream != 0,
+        H2_PRIORITY => stream != 0 && len == 5,
+        H2_RST_STREAM => stream != 0 && len == 4,
+        H2_SETTINGS => stream == 0 && len % 6 == 0,
+        H2_PUSH_PROMISE => stream != 0 && len >= 4,
+        H2_PING => stream == 0 && len == 8,
+        H2_GOAWAY => stream == 0 && len >= 8,
+        H2_WINDOW_UPDATE => len == 4,
+        _ => false,
+    }
+}
+
+/// Whether a server's send starts with its connection preface: a SETTINGS
+/// frame (not an ACK) on stream 0.
+#[inline(always)]
+pub fn is_server_preface(h: &[u8; 9]) -> bool {
+    let (len, kind, flags, _) = parse_header(h);
+    kind == H2_SETTINGS && flags & H2_ACK == 0 && len <= 6 * 16 && plausible_header(h)
+}
+
+/// Frame headers read per call at most: the first [`H2_MAX_FRAMES`] are
+/// summarised, the rest only counted so that the walk keeps its place;
+/// past this it loses it.
+pub const H2_WALK_MAX: u32 = 2 * H2_MAX_FRAMES as u32;
+/// A frame header and the payload bytes kept: what one read takes.
+pub const H2_PEEK: usize = H2_FRAME_HEADER as usize + H2_FRAME_HEAD;
+
+/// The bytes of one call (a send's buffer, a segment's payload), by offset
+/// from its first byte walked.
+pub trait FrameBytes {
+    /// Reads up to [`H2_PEEK`] bytes at `at` into `dst`: how many are
+    /// valid (contiguous; 0 on a fault or past the end).
+    fn peek(&mut self, at: u32, dst: &mut [u8; H2_PEEK]) -> u32;
+}
+
+/// Where a call's walk starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Walk {
+    /// Offset of the first frame header (at or past `total`: the call is
+    /// all inside the frame in progress).
+    pub from: u32,
+    /// Bytes in the call.
+    pub total: u32,
+    /// The direction had lost its place: the first header must be
+    /// plausible ([`plausible_header`]).
+    pub resync: bool,
+}
+
+/// Where a walk is, between its steps.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WalkState {
+    /// Offset of the next frame header.
+    pub pos: u32,
+    /// Frames past [`H2_MAX_FRAMES`] so far.
+    pub dropped: u32,
+}
+
+/// Step `i` of a walk: reads the frame header at `st.pos` into
+/// `ev.frames[i]` (or only counts it in `st.dropped`, past
+/// [`H2_MAX_FRAMES`], setting [`H2_TRUNCATED`]). Returns `Some(end)` once
+/// the walk is over: `end` is the offset just past the last frame begun
+/// (past `total` when that frame goes on in a later call), or `None` where
+/// the walk lost its place (a header cut by the call's end or unreadable,
+/// an implausible header where resyncing, more than [`H2_WALK_MAX`]
+/// frames). Step [`H2_WALK_MAX`] always ends it. One step per call, so
+/// that the kernel can run the steps under `bpf_loop` (the verifier then
+/// checks one step, not every iteration); the unit tests run them in a
+/// plain loop.
+#[inline(always)]
+pub fn walk_step<B: FrameBytes>(
+    src: &mut B,
+    w: &Walk,
+    i: u32,
+    st: &mut WalkState,
+    ev: &mut H2FramesEvent,
+) -> Option<Option<u32>> {
+    let pos = st.pos;
+    if pos >= w.total {
+        return Some(Some(pos));
+    }
+    if i >= H2_WALK_MAX {
+        return Some(None);
+    }
+    let mut buf = [0u8; H2_PEEK];
+    let n = src.peek(pos, &mut buf);
+    if n < H2_FRAME_HEADER {
+        return Some(None);
+    }
+    let mut header = [0u8; 9];
+    header.copy_from_slice(&buf[..9]);
+    if w.resync && i == 0 && !plausible_header(&header) {
+        return Some(None);
+    }
+    let (len, kind, flags, stream) = parse_header(&header);
+    // Read back from memory so that the bound below is checked on the very
+    // register that indexes the array (the kernel's verifier loses it to a
+    // copy otherwise).
+    // SAFETY: a read of a local.
+    let k = unsafe { core::ptr::read_volatile(&(i as usize)) };
+    if k < H2_MAX_FRAMES {
+        let f = &mut ev.frames[k];
+        (f.offset, f.len, f.stream, f.kind, f.flags) = (pos, len, stream, kind, flags);
+        let kept = (n - H2_FRAME_HEADER).min(len).min(H2_FRAME_HEAD as u32);
+        f.head_len = kept as u8;
+        f.head.copy_from_slice(&buf[9..]);
+        ev.n_frames = i + 1;
+    } else {
+        ev.flags |= H2_TRUNCATED;
+        st.dropped += 1;
+    }
+    st.pos = pos.saturating_add(H2_FRAME_HEADER + len);
+    None
+}
+
+/// What to do with a data segment received on an HTTP/2 connection, given
+/// the sequence number of the next frame header (`next`, where `synced`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RxPlan {
+    /// All inside a frame's payload, or a retransmit of bytes walked.
+    Skip,
+    /// Bytes before this segment are missing (reordered, or lost on the
+    /// way to the hook): where its frames start is not known.
+    Lost,
+    Walk(Walk),
+}
+
+/// The plan for a segment of `len` bytes at sequence number `seq`.
+#[inline(always)]
+pub fn rx_plan(next: u32, synced: bool, seq: u32, len: u32) -> RxPlan {
+    if !synced {
+        return RxPlan::Walk(Walk {
+            from: 0,
+            total: len,
+            resync: true,
+        });
+    }
+    // Sequence numbers wrap: compare differences as signed.
+    let ahead = next.wrapping_sub(seq) as i32;
+    if ahead < 0 {
+        RxPlan::Lost
+    } else if ahead as u32 >= len {
+        RxPlan::Skip
+    } else {
+        RxPlan::Walk(Walk {
+            from: ahead as u32,
+            total: len,
+            resync: false,
+        })
+    }
+}
+
+const _: () = {
+    assert!(core::mem::size_of::<H2Frame>() == 24);
+    assert!(core::mem::size_of::<H2FramesEvent>() == 56 + 24 * H2_MAX_FRAMES);
+    assert!(core::mem::offset_of!(H2FramesEvent, seq) == 32);
+    assert!(core::mem::offset_of!(H2FramesEvent, frames) == 56);
+    assert!(core::mem::size_of::<H2State>() == 16);
+};
+
+#[cfg(test)]
+#[path = "h2_tests.rs"]
+mod tests;

@@ -1,0 +1,548 @@
+//! HTTP/2 frame walk on followed connections that speak it: per send (and
+//! per data segment received at a cgroup's ingress), the 9-byte frame
+//! headers are read in a bounded loop and summarised in one
+//! [`H2FramesEvent`], so that userspace can tell streams apart.
+//!
+//! A connection is marked HTTP/2 once, by its first bytes each way: the
+//! server's first send a SETTINGS frame on stream 0 (its preface), or the
+//! client's first data segment the connection preface `PRI * HTTP/2.0`.
+//! Every other followed connection pays one flag test per call after that
+//! (and one 9- or 24-byte read on its first send and first data segment);
+//! the processes not traced pay nothing (the callers stop them first).
+//!
+//! Each direction keeps its place in [`H2_CONNS`]: sends, how many bytes of
+//! the frame in progress the next send starts with; receives, the sequence
+//! number of the next frame header (a retransmit of bytes walked already,
+//! or of the middle of a frame, is skipped). Where the walk loses its
+//! place (a frame header split across calls or iovec entries, more than
+//! [`WALK_MAX`] frames in one call, a segment past a gap) it is counted in
+//! `Stat::H2WalkLost`, and it resumes at the first call that starts with a
+//! plausible frame header (servers write whole frames per call).
+
+use core::ffi::c_void;
+
+use aya_ebpf::{
+    bindings::__sk_buff,
+    helpers::{bpf_get_current_pid_tgid, generated},
+    programs::SkBuffContext,
+};
+use ttft_trace_common::{
+    CONN_H2, CONN_RX_CHECKED, CONN_TX_CHECKED, ConnState, SendArgs, Stat,
+    h2::{
+        EVENT_H2, FrameBytes, H2_FRAME_HEADER, H2_LOST, H2_PEEK, H2_PREFACE, H2_PREFACE_SEEN,
+        H2_RECV, H2_RESYNCED, H2_RX_SYNC, H2_SEND, H2_TX_SYNC, H2_WALK_MAX, H2FramesEvent, H2State,
+        RxPlan, Walk, WalkState, is_server_preface, rx_plan, walk_step,
+    },
+};
+
+use crate::{
+    maps::{CONNS, EVENTS, H2_CONNS, H2_SCRATCH, add_stat, bump_stat, wakeup_flag},
+    sock::{now_ns, segment},
+};
+
+/// iovec entries of a send walked (as `sock::MAX_IOV`).
+const SEGS: u32 = 8;
+
+/// A send's user buffer (a plain buffer, or up to [`SEGS`] iovec entries),
+/// from its first byte not reported already (`skip` in), with a cursor on
+/// the entry last read: frames are read in order, so each entry is read
+/// from the kernel's iovec array once per send.
+#[derive(Clone, Copy)]
+pub struct UserBytes {
+    args: SendArgs,
+    skip: u32,
+    /// Bytes of the buffer the send covers (`skip` included).
+    span: u32,
+    cur: Cursor,
+}
+
+/// The iovec entry under a [`UserBytes`] cursor: its index, base, and
+/// where it starts and ends in the buffer.
+#[derive(Clone, Copy)]
+pub struct Cursor {
+    seg: u32,
+    seg_start: u32,
+    seg_end: u32,
+    _pad: u32,
+    base: u64,
+}
+
+impl UserBytes {
+    /// The first `span` bytes of the send's buffer, of which the first
+    /// `skip` were reported already.
+    #[inline(always)]
+    fn new(args: &SendArgs, skip: u32, span: u32) -> Self {
+        let mut b = Self {
+            args: *args,
+            skip,
+            span,
+            cur: Cursor {
+                seg: 0,
+                seg_start: 0,
+                seg_end: if args.buf != 0 { span } else { 0 },
+                _pad: 0,
+                base: args.buf,
+            },
+        };
+        if args.buf == 0
+            && let Some((base, len)) = segment(args, 0)
+        {
+            b.cur.base = base;
+            b.cur.seg_end = len.min(u64::from(span)) as u32;
+        }
+        b
+    }
+}
+
+impl FrameBytes for UserBytes {
+    #[inline(always)]
+    fn peek(&mut self, at: u32, dst: &mut [u8; H2_PEEK]) -> u32 {
+        let at = at.saturating_add(self.skip);
+        let c = &mut self.cur;
+        for _ in 0..SEGS {
+            if at < c.seg_start {
+                return 0;
+            }
+            if at < c.seg_end {
+                break;
+            }
+            // Past the entry: on to the next (a plain buffer has no next).
+            let next = c.seg + 1;
+            if self.args.buf != 0 || next >= SEGS {
+                return 0;
+            }
+            let Some((base, len)) = segment(&self.args, u64::from(next)) else {
+                return 0;
+            };
+            c.seg = next;
+            c.base = base;
+            c.seg_start = c.seg_end;
+            let room = self.span.saturating_sub(c.seg_start);
+            c.seg_end = c.seg_start + len.min(u64::from(room)) as u32;
+        }
+        if at < c.seg_start || at >= c.seg_end {
+            return 0;
+        }
+        let valid = (c.seg_end - at).min(H2_PEEK as u32);
+        let src = c.base + u64::from(at - c.seg_start);
+        read_fixed(dst, |to, n| {
+            // SAFETY: n <= H2_PEEK = to.len(); the helper checks the user
+            // address.
+            unsafe { generated::bpf_probe_read_user(to.cast(), n, src as *const _) }
+        })
+        .min(valid)
+    }
+}
+
+/// A data segment's payload at a cgroup's ingress.
+struct SkbBytes {
+    skb: *mut __sk_buff,
+    payload_at: u32,
+    len: u32,
+}
+
+impl FrameBytes for SkbBytes {
+    #[inline(always)]
+    fn peek(&mut self, at: u32, dst: &mut [u8; H2_PEEK]) -> u32 {
+        if at >= self.len {
+            return 0;
+        }
+        let (skb, offset) = (self.skb, self.payload_at + at);
+        let valid = self.len - at;
+        read_fixed(dst, |to, n| {
+            // SAFETY: n <= H2_PEEK = to.len(); the helper checks the
+            // offset against the packet.
+            unsafe { generated::bpf_skb_load_bytes(skb.cast(), offset, to.cast(), n) }
+        })
+        .min(valid)
+    }
+}
+
+/// Reads [`H2_PEEK`] bytes with `read(dst, size)`, or fewer where that
+/// fails (the end of the packet, or of the user's mapping): a frame header
+/// and a RST_STREAM's error code, or the header alone. How many were read
+/// (0: none). Sizes are constants, never computed from the walk's
+/// position: a size the helper must bound would make the verifier tell
+/// every step's position apart, and the `bpf_loop` body would never
+/// converge.
+#[inline(always)]
+fn read_fixed(dst: &mut [u8; H2_PEEK], read: impl Fn(*mut u8, u32) -> i64) -> u32 {
+    const SIZES: [u32; 3] = [H2_PEEK as u32, H2_FRAME_HEADER + 4, H2_FRAME_HEADER];
+    for n in SIZES {
+        if read(dst.as_mut_ptr(), n) == 0 {
+            return n;
+        }
+    }
+    0
+}
+
+/// A walk in progress: its event and its place, in a per-CPU map value
+/// rather than on the stack. The verifier checks a `bpf_loop` body again
+/// and again until the state it starts from repeats; a map value's
+/// contents are unknown to it, so the body's state repeats at once (the
+/// walk's position, on the stack, differs at every step, and the body was
+/// checked until the program's budget ran out).
+#[repr(C)]
+pub struct Scratch {
+    ev: H2FramesEvent,
+    w: Walk,
+    st: WalkState,
+    /// Sends: the buffer.
+    user: UserBytes,
+    /// 0 while walking, then 1 + the end ([`ENDED`]) or [`LOST`].
+    end: u64,
+    /// Non-zero while a walk runs in this slot: a program preempted in the
+    /// middle of one (process context) is not overwritten by another on
+    /// the same CPU, which gives up instead.
+    busy: u32,
+    _pad: u32,
+}
+
+/// [`H2_SCRATCH`] slots: sends run in process context, segments in
+/// softirq, which may interrupt a send's walk on the same CPU.
+const SLOT_SEND: u32 = 0;
+const SLOT_SEGMENT: u32 = 1;
+
+const LOST: u64 = u64::MAX;
+const ENDED: u64 = 1;
+
+/// What the steps of a segment's walk share: the packet (a context
+/// pointer, which a map value cannot hold).
+struct SegmentLoop {
+    skb: *mut __sk_buff,
+    payload_at: u32,
+    len: u32,
+}
+
+/// Records how step `i`'s walk went; 1 stops the loop.
+#[inline(always)]
+fn stepped(sc: &mut Scratch, end: Option<Option<u32>>) -> i64 {
+    match end {
+        None => 0,
+        Some(end) => {
+            sc.end = end.map_or(LOST, |e| ENDED + u64::from(e));
+            1
+        }
+    }
+}
+
+/// One step of a send's walk (`bpf_loop`'s callback).
+extern "C" fn step_send(i: u64, _ctx: *mut c_void) -> i64 {
+    let Some(sc) = H2_SCRATCH.get_ptr_mut(SLOT_SEND) else {
+        return 1;
+    };
+    // SAFETY: this CPU's slot, held by the walk (`busy`).
+    let sc = unsafe { &mut *sc };
+    let end = walk_step(&mut sc.user, &sc.w, i as u32, &mut sc.st, &mut sc.ev);
+    stepped(sc, end)
+}
+
+/// One step of a segment's walk (`bpf_loop`'s callback).
+extern "C" fn step_segment(i: u64, ctx: *mut c_void) -> i64 {
+    let Some(sc) = H2_SCRATCH.get_ptr_mut(SLOT_SEGMENT) else {
+        return 1;
+    };
+    // SAFETY: ctx is the caller's `SegmentLoop`, alive for the loop; the
+    // slot is this CPU's, held by the walk.
+    let (l, sc) = unsafe { (&*ctx.cast::<SegmentLoop>(), &mut *sc) };
+    let mut src = SkbBytes {
+        skb: l.skb,
+        payload_at: l.payload_at,
+        len: l.len,
+    };
+    let end = walk_step(&mut src, &sc.w, i as u32, &mut sc.st, &mut sc.ev);
+    stepped(sc, end)
+}
+
+/// The event's fixed part: which call, where it starts.
+struct Call {
+    dir: u32,
+    sk: u64,
+    seq: u32,
+    carry_in: u32,
+    flags: u32,
+}
+
+/// Walks one call (its steps under `bpf_loop`, as `step` runs them) and
+/// sends its event where it has frames or news; returns where the walk
+/// ended, as [`walk_step`]'s `end`. `user` is the send's
+/// buffer (`None`: a segment, `seg` its packet).
+#[inline(always)]
+fn walk_and_report(
+    call: &Call,
+    w: Walk,
+    user: Option<&UserBytes>,
+    seg: &SegmentLoop,
+) -> Option<u32> {
+    if w.from >= w.total && call.flags == 0 {
+        // All inside the frame in progress: nothing to tell.
+        return Some(w.from);
+    }
+    let slot = if user.is_some() {
+        SLOT_SEND
+    } else {
+        SLOT_SEGMENT
+    };
+    let sc = H2_SCRATCH.get_ptr_mut(slot)?;
+    // SAFETY: this CPU's slot; `busy` keeps a preempted walk's.
+    let sc = unsafe { &mut *sc };
+    if sc.busy != 0 {
+        bump_stat(Stat::H2WalkLost);
+        return None;
+    }
+    sc.busy = 1;
+    let id = bpf_get_current_pid_tgid();
+    let send = call.dir == H2_SEND;
+    let ev = &mut sc.ev;
+    ev.kind = EVENT_H2;
+    ev.dir = call.dir;
+    ev.tgid = if send { (id >> 32) as u32 } else { 0 };
+    ev.tid = if send { id as u32 } else { 0 };
+    ev.sk = call.sk;
+    ev.t_ns = now_ns();
+    ev.seq = call.seq;
+    ev.bytes = w.total;
+    ev.carry_in = call.carry_in;
+    ev.n_frames = 0;
+    ev.flags = call.flags;
+    ev._pad = 0;
+    sc.w = w;
+    sc.st = WalkState {
+        pos: w.from,
+        dropped: 0,
+    };
+    sc.end = 0;
+    let (callback, ctx): (extern "C" fn(u64, *mut c_void) -> i64, *const SegmentLoop) = match user {
+        Some(user) => {
+            sc.user = *user;
+            (step_send, core::ptr::null())
+        }
+        None => (step_segment, seg as *const SegmentLoop),
+    };
+    // SAFETY: the callback and its context as the helper wants them; the
+    // context outlives the call.
+    unsafe {
+        generated::bpf_loop(
+            H2_WALK_MAX + 1,
+            callback as *mut c_void,
+            ctx as *mut c_void,
+            0,
+        );
+    }
+    add_stat(Stat::H2FramesDropped, u64::from(sc.st.dropped));
+    let end = match sc.end {
+        0 | LOST => None,
+        e => Some((e - ENDED) as u32),
+    };
+    if end.is_none() {
+        sc.ev.flags |= H2_LOST;
+        bump_stat(Stat::H2WalkLost);
+    }
+    if (sc.ev.n_frames != 0 || sc.ev.flags != 0)
+        && EVENTS
+            .output::<H2FramesEvent>(&sc.ev, wakeup_flag())
+            .is_err()
+    {
+        bump_stat(Stat::RingbufLost);
+    }
+    sc.busy = 0;
+    end
+}
+
+/// The walk state of `sk`, created with `sync` where it is new.
+#[inline(always)]
+fn h2_state(sk: u64, state: *mut ConnState, new: H2State) -> Option<*mut H2State> {
+    if let Some(p) = H2_CONNS.get_ptr_mut(sk) {
+        return Some(p);
+    }
+    H2_CONNS.insert(sk, new, 0).ok()?;
+    // SAFETY: live map value.
+    unsafe { (*state).h2 |= CONN_H2 };
+    H2_CONNS.get_ptr_mut(sk)
+}
+
+/// The bytes of a send to walk: `new` bytes not reported before, which
+/// follow `skip` bytes at its buffer's start that were; `seq` is the
+/// sequence number of its first new byte (0 where unknown: the syscall
+/// hook).
+#[derive(Clone, Copy)]
+pub(crate) struct SendRange {
+    pub skip: u32,
+    pub new: u32,
+    pub seq: u32,
+}
+
+/// A send on followed connection `sk` (see [`SendRange`]).
+///
+/// A function of its own (a BPF subprogram), not inlined: the verifier
+/// then checks it from the few states the send's report leaves, not
+/// behind each of that report's paths.
+#[inline(never)]
+pub(crate) fn on_send(sk: u64, state: *mut ConnState, args: &SendArgs, range: &SendRange) {
+    let SendRange { skip, new, seq } = *range;
+    // SAFETY: live map value.
+    let flags = unsafe { (*state).h2 };
+    if flags & (CONN_H2 | CONN_TX_CHECKED) == CONN_TX_CHECKED {
+        return;
+    }
+    let src = UserBytes::new(args, skip, skip.saturating_add(new));
+    if flags & CONN_TX_CHECKED == 0 {
+        // SAFETY: as above.
+        unsafe { (*state).h2 |= CONN_TX_CHECKED };
+        if flags & CONN_H2 == 0 && !starts_with_server_preface(&src) {
+            return;
+        }
+    }
+    let fresh = H2State {
+        sync: H2_TX_SYNC,
+        ..H2State::default()
+    };
+    let Some(h2) = h2_state(sk, state, fresh) else {
+        return;
+    };
+    // SAFETY: live map value.
+    let (carry, synced) = unsafe { ((*h2).tx_carry, (*h2).sync & H2_TX_SYNC != 0) };
+    let carry = if synced { carry } else { 0 };
+    let w = Walk {
+        from: carry,
+        total: new,
+        resync: !synced,
+    };
+    let flags = if synced { 0 } else { H2_RESYNCED };
+    let call = Call {
+        dir: H2_SEND,
+        sk,
+        seq,
+        carry_in: carry,
+        flags,
+    };
+    let none = SegmentLoop {
+        skb: core::ptr::null_mut(),
+        payload_at: 0,
+        len: 0,
+    };
+    let end = walk_and_report(&call, w, Some(&src), &none);
+    // SAFETY: as above.
+    unsafe {
+        match end {
+            Some(end) => {
+                (*h2).tx_carry = end - new;
+                (*h2).sync |= H2_TX_SYNC;
+            }
+            None => (*h2).sync &= !H2_TX_SYNC,
+        }
+    }
+}
+
+/// Whether the send's first bytes are the server's preface. Read from the
+/// first entry only (no walk along the iovec array here, where every send
+/// of every followed connection passes once: the verifier explores this
+/// path behind every path of the send's own report).
+#[inline(always)]
+fn starts_with_server_preface(src: &UserBytes) -> bool {
+    if src.skip != 0 || src.cur.seg_end < H2_FRAME_HEADER {
+        return false;
+    }
+    let mut header = [0u8; 9];
+    // SAFETY: the helper checks the user address.
+    let rc = unsafe {
+        generated::bpf_probe_read_user(
+            header.as_mut_ptr().cast(),
+            H2_FRAME_HEADER,
+            src.cur.base as *const _,
+        )
+    };
+    rc == 0 && is_server_preface(&header)
+}
+
+/// A data segment of `len` payload bytes at `payload_at` in the packet,
+/// starting at sequence number `seq`, on followed connection `sk`.
+#[inline(always)]
+pub(crate) fn on_segment(ctx: &SkBuffContext, sk: u64, payload_at: u32, len: u32, seq: u32) {
+    let Some(state) = CONNS.get_ptr_mut(sk) else {
+        return;
+    };
+    // SAFETY: live map value.
+    let flags = unsafe { (*state).h2 };
+    if flags & (CONN_H2 | CONN_RX_CHECKED) == CONN_RX_CHECKED {
+        return;
+    }
+    let src = SegmentLoop {
+        skb: ctx.skb.skb,
+        payload_at,
+        len,
+    };
+    let mut start = None;
+    let mut ev_flags = 0;
+    if flags & CONN_RX_CHECKED == 0 {
+        // SAFETY: as above.
+        unsafe { (*state).h2 |= CONN_RX_CHECKED };
+        // Also where the server's preface came first: the walk starts
+        // after the client's.
+        if ctx.load::<[u8; 24]>(payload_at as usize).ok() == Some(*H2_PREFACE) {
+            start = Some(seq.wrapping_add(H2_PREFACE.len() as u32));
+            ev_flags = H2_PREFACE_SEEN;
+        } else if flags & CONN_H2 == 0 {
+            return;
+        }
+    }
+    // Before the server's first send, its side starts on a frame.
+    let tx = if flags & CONN_TX_CHECKED == 0 {
+        H2_TX_SYNC
+    } else {
+        0
+    };
+    let new = H2State {
+        sync: tx | if start.is_some() { H2_RX_SYNC } else { 0 },
+        rx_next: start.unwrap_or(seq),
+        ..H2State::default()
+    };
+    let Some(h2) = h2_state(sk, state, new) else {
+        return;
+    };
+    // SAFETY: live map value.
+    let (next, synced) = unsafe { ((*h2).rx_next, (*h2).sync & H2_RX_SYNC != 0) };
+    let (next, synced) = match start {
+        Some(at) => (at, true),
+        None => (next, synced),
+    };
+    let w = match rx_plan(next, synced, seq, len) {
+        RxPlan::Skip => return,
+        RxPlan::Lost => {
+            // SAFETY: as above.
+            unsafe { (*h2).sync &= !H2_RX_SYNC };
+            bump_stat(Stat::H2WalkLost);
+            return;
+        }
+        RxPlan::Walk(w) => w,
+    };
+    let flags = ev_flags | if w.resync { H2_RESYNCED } else { 0 };
+    let carry = w.from;
+    let call = Call {
+        dir: H2_RECV,
+        sk,
+        seq,
+        carry_in: carry,
+        flags,
+    };
+    let end = walk_and_report(&call, w, None, &src);
+    // SAFETY: as above.
+    unsafe {
+        match end {
+            Some(end) => {
+                (*h2).rx_next = seq.wrapping_add(end);
+                (*h2).sync |= H2_RX_SYNC;
+            }
+            None => (*h2).sync &= !H2_RX_SYNC,
+        }
+    }
+}
+
+/// The connection is gone: its walk state too.
+#[inline(always)]
+pub(crate) fn forget(sk: u64, state: *const ConnState) {
+    // SAFETY: live map value.
+    if unsafe { (*state).h2 } & CONN_H2 != 0 {
+        let _ = H2_CONNS.remove(sk);
+    }
+}
