@@ -66,6 +66,9 @@ fn request(i: u64) -> JudgedRequest {
         http_status: Some(200),
         content_type: Some("text/event-stream".into()),
         framing: None,
+        http2_stream_id: None,
+        http2_error_code: None,
+        http2_ended_by: None,
         outcome: Outcome::Ok,
         notes: vec![],
     };

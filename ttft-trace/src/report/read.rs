@@ -23,7 +23,7 @@ impl Request {
     pub fn first_token_counts(&self) -> bool {
         matches!(
             self.outcome.as_str(),
-            "ok" | "closed_mid_response" | "in_flight_at_exit"
+            "ok" | "closed_mid_response" | "reset" | "in_flight_at_exit"
         )
     }
 

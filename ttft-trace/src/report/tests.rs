@@ -141,6 +141,9 @@ pub(crate) fn record(outcome: Outcome) -> RequestRecord {
         http_status: Some(200),
         content_type: None,
         framing: None,
+        http2_stream_id: None,
+        http2_error_code: None,
+        http2_ended_by: None,
         outcome,
         notes: vec![],
     }

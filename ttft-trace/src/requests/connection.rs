@@ -27,6 +27,7 @@ use super::{
     join::Join,
     outcome::Outcome,
     response::{self, End, Outgoing, Response},
+    streams::{Stream, StreamEnd, StreamTable},
 };
 
 const AF_INET6: u16 = 10;
@@ -83,6 +84,9 @@ pub(crate) struct Request {
     pub pipelined: bool,
     /// On a connection that speaks HTTP/2.
     pub http2: bool,
+    /// An HTTP/2 stream's request: how the stream ended (its index is
+    /// the stream id).
+    pub stream_end: Option<StreamEnd>,
     /// For a pipelined request: whether the last send ended a response, so
     /// that the next receive starts a request that can be followed again.
     response_ended: bool,
@@ -137,6 +141,9 @@ pub(crate) enum Cause {
 }
 
 fn outcome(req: &Request, cause: Cause) -> Outcome {
+    if let Some(end) = req.stream_end {
+        return stream_outcome(req, end, cause);
+    }
     if req.http2 {
         return Outcome::Http2Unsupported;
     }
@@ -163,6 +170,23 @@ fn outcome(req: &Request, cause: Cause) -> Outcome {
     }
 }
 
+/// How an HTTP/2 stream's request ended.
+fn stream_outcome(req: &Request, end: StreamEnd, cause: Cause) -> Outcome {
+    let status = req.response.as_ref().and_then(|r| r.status);
+    match end {
+        StreamEnd::Ended if status.is_some_and(|s| s >= 400) => Outcome::ErrorStatus,
+        StreamEnd::Ended => Outcome::Ok,
+        StreamEnd::Reset { .. } => Outcome::Reset,
+        StreamEnd::GoAway { .. } => Outcome::GoAway,
+        StreamEnd::Cut => match cause {
+            Cause::Exit => Outcome::InFlightAtExit,
+            Cause::Evicted => Outcome::Evicted,
+            _ if req.response.is_none() => Outcome::ClosedBeforeResponse,
+            _ => Outcome::ClosedMidResponse,
+        },
+    }
+}
+
 /// What the state machines hand to the correlator, and what they count.
 #[derive(Debug, Default)]
 pub(crate) struct Outbox {
@@ -184,6 +208,10 @@ pub(crate) struct Outbox {
     /// Chunks given up for want of room (`chunk_delivery::MAX_PENDING_CHUNKS`
     /// waiting on one connection).
     pub chunk_acks_evicted: u64,
+    /// HTTP/2 streams not followed (`streams::MAX_STREAMS` open on their
+    /// connection), and server frames on streams never seen opening.
+    pub streams_dropped: u64,
+    pub stream_frames_unseen: u64,
 }
 
 impl Outbox {
@@ -249,6 +277,9 @@ pub(crate) struct Connection {
     /// When either side closed it: no more requests; its ACKs are still
     /// followed until the kernel is done with the socket.
     pub closed_at: Option<u64>,
+    /// The connection's HTTP/2 streams, once the kernel walks its frames:
+    /// its requests come from there, not from the receives and sends.
+    streams: Option<StreamTable>,
 }
 
 impl Connection {
@@ -264,6 +295,7 @@ impl Connection {
             http2: false,
             peer_closed: false,
             closed_at: None,
+            streams: None,
         }
     }
 
@@ -274,6 +306,14 @@ impl Connection {
 
     pub fn on_recv(&mut self, ev: &SockEvent, out: &mut Outbox) {
         self.last_event_ns = self.last_event_ns.max(ev.t_ns);
+        if let Some(streams) = self.streams.as_mut() {
+            match ev.bytes {
+                0 => self.end_streams(Cause::PeerClosed, out),
+                n if n > 0 => streams.on_recv(ev.t_ns, ev.tgid, ev.tid),
+                _ => out.socket_errors += 1,
+            }
+            return;
+        }
         let n = match u64::try_from(ev.bytes) {
             Ok(0) => return self.peer_closes(out),
             Ok(n) => n,
@@ -309,6 +349,10 @@ impl Connection {
 
     pub fn on_send(&mut self, ev: &SockEvent, out: &mut Outbox) {
         self.last_event_ns = self.last_event_ns.max(ev.t_ns);
+        if self.streams.is_some() {
+            // Its frames come in the HTTP/2 events.
+            return;
+        }
         let n = match u64::try_from(ev.bytes) {
             Ok(0) => return,
             Ok(n) => n,
@@ -382,12 +426,68 @@ impl Connection {
         }
     }
 
-    /// HTTP/2 frames the kernel walked: the kernel saw the connection's
-    /// preface (the client's, which the server's first send may not show).
-    pub fn on_h2(&mut self, _ev: &H2FramesEvent) {
+    /// HTTP/2 frames the kernel walked: from the first, the connection's
+    /// requests are its streams. A request begun before (read before the
+    /// server's preface showed the protocol) ends as HTTP/2 unsupported.
+    pub fn on_h2(&mut self, ev: &H2FramesEvent, out: &mut Outbox) {
+        self.last_event_ns = self.last_event_ns.max(ev.t_ns);
         self.http2 = true;
-        if let Some(req) = self.current.as_mut() {
-            req.http2 = true;
+        if self.streams.is_none() {
+            if let Some(req) = self.current.as_mut() {
+                req.http2 = true;
+            }
+            self.finish_current(Cause::Closed, out);
+        }
+        let streams = self
+            .streams
+            .get_or_insert_with(|| StreamTable::new(self.itl_cap));
+        let mut done = Vec::new();
+        streams.on_frames(ev, &mut done);
+        self.finish_streams(done, Cause::Ended, out);
+    }
+
+    /// The connection ended: its open streams are cut.
+    fn end_streams(&mut self, cause: Cause, out: &mut Outbox) {
+        let mut done = Vec::new();
+        if let Some(streams) = self.streams.as_mut() {
+            streams.cut(&mut done);
+        }
+        self.finish_streams(done, cause, out);
+    }
+
+    fn finish_streams(&mut self, done: Vec<(Stream, StreamEnd)>, cause: Cause, out: &mut Outbox) {
+        if let Some(streams) = self.streams.as_mut() {
+            out.streams_dropped += std::mem::take(&mut streams.dropped);
+            out.stream_frames_unseen += std::mem::take(&mut streams.unseen_frames);
+        }
+        for (stream, end) in done {
+            let mut notes = Vec::new();
+            if stream.t_arrive.is_none() {
+                notes.push("arrival_from_segment");
+            }
+            let request = Request {
+                conn: self.info,
+                index: stream.id,
+                tgid: stream.tgid,
+                tid: stream.tid,
+                t_arrive: stream.t_arrive.unwrap_or(stream.t_segment),
+                segment: Some(RequestSegment {
+                    t_ns: stream.t_segment,
+                    snd_nxt: 0,
+                    at_handshake: false,
+                }),
+                bytes_in: stream.bytes_in,
+                bytes_out: stream.bytes_out,
+                response: Response::of_stream(&stream),
+                pipelined: false,
+                http2: true,
+                stream_end: Some(end),
+                response_ended: true,
+                t_last_send: stream.t_last_send,
+                notes,
+                join: None,
+            };
+            out.finish(request, cause);
         }
     }
 
@@ -414,6 +514,7 @@ impl Connection {
     /// [`Connection::on_state`]).
     pub fn close(&mut self, ev: &ConnEvent, out: &mut Outbox) {
         self.last_event_ns = self.last_event_ns.max(ev.t_ns);
+        self.end_streams(Cause::Closed, out);
         if ev.newstate == TCP_CLOSE_WAIT {
             self.peer_closes(out);
         } else {
@@ -476,6 +577,7 @@ impl Connection {
     /// tokens not acknowledged yet never will be (where the probe sees it).
     fn end(&mut self, cause: Cause, out: &mut Outbox) {
         self.finish_current(cause, out);
+        self.end_streams(cause, out);
         for index in self.acks.give_up() {
             if let Some(d) = out.deliveries.get_mut(&(self.info.serial, index)) {
                 *d = Delivery::Unknown;
@@ -553,6 +655,7 @@ impl Connection {
             response: None,
             pipelined,
             http2: self.http2,
+            stream_end: None,
             response_ended: false,
             t_last_send: None,
             notes: Vec::new(),

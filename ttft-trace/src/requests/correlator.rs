@@ -126,6 +126,12 @@ pub struct CorrelatorStats {
     /// Chunks whose ACK was no longer awaited because
     /// `chunk_delivery::MAX_PENDING_CHUNKS` waited on their connection.
     pub chunk_acks_evicted: u64,
+    /// HTTP/2 streams not followed: `streams::MAX_STREAMS` were open on
+    /// their connection.
+    pub http2_streams_dropped: u64,
+    /// HTTP/2 frames the server sent on streams never seen opening (opened
+    /// before tracing began, or their client's segments not walked).
+    pub http2_frames_unseen: u64,
 }
 
 #[derive(Debug)]
@@ -337,6 +343,8 @@ impl Correlator {
             episodes_dropped: self.episodes.dropped,
             requests_dropped: self.out.finished_dropped,
             chunk_acks_evicted: self.out.chunk_acks_evicted,
+            http2_streams_dropped: self.out.streams_dropped,
+            http2_frames_unseen: self.out.stream_frames_unseen,
             ..self.stats.clone()
         }
     }
@@ -373,7 +381,7 @@ impl Correlator {
                 None => self.stats.unknown_conn_events += 1,
             },
             Pending::H2(ev) => match self.conns.get_mut(&ev.sk) {
-                Some(conn) => conn.on_h2(&ev),
+                Some(conn) => conn.on_h2(&ev, &mut self.out),
                 None => self.stats.unknown_conn_events += 1,
             },
         }

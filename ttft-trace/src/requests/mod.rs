@@ -132,6 +132,7 @@ mod outcome;
 mod record;
 mod response;
 pub mod stream_stalls;
+mod streams;
 mod summary;
 
 pub use correlator::{Correlator, CorrelatorConfig, CorrelatorStats, ends_socket};

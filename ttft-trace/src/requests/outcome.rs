@@ -24,6 +24,12 @@ pub enum Outcome {
     /// one "request" is an idle-to-busy period of the connection, not a
     /// request. Logged (`framing: "http2"`), never counted.
     Http2Unsupported,
+    /// An HTTP/2 stream ended by RST_STREAM from either side (the record
+    /// says which, and the error code).
+    Reset,
+    /// An HTTP/2 stream above the last stream id of a GOAWAY: not
+    /// processed by the server.
+    GoAway,
     /// Still in flight when tracing stopped.
     InFlightAtExit,
     /// Its connection was dropped to bound memory (idle too long without a
@@ -32,13 +38,15 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 8] = [
+    pub const ALL: [Outcome; 10] = [
         Self::Ok,
         Self::ErrorStatus,
         Self::ClosedMidResponse,
         Self::ClosedBeforeResponse,
         Self::PipelinedUnsupported,
         Self::Http2Unsupported,
+        Self::Reset,
+        Self::GoAway,
         Self::InFlightAtExit,
         Self::Evicted,
     ];
@@ -51,6 +59,8 @@ impl Outcome {
             Self::ClosedBeforeResponse => "closed_before_response",
             Self::PipelinedUnsupported => "pipelined_unsupported",
             Self::Http2Unsupported => "http2_unsupported",
+            Self::Reset => "reset",
+            Self::GoAway => "goaway",
             Self::InFlightAtExit => "in_flight_at_exit",
             Self::Evicted => "evicted",
         }
@@ -62,7 +72,7 @@ impl Outcome {
     pub(super) fn first_token_counts(self) -> bool {
         matches!(
             self,
-            Self::Ok | Self::ClosedMidResponse | Self::InFlightAtExit
+            Self::Ok | Self::ClosedMidResponse | Self::Reset | Self::InFlightAtExit
         )
     }
 }

@@ -4,8 +4,13 @@
 use serde::{Serialize, Serializer};
 
 use super::{
-    chunk_delivery::ChunkDates, connection::Finished, delivery::Seen, join::Join, outcome::Outcome,
+    chunk_delivery::ChunkDates,
+    connection::Finished,
+    delivery::Seen,
+    join::Join,
+    outcome::Outcome,
     response::Framing,
+    streams::{Side, StreamEnd},
 };
 
 /// The figures kept per request, for histograms and percentiles.
@@ -121,6 +126,12 @@ pub struct RequestRecord {
     pub http_status: Option<u16>,
     pub content_type: Option<String>,
     pub framing: Option<Framing>,
+    /// HTTP/2: the stream's id (`request_index` is the same), and, where
+    /// it ended by RST_STREAM or GOAWAY, the frame's error code and who
+    /// sent it (`client` or `server`).
+    pub http2_stream_id: Option<u32>,
+    pub http2_error_code: Option<u32>,
+    pub http2_ended_by: Option<&'static str>,
     pub outcome: Outcome,
     /// Why figures are absent or may be off (see the module docs).
     pub notes: Vec<&'static str>,
@@ -241,6 +252,12 @@ impl RequestRecord {
             http_status: resp.and_then(|r| r.status),
             content_type: resp.and_then(|r| r.content_type.clone()),
             framing: resp.map(|r| r.framing),
+            http2_stream_id: req.stream_end.map(|_| req.index),
+            http2_error_code: stream_error(req.stream_end).map(|(code, _)| code),
+            http2_ended_by: stream_error(req.stream_end).map(|(_, by)| match by {
+                Side::Client => "client",
+                Side::Server => "server",
+            }),
             outcome: f.outcome,
             notes,
         }
@@ -273,6 +290,14 @@ impl RequestRecord {
                     .filter(move |_| started)
                     .map(|&gap| (Figure::Itl, gap)),
             )
+    }
+}
+
+/// The error code and sender of the frame that ended a stream early.
+fn stream_error(end: Option<StreamEnd>) -> Option<(u32, Side)> {
+    match end? {
+        StreamEnd::Reset { code, by } | StreamEnd::GoAway { code, by } => Some((code, by)),
+        StreamEnd::Ended | StreamEnd::Cut => None,
     }
 }
 

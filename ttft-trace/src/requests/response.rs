@@ -7,6 +7,7 @@ use serde::{Serialize, Serializer};
 use super::{
     chunked::{self, Chunked, View},
     http::{self, Body, Head, Http1Head},
+    streams::Stream,
 };
 
 /// Longest header block followed over several sends.
@@ -20,8 +21,10 @@ pub enum Framing {
     /// Not readable as HTTP/1.x (TLS, a binary protocol) or not captured:
     /// every send is taken as body, the first one as the first token.
     Opaque,
-    /// HTTP/2 in clear text (prior knowledge or an `h2c` upgrade): streams
-    /// are multiplexed, so requests are not told apart. Read as opaque.
+    /// HTTP/2 in clear text (prior knowledge or an `h2c` upgrade): one
+    /// request per stream where the kernel walked the frames
+    /// (`requests/streams.rs`); otherwise requests are not told apart and
+    /// it is read as opaque.
     Http2,
 }
 
@@ -132,6 +135,32 @@ impl Response {
         }
         r.account(send);
         r
+    }
+
+    /// The response of an HTTP/2 stream, from its frames
+    /// (`requests/streams.rs`); `None` before its HEADERS were sent.
+    pub fn of_stream(s: &Stream) -> Option<Self> {
+        let t_first_byte = s.t_first_byte?;
+        Some(Self {
+            framing: Framing::Http2,
+            status: s.status,
+            content_type: None,
+            header_len: None,
+            body: Body::UntilClose,
+            trailers: false,
+            pending_head: None,
+            sent: s.bytes_out,
+            t_first_byte,
+            t_first_token: s.t_first_token,
+            t_last_send: s.t_last_send.unwrap_or(t_first_byte),
+            last_body_send: s.t_last_send.unwrap_or(t_first_byte),
+            chunks: s.chunks,
+            itl: s.itl.clone(),
+            itl_cap: s.itl.capacity(),
+            itl_truncated: s.itl_truncated,
+            chunked: None,
+            notes: Vec::new(),
+        })
     }
 
     pub fn on_send(&mut self, send: &Outgoing) {

@@ -192,6 +192,8 @@ fn duration_ns(r: &RequestRecord) -> Option<u64> {
         Outcome::ErrorStatus
         | Outcome::ClosedMidResponse
         | Outcome::ClosedBeforeResponse
+        | Outcome::Reset
+        | Outcome::GoAway
         | Outcome::Evicted => r.t_done_ns.map(|d| d.saturating_sub(r.t_arrive_ns)),
         Outcome::PipelinedUnsupported | Outcome::Http2Unsupported | Outcome::InFlightAtExit => None,
     }

@@ -6,6 +6,7 @@ mod chunk_delivery;
 mod delivery;
 mod framing;
 mod http1;
+mod http2;
 mod join;
 mod output;
 mod stream_stalls;

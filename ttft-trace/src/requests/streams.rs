@@ -1,0 +1,306 @@
+//! HTTP/2 streams of one connection, from the frame summaries the kernel
+//! walks (`ttft_trace_common::h2`): one request per client-initiated
+//! stream. Pure: frames, receives and the close in, finished streams out.
+//!
+//! - arrival: the data segment that brought the first byte of the
+//!   stream's HEADERS frame (`t_segment`), and the server's first receive
+//!   that returned after it (`t_arrive`, as for HTTP/1.1);
+//! - first byte: the send with the response's HEADERS; first token: the
+//!   first send carrying a DATA frame with payload (padding aside) on the
+//!   stream; every such send is a chunk (several DATA frames of the stream
+//!   in one send reach the client together: one chunk);
+//! - end: END_STREAM from the server (DATA, or trailers HEADERS), a
+//!   RST_STREAM from either side, a GOAWAY whose last stream is below it,
+//!   or the connection's end (cut).
+//!
+//! The status is read where the response's header block starts with an
+//! HPACK static-table index (`0x88` is `:status: 200`); a literal status
+//! needs the HPACK decoder, a later step.
+
+use std::collections::BTreeMap;
+
+use ttft_trace_common::h2::{
+    H2_CONTINUATION, H2_DATA, H2_END_STREAM, H2_FRAME_HEADER, H2_GOAWAY, H2_HEADERS, H2_PADDED,
+    H2_PRIORITY_FLAG, H2_RECV, H2_RST_STREAM, H2Frame, H2FramesEvent,
+};
+
+/// Streams followed at once per connection (gRPC's default concurrency
+/// limit is 100); a new stream past it is dropped and counted.
+pub(crate) const MAX_STREAMS: usize = 1024;
+
+/// HPACK's static table's `:status` entries (RFC 7541 appendix A).
+const STATIC_STATUS: [(u8, u16); 7] = [
+    (8, 200),
+    (9, 204),
+    (10, 206),
+    (11, 304),
+    (12, 400),
+    (13, 404),
+    (14, 500),
+];
+
+/// Who sent a RST_STREAM or GOAWAY.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Side {
+    Client,
+    Server,
+}
+
+/// How a stream ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StreamEnd {
+    /// END_STREAM from the server.
+    Ended,
+    /// RST_STREAM, with its error code.
+    Reset { code: u32, by: Side },
+    /// A GOAWAY whose last stream id is below this one's, with its code.
+    GoAway { code: u32, by: Side },
+    /// The connection ended first.
+    Cut,
+}
+
+/// One client-initiated stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Stream {
+    pub id: u32,
+    /// The segment that brought its HEADERS frame's first byte.
+    pub t_segment: u64,
+    /// The server's first receive after that segment, and its thread.
+    pub t_arrive: Option<u64>,
+    pub tgid: u32,
+    pub tid: u32,
+    pub t_first_byte: Option<u64>,
+    pub t_first_token: Option<u64>,
+    pub t_last_send: Option<u64>,
+    pub status: Option<u16>,
+    /// Sends carrying DATA payload, and the gaps between them (at most
+    /// `itl_cap`).
+    pub chunks: u32,
+    pub itl: Vec<u64>,
+    pub itl_truncated: bool,
+    last_chunk_ns: u64,
+    /// The client's frames on the stream (headers included), and the DATA
+    /// payload the server sent.
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct StreamTable {
+    open: BTreeMap<u32, Stream>,
+    itl_cap: usize,
+    /// New streams not followed: [`MAX_STREAMS`] were open.
+    pub dropped: u64,
+    /// Server frames on streams whose HEADERS were never seen (opened
+    /// before tracing, or their segments not walked).
+    pub unseen_frames: u64,
+}
+
+impl StreamTable {
+    pub fn new(itl_cap: usize) -> Self {
+        Self {
+            itl_cap,
+            ..Self::default()
+        }
+    }
+
+    /// A receive returned at `t_ns` in thread `tgid`/`tid`: the arrival of
+    /// every stream whose HEADERS came before it and had none yet.
+    pub fn on_recv(&mut self, t_ns: u64, tgid: u32, tid: u32) {
+        for s in self.open.values_mut() {
+            if s.t_arrive.is_none() && s.t_segment <= t_ns {
+                (s.t_arrive, s.tgid, s.tid) = (Some(t_ns), tgid, tid);
+            }
+        }
+    }
+
+    /// The frames of one call; streams that ended go to `done`.
+    pub fn on_frames(&mut self, ev: &H2FramesEvent, done: &mut Vec<(Stream, StreamEnd)>) {
+        let side = if ev.dir == H2_RECV {
+            Side::Client
+        } else {
+            Side::Server
+        };
+        let mut chunked: Vec<u32> = Vec::new();
+        for f in ev.frames() {
+            match side {
+                Side::Client => self.client_frame(ev.t_ns, f, done),
+                Side::Server => self.server_frame(ev.t_ns, f, &mut chunked, done),
+            }
+        }
+    }
+
+    fn client_frame(&mut self, t_ns: u64, f: &H2Frame, done: &mut Vec<(Stream, StreamEnd)>) {
+        let frame_bytes = u64::from(H2_FRAME_HEADER + f.len);
+        match f.kind {
+            // A client's stream ids are odd; a HEADERS frame on a stream
+            // already open is its trailers.
+            H2_HEADERS if f.stream % 2 == 1 && !self.open.contains_key(&f.stream) => {
+                if self.open.len() >= MAX_STREAMS {
+                    self.dropped += 1;
+                    return;
+                }
+                let mut s = Stream::new(f.stream, t_ns);
+                s.bytes_in = frame_bytes;
+                self.open.insert(f.stream, s);
+            }
+            H2_HEADERS | H2_CONTINUATION | H2_DATA => {
+                if let Some(s) = self.open.get_mut(&f.stream) {
+                    s.bytes_in = s.bytes_in.saturating_add(frame_bytes);
+                }
+            }
+            H2_RST_STREAM => self.end(f.stream, reset(f, Side::Client), done),
+            H2_GOAWAY => self.go_away(f, Side::Client, done),
+            _ => {}
+        }
+    }
+
+    fn server_frame(
+        &mut self,
+        t_ns: u64,
+        f: &H2Frame,
+        chunked: &mut Vec<u32>,
+        done: &mut Vec<(Stream, StreamEnd)>,
+    ) {
+        if f.kind == H2_GOAWAY {
+            return self.go_away(f, Side::Server, done);
+        }
+        if f.stream == 0 {
+            return;
+        }
+        let Some(s) = self.open.get_mut(&f.stream) else {
+            self.unseen_frames += 1;
+            return;
+        };
+        s.t_last_send = Some(t_ns);
+        match f.kind {
+            H2_HEADERS if s.t_first_byte.is_none() => {
+                s.t_first_byte = Some(t_ns);
+                s.status = status(f);
+            }
+            H2_DATA => {
+                let payload = data_payload(f);
+                s.bytes_out = s.bytes_out.saturating_add(u64::from(payload));
+                if payload > 0 && !chunked.contains(&f.stream) {
+                    chunked.push(f.stream);
+                    s.chunk(t_ns, self.itl_cap);
+                }
+            }
+            H2_RST_STREAM => return self.end(f.stream, reset(f, Side::Server), done),
+            _ => {}
+        }
+        if matches!(f.kind, H2_DATA | H2_HEADERS) && f.flags & H2_END_STREAM != 0 {
+            self.end(f.stream, StreamEnd::Ended, done);
+        }
+    }
+
+    fn end(&mut self, id: u32, end: StreamEnd, done: &mut Vec<(Stream, StreamEnd)>) {
+        if let Some(s) = self.open.remove(&id) {
+            done.push((s, end));
+        }
+    }
+
+    /// Streams above the GOAWAY's last stream id were not (and will not
+    /// be) processed.
+    fn go_away(&mut self, f: &H2Frame, by: Side, done: &mut Vec<(Stream, StreamEnd)>) {
+        let (Some(last), Some(code)) = (be32(f.head(), 0), be32(f.head(), 4)) else {
+            return;
+        };
+        let last = last & 0x7fff_ffff;
+        let above: Vec<u32> = self
+            .open
+            .range(last.saturating_add(1)..)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in above {
+            self.end(id, StreamEnd::GoAway { code, by }, done);
+        }
+    }
+
+    /// The connection ended: every open stream is cut.
+    pub fn cut(&mut self, done: &mut Vec<(Stream, StreamEnd)>) {
+        done.extend(
+            std::mem::take(&mut self.open)
+                .into_values()
+                .map(|s| (s, StreamEnd::Cut)),
+        );
+    }
+}
+
+impl Stream {
+    fn new(id: u32, t_segment: u64) -> Self {
+        Self {
+            id,
+            t_segment,
+            t_arrive: None,
+            tgid: 0,
+            tid: 0,
+            t_first_byte: None,
+            t_first_token: None,
+            t_last_send: None,
+            status: None,
+            chunks: 0,
+            itl: Vec::new(),
+            itl_truncated: false,
+            last_chunk_ns: 0,
+            bytes_in: 0,
+            bytes_out: 0,
+        }
+    }
+
+    fn chunk(&mut self, t_ns: u64, itl_cap: usize) {
+        if self.t_first_token.is_none() {
+            self.t_first_token = Some(t_ns);
+        } else if self.itl.len() < itl_cap {
+            self.itl.push(t_ns.saturating_sub(self.last_chunk_ns));
+        } else {
+            self.itl_truncated = true;
+        }
+        self.chunks += 1;
+        self.last_chunk_ns = t_ns;
+    }
+}
+
+/// A RST_STREAM's end, with its error code (0 where not captured).
+fn reset(f: &H2Frame, by: Side) -> StreamEnd {
+    StreamEnd::Reset {
+        code: be32(f.head(), 0).unwrap_or(0),
+        by,
+    }
+}
+
+fn be32(b: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_be_bytes(b.get(at..at + 4)?.try_into().ok()?))
+}
+
+/// A DATA frame's payload less its padding.
+fn data_payload(f: &H2Frame) -> u32 {
+    if f.flags & H2_PADDED == 0 {
+        return f.len;
+    }
+    let pad = f.head().first().map_or(0, |p| u32::from(*p));
+    f.len.saturating_sub(1 + pad)
+}
+
+/// `:status` where the header block starts with a static-table index.
+fn status(f: &H2Frame) -> Option<u16> {
+    let mut at = 0;
+    if f.flags & H2_PADDED != 0 {
+        at += 1;
+    }
+    if f.flags & H2_PRIORITY_FLAG != 0 {
+        at += 5;
+    }
+    let first = *f.head().get(at)?;
+    if first & 0x80 == 0 {
+        return None;
+    }
+    STATIC_STATUS
+        .iter()
+        .find(|(index, _)| *index == first & 0x7f)
+        .map(|(_, status)| *status)
+}
+
+#[cfg(test)]
+#[path = "streams_tests.rs"]
+mod tests;

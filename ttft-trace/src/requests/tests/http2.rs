@@ -1,0 +1,131 @@
+//! HTTP/2 streams end to end: frame bytes walked as the kernel walks them
+//! (`ttft_trace_common::h2::walk_step`), the events in, one request per
+//! stream out.
+
+use ttft_trace_common::h2::{
+    FrameBytes, H2_PEEK, H2_RECV, H2_SEND, H2_WALK_MAX, H2FramesEvent, Walk, WalkState, walk_step,
+};
+
+use super::*;
+use crate::requests::{Outcome, response::Framing};
+
+const SK: u64 = 0x7000;
+const T0: u64 = ms(1_000);
+
+struct Bytes<'a>(&'a [u8]);
+
+impl FrameBytes for Bytes<'_> {
+    fn peek(&mut self, at: u32, dst: &mut [u8; H2_PEEK]) -> u32 {
+        let rest = self.0.get(at as usize..).unwrap_or_default();
+        let n = rest.len().min(H2_PEEK);
+        dst[..n].copy_from_slice(&rest[..n]);
+        n as u32
+    }
+}
+
+fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = payload.len() as u32;
+    let mut f = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags];
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// The event the kernel sends for one call of whole frames.
+fn walked(dir: u32, t: u64, bytes: &[u8]) -> Box<H2FramesEvent> {
+    let mut ev = Box::new(H2FramesEvent {
+        dir,
+        sk: SK,
+        t_ns: t,
+        bytes: bytes.len() as u32,
+        ..H2FramesEvent::default()
+    });
+    let w = Walk {
+        from: 0,
+        total: bytes.len() as u32,
+        resync: false,
+    };
+    let mut st = WalkState::default();
+    let mut src = Bytes(bytes);
+    for i in 0..=H2_WALK_MAX {
+        if walk_step(&mut src, &w, i, &mut st, &mut ev).is_some() {
+            break;
+        }
+    }
+    ev
+}
+
+#[test]
+fn each_stream_is_a_request_and_a_cancelled_one_is_reset() {
+    let mut w = Wire::new();
+    w.open(SK, 0);
+    // Two requests in one segment (HEADERS with `:method: POST`, then the
+    // request message with END_STREAM), read at T0 + 1 ms.
+    let mut req = frame(1, 4, 1, &[0x83, 0x86]);
+    req.extend(frame(0, 1, 1, &[0, 0, 0, 0, 1, 7]));
+    req.extend(frame(1, 4, 3, &[0x83, 0x86]));
+    req.extend(frame(0, 1, 3, &[0, 0, 0, 0, 1, 7]));
+    w.c.on_h2(walked(H2_RECV, T0, &req));
+    w.recv(SK, T0 + ms(1), req.len() as i64);
+    // Response headers of both in one send, then messages interleaved.
+    let mut heads = frame(1, 4, 1, &[0x88]);
+    heads.extend(frame(1, 4, 3, &[0x88]));
+    let sends: Vec<(u64, Vec<u8>)> = vec![
+        (ms(5), heads),
+        (ms(20), frame(0, 0, 3, &[0, 0, 0, 0, 2, 1, 2])),
+        (ms(30), frame(0, 0, 1, &[0, 0, 0, 0, 2, 1, 2])),
+        (ms(40), frame(0, 0, 1, &[0, 0, 0, 0, 2, 3, 4])),
+    ];
+    for (dt, bytes) in &sends {
+        w.send(SK, T0 + dt, bytes);
+        w.c.on_h2(walked(H2_SEND, T0 + dt, bytes));
+    }
+    // The client cancels stream 3 (RST_STREAM, CANCEL = 8).
+    let rst = frame(3, 0, 3, &8u32.to_be_bytes());
+    w.c.on_h2(walked(H2_RECV, T0 + ms(45), &rst));
+    w.recv(SK, T0 + ms(46), rst.len() as i64);
+    // Stream 1 ends with its trailers.
+    let trailers = frame(1, 5, 1, &[0x40, 0x0b]);
+    w.send(SK, T0 + ms(50), &trailers);
+    w.c.on_h2(walked(H2_SEND, T0 + ms(50), &trailers));
+    w.close(SK, T0 + ms(100));
+    let mut rs = w.drain(ms(10_000));
+    rs.sort_by_key(|r| r.request_index);
+    assert_eq!(rs.len(), 2, "{rs:#?}");
+    let (one, three) = (&rs[0], &rs[1]);
+    assert_eq!((one.http2_stream_id, one.outcome), (Some(1), Outcome::Ok));
+    assert_eq!(one.framing, Some(Framing::Http2));
+    assert_eq!(
+        (one.t_arrive_ns, one.t_request_segment_ns),
+        (T0 + ms(1), Some(T0))
+    );
+    assert_eq!(one.ttft_ns, Some(ms(29)));
+    assert_eq!((one.chunks, one.itl_ns.clone()), (2, vec![ms(10)]));
+    assert_eq!((one.http_status, one.e2e_ns), (Some(200), Some(ms(49))));
+    assert_eq!(three.http2_stream_id, Some(3));
+    assert_eq!(three.outcome, Outcome::Reset);
+    assert_eq!(
+        (three.http2_error_code, three.http2_ended_by),
+        (Some(8), Some("client"))
+    );
+    assert_eq!(three.ttft_ns, Some(ms(19)));
+    let json = serde_json::to_string(three).expect("json");
+    assert!(json.contains(r#""http2_stream_id":3,"http2_error_code":8,"http2_ended_by":"client","outcome":"reset""#), "{json}");
+}
+
+#[test]
+fn streams_open_at_the_close_are_cut() {
+    let mut w = Wire::new();
+    w.open(SK, 0);
+    let req = frame(1, 5, 1, &[0x82]);
+    w.c.on_h2(walked(H2_RECV, T0, &req));
+    w.recv(SK, T0 + ms(1), req.len() as i64);
+    let head = frame(1, 4, 1, &[0x88]);
+    w.send(SK, T0 + ms(2), &head);
+    w.c.on_h2(walked(H2_SEND, T0 + ms(2), &head));
+    w.close(SK, T0 + ms(10));
+    let rs = w.drain(ms(10_000));
+    assert_eq!(rs.len(), 1);
+    assert_eq!(rs[0].outcome, Outcome::ClosedMidResponse);
+    assert_eq!(rs[0].t_first_token_ns, None);
+}
