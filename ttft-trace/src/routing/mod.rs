@@ -64,6 +64,9 @@ impl Router {
                         for seg in &held.segments {
                             w.correlator.on_segment(seg);
                         }
+                        for frames in held.h2 {
+                            w.correlator.on_h2(frames);
+                        }
                     }
                     w.correlator.on_sock(&ev);
                 }
@@ -74,7 +77,7 @@ impl Router {
                 }
             }
             Ok(Event::H2(ev)) => {
-                if let Some(w) = ws.of_socket(ev.sk, false) {
+                if let Some((w, ev)) = ws.route_h2(ev) {
                     w.correlator.on_h2(ev);
                 }
             }

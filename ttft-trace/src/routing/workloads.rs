@@ -13,7 +13,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use ttft_trace_common::{ConnEvent, SegmentEvent};
+use ttft_trace_common::{ConnEvent, SegmentEvent, h2::H2FramesEvent};
 
 use crate::{
     requests::{Correlator, CorrelatorConfig},
@@ -38,6 +38,9 @@ const MAX_BOUND_SOCKETS: usize = 65536;
 pub struct Unbound {
     pub open: Option<ConnEvent>,
     pub segments: Vec<SegmentEvent>,
+    /// The client's HTTP/2 frames (walked at a segment, in softirq: no
+    /// process either), within the same bound as the segments.
+    pub h2: Vec<Box<H2FramesEvent>>,
 }
 
 /// One traced process tree.
@@ -156,6 +159,7 @@ impl Workloads {
             Unbound {
                 open: Some(*ev),
                 segments: Vec::new(),
+                h2: Vec::new(),
             },
         );
     }
@@ -167,7 +171,25 @@ impl Workloads {
             return self.by_root.get_mut(&root);
         }
         match self.pending.get_mut(&ev.sk) {
-            Some(u) if u.segments.len() < MAX_HELD_SEGMENTS => u.segments.push(*ev),
+            Some(u) if u.segments.len() + u.h2.len() < MAX_HELD_SEGMENTS => u.segments.push(*ev),
+            _ => self.unrouted += 1,
+        }
+        None
+    }
+
+    /// The workload of an HTTP/2 frames event's socket; one of a
+    /// connection whose owner is not known yet is held with its open
+    /// event (the client's first frames arrive before the server's first
+    /// read or send names the owner).
+    pub fn route_h2(
+        &mut self,
+        ev: Box<H2FramesEvent>,
+    ) -> Option<(&mut Workload, Box<H2FramesEvent>)> {
+        if let Some(root) = self.conns.get(&ev.sk).copied() {
+            return self.by_root.get_mut(&root).map(|w| (w, ev));
+        }
+        match self.pending.get_mut(&ev.sk) {
+            Some(u) if u.segments.len() + u.h2.len() < MAX_HELD_SEGMENTS => u.h2.push(ev),
             _ => self.unrouted += 1,
         }
         None
@@ -289,14 +311,23 @@ mod tests {
             ..SegmentEvent::default()
         };
         assert!(ws.route_segment(&seg).is_none(), "held");
+        // The client's HTTP/2 frames, walked at a segment: held too.
+        let frames = Box::new(H2FramesEvent {
+            sk: 0xabc,
+            t_ns: 6,
+            ..H2FramesEvent::default()
+        });
+        assert!(ws.route_h2(frames.clone()).is_none(), "held");
         assert_eq!(
             ws.bind_socket(0xabc, 20),
             Some(Unbound {
                 open: Some(open),
                 segments: vec![seg],
+                h2: vec![frames.clone()],
             })
         );
         assert_eq!(ws.route_segment(&seg).map(|w| w.root), Some(20));
+        assert_eq!(ws.route_h2(frames).map(|(w, _)| w.root), Some(20));
         assert_eq!(ws.bind_socket(0xabc, 10), None, "bound once");
         assert_eq!(ws.of_socket(0xabc, false).map(|w| w.root), Some(20));
         assert_eq!(ws.of_socket(0xabc, true).map(|w| w.root), Some(20));
