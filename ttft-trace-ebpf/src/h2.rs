@@ -40,8 +40,15 @@ use crate::{
     sock::{now_ns, segment},
 };
 
-/// iovec entries of a send walked (as `sock::MAX_IOV`).
-const SEGS: u32 = 8;
+/// iovec entries of a send walked: gRPC's core writes a slice per frame
+/// header and per message piece, up to 260 per `sendmsg`
+/// (`MAX_WRITE_IOVEC`); a first write carrying SETTINGS, WINDOW_UPDATE,
+/// HEADERS and DATA already took more than 8 (its first DATA was missed).
+const SEGS: u32 = 256;
+/// Entries the cursor moves past in one read at most: the loop's bound.
+/// The cursor only moves forward, so a send's reads move it [`SEGS`]
+/// entries at most in all.
+const SEGS_PER_PEEK: u32 = 64;
 
 /// A send's user buffer (a plain buffer, or up to [`SEGS`] iovec entries),
 /// from its first byte not reported already (`skip` in), with a cursor on
@@ -99,7 +106,7 @@ impl FrameBytes for UserBytes {
     fn peek(&mut self, at: u32, dst: &mut [u8; H2_PEEK]) -> u32 {
         let at = at.saturating_add(self.skip);
         let c = &mut self.cur;
-        for _ in 0..SEGS {
+        for _ in 0..SEGS_PER_PEEK {
             if at < c.seg_start {
                 return 0;
             }

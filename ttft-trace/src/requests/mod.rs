@@ -76,8 +76,11 @@
 //! - TLS hides the headers: every send is body (`framing: "opaque"`), so a
 //!   headers-only flush counts as the first token and TTFT reads short.
 //! - HTTP/2 (or any multiplexing) puts several requests on one connection
-//!   at once. A clear-text HTTP/2 connection (the server's SETTINGS preface,
-//!   or a 101 to `h2c`) is recognised: its "requests" (one per idle-to-busy
+//!   at once. Where the kernel walks a clear-text connection's frames (its
+//!   preface seen, the client's segments seen at the workload's cgroup),
+//!   each client stream is a request (`requests/streams.rs`). Otherwise a
+//!   clear-text HTTP/2 connection (the server's SETTINGS preface, or a 101
+//!   to `h2c`) is only recognised: its "requests" (one per idle-to-busy
 //!   period) get `framing: "http2"`, outcome `http2_unsupported`, and no
 //!   figures. Over TLS it is opaque, and meaningless.
 //! - Only the first sends after a receive carry a head; later ones show 8

@@ -40,6 +40,12 @@ pub const HTTP_STACKS: Step = Step {
     run: http_stacks,
 };
 
+pub const GRPC: Step = Step {
+    what: "gRPC stacks venv (tests/stacks/grpc-requirements.txt)",
+    log: "grpc-venv",
+    run: grpc,
+};
+
 pub fn real_cudart() -> PathBuf {
     cache()
         .join(CUDART_DIR)
@@ -126,6 +132,12 @@ fn validators(log: &mut Log) -> Result<Outcome> {
 /// in tests/stacks/requirements.txt, in a venv of the cache.
 fn http_stacks(log: &mut Log) -> Result<Outcome> {
     venv(log, "stacks-venv", "tests/stacks/requirements.txt")
+}
+
+/// The gRPC implementations tests/tests/grpc.rs runs under the tracer, in
+/// a venv of their own: a change here does not rebuild the HTTP stacks'.
+fn grpc(log: &mut Log) -> Result<Outcome> {
+    venv(log, "grpc-venv", "tests/stacks/grpc-requirements.txt")
 }
 
 /// A venv `name` of the cache holding `requirements` (a path in the repo),

@@ -21,7 +21,7 @@ use self::{
         BPFTOOL, BPFTRACE, CHROMIUM, HTTP_STACK_PACKAGES, NFTABLES, PROMETHEUS, SERVICES,
         SYSTEMD_ANALYZE,
     },
-    downloads::{CUDART, HTTP_STACKS, NVML, VALIDATORS},
+    downloads::{CUDART, GRPC, HTTP_STACKS, NVML, VALIDATORS},
     step::Step,
     toolchain::{BPF_LINKER, CARGO_FUZZ, RUST_SRC},
 };
@@ -64,6 +64,7 @@ fn steps(purpose: Purpose) -> Vec<&'static Step> {
         &PROMETHEUS,
         &VALIDATORS,
         &HTTP_STACKS,
+        &GRPC,
         &HTTP_STACK_PACKAGES,
         &SYSTEMD_ANALYZE,
         &BPFTOOL,

@@ -1,0 +1,89 @@
+"""A gRPC server-streaming service on grpcio (C core), and its client.
+
+`serve PORT`: method /ttft.Gen/Stream streams MSGS messages per call, each after one step of
+the emulated GPU (gpu.py: the stub CUDA runtime of $STACK_CUDART; prefill before the first,
+a decode step before each later one). Bytes in and out: no protobuf needed.
+
+`client PORT OUT`: opens CALLS calls on one channel, started one after the other from one
+thread (so call k is HTTP/2 stream 2k+1), each read by a thread of its own, which stamps
+CLOCK_MONOTONIC when it has read the call's first message; call CANCEL is cancelled after its
+first message (the client sends RST_STREAM CANCEL). Writes one JSON line per call.
+"""
+
+import json
+import sys
+import threading
+import time
+from concurrent import futures
+
+import grpc
+
+MSGS = 6
+CALLS = 6
+CANCEL = 2
+METHOD = "/ttft.Gen/Stream"
+
+
+def now() -> int:
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+
+
+def serve(port: int) -> None:
+    import gpu
+
+    def stream(request, context):
+        for i in range(MSGS):
+            gpu.step(i)
+            if not context.is_active():
+                return
+            yield b"token %d" % i
+
+    handler = grpc.method_handlers_generic_handler(
+        "ttft.Gen", {"Stream": grpc.unary_stream_rpc_method_handler(stream)}
+    )
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2 * CALLS))
+    server.add_generic_rpc_handlers((handler,))
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    server.wait_for_termination()
+
+
+def client(port: int, out: str) -> None:
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    grpc.channel_ready_future(channel).result(timeout=10)
+    call = channel.unary_stream(METHOD)
+    rows = [dict(stream=2 * k + 1, cancelled=(k == CANCEL)) for k in range(CALLS)]
+
+    def read(k: int, it) -> None:
+        msgs = 0
+        try:
+            for _ in it:
+                if msgs == 0:
+                    rows[k]["t_first"] = now()
+                msgs += 1
+                if k == CANCEL:
+                    it.cancel()
+        except grpc.RpcError as e:
+            rows[k]["code"] = e.code().name
+        rows[k]["msgs"] = msgs
+
+    readers = []
+    for k in range(CALLS):
+        rows[k]["t_start"] = now()
+        it = call(b"prompt")
+        t = threading.Thread(target=read, args=(k, it))
+        t.start()
+        readers.append(t)
+    for t in readers:
+        t.join()
+    channel.close()
+    with open(out, "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "serve":
+        serve(int(sys.argv[2]))
+    else:
+        client(int(sys.argv[2]), sys.argv[3])

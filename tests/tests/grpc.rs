@@ -1,0 +1,215 @@
+//! Root-only: a gRPC server-streaming service on `grpcio` (C core, installed
+//! by `cargo xtask setup` into the gRPC venv) under `ttft-trace attach`,
+//! each message after a step of the stub CUDA runtime (tests/stacks/gpu.py),
+//! in a cgroup of its own (the client's frames are read at its ingress).
+//! One client opens several concurrent calls on one channel
+//! (tests/stacks/grpc_stream.py) and stamps CLOCK_MONOTONIC when it reads
+//! each call's first message; one call is cancelled after its first
+//! message. Every call must be one record (its HTTP/2 stream), the traced
+//! first token within the HTTP/1.1 matrix's bounds of the client's read
+//! (tests/tests/stacks.rs: P50 3 ms, P99 10 ms), the cancelled call
+//! `reset` by the client with CANCEL, the others `ok` with every message
+//! a chunk and a GPU breakdown.
+
+use std::{
+    collections::HashMap,
+    net::TcpStream,
+    path::PathBuf,
+    process::{Command, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail, ensure};
+use serde::Deserialize;
+use serde_json::Value;
+use ttft_trace_tests::{
+    container::PodCgroup,
+    fixtures::{self, ChildGuard, cache_dir},
+    prometheus::free_port,
+    tracer::{ATTACHED, Tracer, root_test},
+};
+
+/// The client's calls and messages per call (tests/stacks/grpc_stream.py).
+const CALLS: usize = 6;
+const MSGS: u32 = 6;
+/// The client's read of a first message after the server's send of it, as
+/// the HTTP/1.1 matrix bounds a client's read (tests/tests/stacks.rs).
+const P50_READ_MS: f64 = 3.0;
+const P99_READ_MS: f64 = 10.0;
+/// HTTP/2's CANCEL error code, which a gRPC client's cancel sends.
+const CANCEL: u64 = 8;
+
+#[derive(Debug, Deserialize)]
+struct Call {
+    stream: u64,
+    cancelled: bool,
+    t_start: u64,
+    t_first: Option<u64>,
+    msgs: u32,
+}
+
+fn stacks_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("stacks")
+}
+
+fn grpc_python() -> PathBuf {
+    cache_dir().join("grpc-venv/bin/python")
+}
+
+#[test]
+fn grpc_streams_are_one_request_each() -> Result<()> {
+    let Some(_guard) = root_test("grpc_streams_are_one_request_each") else {
+        return Ok(());
+    };
+    if !grpc_python().is_file() {
+        ttft_trace_tests::skip_or_fail("grpc", "no gRPC venv: run `cargo xtask setup`");
+        return Ok(());
+    }
+    let cudart = fixtures::existing_fixture(fixtures::STUB_CUDART)?;
+    let port = free_port()?;
+    let cgroup = PodCgroup::new()?;
+    let mut cmd = Command::new(grpc_python());
+    cmd.current_dir(stacks_dir())
+        .args(["grpc_stream.py", "serve", &port.to_string()])
+        .env("STACK_CUDART", &cudart)
+        .env("PYTHONUNBUFFERED", "1")
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null());
+    cgroup.place(&mut cmd)?;
+    let mut server = ChildGuard::new(cmd.spawn().context("starting the gRPC server")?);
+    wait_listening(port, &mut server)?;
+    let args: Vec<String> = vec![
+        "--pid".into(),
+        server.id().to_string(),
+        "--interval".into(),
+        "60".into(),
+        "--no-nvml".into(),
+    ];
+    let mut tracer = Tracer::start(&args, 0)?;
+    tracer.wait_for_stderr("following requests on port", 1, Duration::from_secs(30))?;
+    // The stub runtime and its driver.
+    tracer.wait_for_stderr(ATTACHED, 2, Duration::from_secs(30))?;
+    let out = fixtures::temp_path("grpc-client", "jsonl");
+    let status = Command::new(grpc_python())
+        .current_dir(stacks_dir())
+        .args(["grpc_stream.py", "client", &port.to_string()])
+        .arg(&out)
+        .status()
+        .context("running the gRPC client")?;
+    ensure!(status.success(), "client failed: {status}");
+    let calls: Vec<Call> = ttft_trace_tests::demo::read_jsonl(&out)?;
+    let _ = std::fs::remove_file(&out);
+    thread::sleep(Duration::from_millis(300));
+    let trace = tracer.interrupt(Duration::from_secs(30))?;
+    drop(server);
+    drop(cgroup);
+    ensure!(trace.success, "{}", trace.stderr);
+    ensure!(
+        trace
+            .stderr
+            .contains("segments: seen at the ingress of cgroup"),
+        "segments not seen at the server's cgroup:\n{}",
+        trace.stderr
+    );
+    let records: Vec<&Value> = trace
+        .lines
+        .iter()
+        .filter(|l| l["type"] == "request" && l["server_port"].as_u64() == Some(port.into()))
+        .collect();
+    check(&calls, &records)
+}
+
+/// Every call one record, matched by its stream id on the one connection.
+fn check(calls: &[Call], records: &[&Value]) -> Result<()> {
+    ensure!(calls.len() == CALLS, "client wrote {} calls", calls.len());
+    ensure!(
+        records.len() == CALLS,
+        "{} records for {CALLS} calls: {records:#?}",
+        records.len()
+    );
+    let conns: std::collections::BTreeSet<String> =
+        records.iter().map(|r| r["conn"].to_string()).collect();
+    ensure!(conns.len() == 1, "one channel, one connection: {conns:?}");
+    let by_stream: HashMap<u64, &Value> = records
+        .iter()
+        .filter_map(|r| Some((r["http2_stream_id"].as_u64()?, *r)))
+        .collect();
+    let mut reads_ms = Vec::new();
+    for c in calls {
+        let r = by_stream
+            .get(&c.stream)
+            .with_context(|| format!("no record of stream {}: {records:#?}", c.stream))?;
+        let field = |k: &str| {
+            r[k].as_u64()
+                .with_context(|| format!("stream {}: no {k}: {r}", c.stream))
+        };
+        let t_first = c
+            .t_first
+            .with_context(|| format!("stream {} read nothing", c.stream))?;
+        let first_token = field("t_first_token_ns")?;
+        ensure!(
+            field("t_request_segment_ns")? >= c.t_start && first_token <= t_first,
+            "stream {}: traced [{}, {first_token}] outside the client's [{}, {t_first}]",
+            c.stream,
+            r["t_request_segment_ns"],
+            c.t_start
+        );
+        reads_ms.push((t_first - first_token) as f64 / 1e6);
+        ensure!(
+            r["framing"] == "http2" && r["http_status"] == 200,
+            "stream {}: {r}",
+            c.stream
+        );
+        if c.cancelled {
+            ensure!(
+                r["outcome"] == "reset"
+                    && r["http2_error_code"].as_u64() == Some(CANCEL)
+                    && r["http2_ended_by"] == "client",
+                "cancelled stream {} not reset by the client: {r}",
+                c.stream
+            );
+        } else {
+            ensure!(
+                r["outcome"] == "ok" && c.msgs == MSGS && field("chunks")? == u64::from(MSGS),
+                "stream {}: {} messages read, record {r}",
+                c.stream,
+                c.msgs
+            );
+            ensure!(
+                r["gpu_ns"].is_u64(),
+                "stream {}: no GPU breakdown: {r}",
+                c.stream
+            );
+        }
+    }
+    reads_ms.sort_by(f64::total_cmp);
+    let p50 = reads_ms[reads_ms.len() / 2];
+    let max = reads_ms[reads_ms.len() - 1];
+    println!(
+        "grpcio: {CALLS} streams matched, client read after the traced first token: P50 {p50:.2} ms, max {max:.2} ms"
+    );
+    ensure!(
+        p50 <= P50_READ_MS && max <= P99_READ_MS,
+        "client reads after the first token: {reads_ms:?} ms"
+    );
+    Ok(())
+}
+
+fn wait_listening(port: u16, server: &mut ChildGuard) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if let Some(st) = server
+            .child_mut()
+            .map(|c| c.try_wait())
+            .transpose()?
+            .flatten()
+        {
+            bail!("gRPC server exited before listening on {port}: {st}");
+        }
+        ensure!(Instant::now() < deadline, "nothing listens on {port}");
+        thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
