@@ -43,18 +43,38 @@ impl DemoServer {
     /// so that its listening socket is that cgroup's, as under a container
     /// runtime or a systemd unit).
     pub fn start_in(extra: &[&str], cgroup: Option<PodCgroup>) -> Result<Self> {
-        Self::spawn(extra, cgroup, false)
+        Self::spawn(extra, cgroup, Place::Cgroup)
     }
 
     /// As [`DemoServer::start`], in the root cgroup whatever the test's is
     /// (its listening socket is the root cgroup's).
     pub fn start_in_root(extra: &[&str]) -> Result<Self> {
-        Self::spawn(extra, None, true)
+        Self::spawn(extra, None, Place::RootCgroup)
     }
 
-    fn spawn(extra: &[&str], cgroup: Option<PodCgroup>, in_root: bool) -> Result<Self> {
+    /// As [`DemoServer::start_in`], in a network namespace of its own
+    /// (`unshare --net`, its loopback up; the same pid): reach it with
+    /// [`loadgen_in`].
+    pub fn start_in_netns(extra: &[&str], cgroup: Option<PodCgroup>) -> Result<Self> {
+        Self::spawn(extra, cgroup, Place::Netns)
+    }
+
+    fn spawn(extra: &[&str], cgroup: Option<PodCgroup>, place: Place) -> Result<Self> {
         let truth = fixtures::temp_path("server-truth", "jsonl");
-        let mut cmd = Command::new("python3");
+        let mut cmd = match place {
+            Place::Netns => {
+                let mut c = Command::new("unshare");
+                c.args([
+                    "--net",
+                    "sh",
+                    "-c",
+                    r#"ip link set lo up && exec "$0" "$@""#,
+                ]);
+                c.arg("python3");
+                c
+            }
+            _ => Command::new("python3"),
+        };
         cmd.arg(demo_dir().join("server.py"))
             .args(["--port", "0", "--cudart"])
             .arg(fixtures::existing_fixture(fixtures::STUB_CUDART)?)
@@ -67,7 +87,7 @@ impl DemoServer {
         if let Some(cgroup) = &cgroup {
             cgroup.place(&mut cmd)?;
         }
-        if in_root {
+        if place == Place::RootCgroup {
             container::place_in_root_cgroup(&mut cmd)?;
         }
         let mut child = cmd.spawn().context("starting tests/demo/server.py")?;
@@ -98,6 +118,14 @@ impl DemoServer {
         self.child.wait_timeout(Duration::from_secs(20))?;
         Ok(self.truth.clone())
     }
+}
+
+/// Where [`DemoServer::spawn`] starts it besides its cgroup.
+#[derive(PartialEq, Eq)]
+enum Place {
+    Cgroup,
+    RootCgroup,
+    Netns,
 }
 
 /// One request as the load generator measured it.
@@ -135,8 +163,20 @@ pub struct ClientRequest {
 
 /// Runs the load generator against `port` with `args`; returns its records.
 pub fn loadgen(port: u16, args: &[&str]) -> Result<Vec<ClientRequest>> {
+    run_loadgen(Command::new("python3"), port, args)
+}
+
+/// As [`loadgen`], in the network namespace of process `pid` (a server
+/// started by [`DemoServer::start_in_netns`]).
+pub fn loadgen_in(pid: u32, port: u16, args: &[&str]) -> Result<Vec<ClientRequest>> {
+    let mut cmd = Command::new("nsenter");
+    cmd.arg(format!("--net=/proc/{pid}/ns/net")).arg("python3");
+    run_loadgen(cmd, port, args)
+}
+
+fn run_loadgen(mut cmd: Command, port: u16, args: &[&str]) -> Result<Vec<ClientRequest>> {
     let out = fixtures::temp_path("loadgen", "jsonl");
-    let status = Command::new("python3")
+    let status = cmd
         .arg(demo_dir().join("loadgen.py"))
         .args(["--port", &port.to_string()])
         .args(args)

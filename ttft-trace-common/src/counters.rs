@@ -119,6 +119,11 @@ pub enum Stat {
 /// Number of [`Stat`] slots.
 pub const STATS: u32 = 6;
 
+/// Bits of an `OVER_SHARE` value (workload id -> bits): its tenant holds
+/// its share of followed listeners. Set by userspace at each scan; the
+/// kernel refuses that workload's `listen()` pairs while set.
+pub const QUOTA_LISTENERS: u32 = 1;
+
 /// The plain (not LRU) hash maps, which refuse inserts when full, and the
 /// statistic counting the refusals in the kernel, for
 /// `ttft_trace_map_full_total{map}`.

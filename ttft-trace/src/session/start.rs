@@ -100,7 +100,7 @@ impl Session {
             None => None,
         };
         let s = Session {
-            tracking: Tracking::new(probes, mode),
+            tracking: Tracking::new(probes, mode, cfg.quotas),
             router: Router::default(),
             judge: Judge::new(cfg.causes.clone(), cfg.stalls, gpu),
             sinks,

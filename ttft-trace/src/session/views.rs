@@ -37,5 +37,7 @@ pub(super) fn kernel_view(k: &KernelStats) -> KernelView<'_> {
         segments_unseen: k.segments_unseen,
         thread_state_dropped: k.thread_state_dropped,
         map_full: &k.map_full,
+        quota_exceeded: &k.quota_exceeded,
+        listeners_followed: k.listeners_followed,
     }
 }

@@ -15,6 +15,7 @@ mod launch_layer;
 mod libraries;
 mod ports;
 mod processes;
+mod quotas;
 mod wait;
 
 use std::{collections::HashSet, sync::Arc, time::Instant};
@@ -38,6 +39,7 @@ use counters::KernelCounters;
 use libraries::Libraries;
 use ports::Ports;
 use processes::Workloads;
+use quotas::Quotas;
 
 /// What is traced: one process tree, or whatever discovery finds.
 pub enum Mode {
@@ -79,12 +81,13 @@ pub struct Tracking {
     workloads: Workloads,
     libraries: Libraries,
     ports: Ports,
+    quotas: Quotas,
     counters: KernelCounters,
     changes: Vec<Change>,
 }
 
 impl Tracking {
-    pub fn new(probes: Probes, mode: Mode) -> Self {
+    pub fn new(probes: Probes, mode: Mode, shares: crate::config::Quotas) -> Self {
         // Daemon: workloads are found by what they call, so the probes
         // fire host-wide (see `Libraries::reach`).
         let host_wide = !matches!(
@@ -99,6 +102,7 @@ impl Tracking {
             workloads: Workloads::default(),
             libraries: Libraries::new(host_wide),
             ports: Ports::default(),
+            quotas: Quotas::new(shares),
             counters: KernelCounters::default(),
             changes: Vec::new(),
         }
@@ -166,8 +170,9 @@ impl Tracking {
     /// listen on now (later `listen()` calls are seen in the kernel) and on
     /// `extra` ports.
     pub fn follow_ports(&mut self, extra: &[u16]) -> Result<()> {
-        let live: Vec<u32> = self.live_processes()?.iter().map(|(p, _)| *p).collect();
-        self.ports.follow(&mut self.probes, &live, extra)
+        let live = self.live_processes()?;
+        self.ports
+            .follow(&mut self.probes, &live, extra, &mut self.quotas)
     }
 
     /// Live processes among the tracked ids, each with its workload; ids of
@@ -219,7 +224,8 @@ impl Tracking {
         let segments_unseen = probes.stat(Stat::SegmentsUnseen)?;
         let listener_unseen = probes.stat(Stat::ListenerUnseen)?;
         let pids: Vec<u32> = live.iter().map(|(p, _)| *p).collect();
-        self.ports.check_listeners(probes, listener_unseen, &pids)?;
+        self.ports
+            .check_listeners(probes, listener_unseen, &pids, &self.quotas)?;
         Ok(KernelReading {
             deltas: gpu.deltas,
             gone: gpu.gone,
@@ -231,6 +237,8 @@ impl Tracking {
                 segments_unseen,
                 thread_state_dropped: probes.stat(Stat::ThreadStateFull)?,
                 map_full: probes.map_full()?,
+                quota_exceeded: self.quotas.exceeded(),
+                listeners_followed: self.ports.followed(),
             },
         })
     }

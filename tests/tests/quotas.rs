@@ -1,0 +1,150 @@
+//! Root-only: host capacity shared by quota (issue 28). One workload (a pod
+//! cgroup the test makes) past its share of a host-wide kernel map is
+//! degraded alone: what it holds past its share is refused and counted in
+//! `ttft_trace_quota_exceeded_total{resource}`, and the others are traced.
+
+use std::{
+    net::SocketAddr,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Result, ensure};
+use ttft_trace_tests::{
+    container::PodCgroup,
+    demo::{DemoServer, loadgen_in},
+    fixtures::temp_path,
+    tenant::GreedyTenant,
+    tracer::{Tracer, http_get, metric_total, root_test},
+};
+
+/// The daemon with the settings `settings` and `extra` arguments, its
+/// metrics on a free port, scanning every 200 ms, tracing only the pod
+/// cgroups (the tests' own: not another test's servers on this host).
+fn daemon(settings: &str, extra: &[&str]) -> Result<(Tracer, SocketAddr)> {
+    let config = temp_path("quotas-config", "toml");
+    std::fs::write(&config, settings)?;
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let mut args: Vec<String> = [
+        "--listen",
+        &addr.to_string(),
+        "--config",
+        &config.display().to_string(),
+        "--rescan-ms",
+        "200",
+        "--no-nvml",
+        "--interval",
+        "60",
+        "--cgroup-prefix",
+        "/kubepods",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let tracer = Tracer::start_daemon(&args);
+    let _ = std::fs::remove_file(&config);
+    Ok((tracer?, addr))
+}
+
+/// Polls /metrics until `name` reads `want`; returns what it read last.
+fn wait_for_metric(addr: SocketAddr, name: &str, want: u64, timeout: Duration) -> Result<u64> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let got = metric_total(&http_get(addr, "/metrics")?, name);
+        if got == want || Instant::now() >= deadline {
+            return Ok(got);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+const LISTENERS: u64 = 3000;
+const SHARE: u64 = 1000;
+
+/// A workload listening on 3000 ports, with `LISTEN_NETNS` sized to 2048
+/// pairs (its listen() calls alone would fill it) and a share of 1000: the
+/// pairs past its share are taken out of the map at the next scan and
+/// counted once each (2000); a new server in another network namespace,
+/// another pod, started after, is followed and every request of it
+/// traced. Once the workload closes its sockets, its pairs go.
+#[test]
+fn thousands_of_listeners_leave_room_for_a_new_server_elsewhere() -> Result<()> {
+    let Some(_g) = root_test("thousands_of_listeners_leave_room_for_a_new_server_elsewhere") else {
+        return Ok(());
+    };
+    let started = Instant::now();
+    let (mut tracer, addr) = daemon(
+        "[kernel_maps]\nlisten_netns = 2048\n",
+        &["--max-listeners-per-workload", &SHARE.to_string()],
+    )?;
+    let mut greedy = GreedyTenant::start(PodCgroup::new()?)?;
+    tracer.wait_for_workload(greedy.pid)?;
+    let t0 = Instant::now();
+    greedy.order(&format!("listen {LISTENERS}"))?;
+    tracer.wait_for_stderr(
+        &format!("has its share of {SHARE} listeners"),
+        1,
+        Duration::from_secs(10),
+    )?;
+    eprintln!("refused {:?} after its listen() calls began", t0.elapsed());
+    let server = DemoServer::start_in_netns(
+        &["--output-tokens", "4", "--load-gb", "1"],
+        Some(PodCgroup::new()?),
+    )?;
+    tracer.wait_for_workload(server.pid)?;
+    let followed = wait_for_metric(
+        addr,
+        "ttft_trace_listeners_followed",
+        SHARE + 1,
+        Duration::from_secs(5),
+    )?;
+    let clients = loadgen_in(
+        server.pid,
+        server.port,
+        &["--requests", "8", "--output-tokens", "4"],
+    )?;
+    std::thread::sleep(Duration::from_millis(300));
+    let metrics = http_get(addr, "/metrics")?;
+    let refused = metric_total(
+        &metrics,
+        "ttft_trace_quota_exceeded_total{resource=\"listeners\"}",
+    );
+    let map_full = metric_total(&metrics, "ttft_trace_map_full_total{map=\"LISTEN_NETNS\"}");
+    greedy.order("close")?;
+    let t_close = Instant::now();
+    let after_close = wait_for_metric(
+        addr,
+        "ttft_trace_listeners_followed",
+        1,
+        Duration::from_secs(5),
+    )?;
+    eprintln!(
+        "pairs followed: {followed} with the workload's {LISTENERS} listeners, {after_close} \
+         {:?} after it closed them; refused past its share: {refused}; refused by the full map \
+         (its burst before the first scan): {map_full}",
+        t_close.elapsed()
+    );
+    let port = server.port;
+    server.stop()?;
+    let out = tracer.interrupt(Duration::from_secs(30))?;
+    ensure!(out.success, "{}", out.stderr);
+    let traced = out
+        .lines
+        .iter()
+        .filter(|l| l["type"] == "request" && l["server_port"] == port)
+        .count();
+    eprintln!(
+        "the new server: {traced} of {} requests traced; test {:?}",
+        clients.len(),
+        started.elapsed()
+    );
+    ensure!(
+        !clients.is_empty() && traced == clients.len(),
+        "{traced} of {} traced",
+        clients.len()
+    );
+    ensure!(refused == LISTENERS - SHARE, "refused {refused}");
+    ensure!(followed == SHARE + 1, "followed {followed}");
+    ensure!(after_close == 1, "after close {after_close}");
+    Ok(())
+}
