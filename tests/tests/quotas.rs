@@ -11,7 +11,7 @@ use std::{
 use anyhow::{Result, ensure};
 use ttft_trace_tests::{
     container::PodCgroup,
-    demo::{DemoServer, loadgen_in},
+    demo::{DemoServer, loadgen, loadgen_in},
     fixtures::temp_path,
     tenant::GreedyTenant,
     tracer::{Tracer, http_get, metric_total, root_test},
@@ -58,6 +58,59 @@ fn wait_for_metric(addr: SocketAddr, name: &str, want: u64, timeout: Duration) -
     }
 }
 
+/// The daemon with `settings` and a share of `share` (`flag`), and the
+/// greedy workload in a pod of its own, traced, then ordered to take `n`
+/// of `resource` (`listen`, `threads`): returned once the daemon warned
+/// it is past its share.
+fn greedy_past_share(
+    settings: &str,
+    flag: &str,
+    share: u64,
+    (order, resource, n): (&str, &str, u64),
+) -> Result<(Tracer, SocketAddr, GreedyTenant)> {
+    let (mut tracer, addr) = daemon(settings, &[flag, &share.to_string()])?;
+    let mut greedy = GreedyTenant::start(PodCgroup::new()?)?;
+    tracer.wait_for_workload(greedy.pid)?;
+    let t0 = Instant::now();
+    greedy.order(&format!("{order} {n}"))?;
+    tracer.wait_for_stderr(
+        &format!("has its share of {share} {resource}"),
+        1,
+        Duration::from_secs(10),
+    )?;
+    eprintln!("past its share {:?} after its {order} began", t0.elapsed());
+    Ok((tracer, addr, greedy))
+}
+
+/// Stops `server` and the daemon, which must have traced every one of the
+/// `sent` requests on the server's port.
+fn all_traced(server: DemoServer, tracer: Tracer, sent: usize) -> Result<()> {
+    let port = server.port;
+    server.stop()?;
+    let out = tracer.interrupt(Duration::from_secs(30))?;
+    ensure!(out.success, "{}", out.stderr);
+    let traced = out
+        .lines
+        .iter()
+        .filter(|l| l["type"] == "request" && l["server_port"] == port)
+        .count();
+    eprintln!("the new server: {traced} of {sent} requests traced");
+    ensure!(sent > 0 && traced == sent, "{traced} of {sent} traced");
+    Ok(())
+}
+
+/// From /metrics: what was refused past the shares of `resource`, and by
+/// the full map `map`.
+fn refusals(addr: SocketAddr, resource: &str, map: &str) -> Result<(u64, u64)> {
+    let metrics = http_get(addr, "/metrics")?;
+    let exceeded = format!("ttft_trace_quota_exceeded_total{{resource=\"{resource}\"}}");
+    let full = format!("ttft_trace_map_full_total{{map=\"{map}\"}}");
+    Ok((
+        metric_total(&metrics, &exceeded),
+        metric_total(&metrics, &full),
+    ))
+}
+
 const LISTENERS: u64 = 3000;
 const SHARE: u64 = 1000;
 
@@ -73,20 +126,12 @@ fn thousands_of_listeners_leave_room_for_a_new_server_elsewhere() -> Result<()> 
         return Ok(());
     };
     let started = Instant::now();
-    let (mut tracer, addr) = daemon(
+    let (mut tracer, addr, mut greedy) = greedy_past_share(
         "[kernel_maps]\nlisten_netns = 2048\n",
-        &["--max-listeners-per-workload", &SHARE.to_string()],
+        "--max-listeners-per-workload",
+        SHARE,
+        ("listen", "listeners", LISTENERS),
     )?;
-    let mut greedy = GreedyTenant::start(PodCgroup::new()?)?;
-    tracer.wait_for_workload(greedy.pid)?;
-    let t0 = Instant::now();
-    greedy.order(&format!("listen {LISTENERS}"))?;
-    tracer.wait_for_stderr(
-        &format!("has its share of {SHARE} listeners"),
-        1,
-        Duration::from_secs(10),
-    )?;
-    eprintln!("refused {:?} after its listen() calls began", t0.elapsed());
     let server = DemoServer::start_in_netns(
         &["--output-tokens", "4", "--load-gb", "1"],
         Some(PodCgroup::new()?),
@@ -104,12 +149,7 @@ fn thousands_of_listeners_leave_room_for_a_new_server_elsewhere() -> Result<()> 
         &["--requests", "8", "--output-tokens", "4"],
     )?;
     std::thread::sleep(Duration::from_millis(300));
-    let metrics = http_get(addr, "/metrics")?;
-    let refused = metric_total(
-        &metrics,
-        "ttft_trace_quota_exceeded_total{resource=\"listeners\"}",
-    );
-    let map_full = metric_total(&metrics, "ttft_trace_map_full_total{map=\"LISTEN_NETNS\"}");
+    let (refused, map_full) = refusals(addr, "listeners", "LISTEN_NETNS")?;
     greedy.order("close")?;
     let t_close = Instant::now();
     let after_close = wait_for_metric(
@@ -124,27 +164,69 @@ fn thousands_of_listeners_leave_room_for_a_new_server_elsewhere() -> Result<()> 
          (its burst before the first scan): {map_full}",
         t_close.elapsed()
     );
-    let port = server.port;
-    server.stop()?;
-    let out = tracer.interrupt(Duration::from_secs(30))?;
-    ensure!(out.success, "{}", out.stderr);
-    let traced = out
-        .lines
-        .iter()
-        .filter(|l| l["type"] == "request" && l["server_port"] == port)
-        .count();
-    eprintln!(
-        "the new server: {traced} of {} requests traced; test {:?}",
-        clients.len(),
-        started.elapsed()
-    );
-    ensure!(
-        !clients.is_empty() && traced == clients.len(),
-        "{traced} of {} traced",
-        clients.len()
-    );
+    all_traced(server, tracer, clients.len())?;
+    eprintln!("test {:?}", started.elapsed());
     ensure!(refused == LISTENERS - SHARE, "refused {refused}");
     ensure!(followed == SHARE + 1, "followed {followed}");
     ensure!(after_close == 1, "after close {after_close}");
+    Ok(())
+}
+
+const THREADS: u64 = 400;
+const THREAD_SHARE: u64 = 64;
+
+/// A workload starting 400 threads, with `TRACKED` sized to 256 ids (its
+/// threads alone would fill it: the kernel adds each at its fork) and a
+/// share of 64: its ids past its share are dropped at the next scan and
+/// its later forks refused in the kernel; every one of its threads is
+/// either kept (63, beside its process), refused or dropped past its share
+/// (`ttft_trace_quota_exceeded_total{resource="threads"}`), or refused by
+/// the full map before the first scan. A new server in another pod,
+/// started after, is traced, every request of it.
+#[test]
+fn a_workload_with_more_threads_than_its_share_is_degraded_alone() -> Result<()> {
+    let Some(_g) = root_test("a_workload_with_more_threads_than_its_share_is_degraded_alone")
+    else {
+        return Ok(());
+    };
+    let started = Instant::now();
+    let (mut tracer, addr, greedy) = greedy_past_share(
+        "[kernel_maps]\ntracked = 256\n",
+        "--max-threads-per-workload",
+        THREAD_SHARE,
+        ("threads", "threads", THREADS),
+    )?;
+    // The next scan (250 ms) has dropped what is past its share.
+    std::thread::sleep(Duration::from_millis(600));
+    let (refused, map_full) = refusals(addr, "threads", "TRACKED")?;
+    let server = DemoServer::start_in(
+        &[
+            "--output-tokens",
+            "4",
+            "--load-gb",
+            "1",
+            "--threads",
+            "4",
+            "--tokenizer-threads",
+            "2",
+        ],
+        Some(PodCgroup::new()?),
+    )?;
+    tracer.wait_for_workload(server.pid)?;
+    tracer.wait_for_stderr("following requests on port", 1, Duration::from_secs(10))?;
+    let clients = loadgen(server.port, &["--requests", "8", "--output-tokens", "4"])?;
+    std::thread::sleep(Duration::from_millis(300));
+    drop(greedy);
+    eprintln!(
+        "{THREADS} threads, share {THREAD_SHARE}: refused or dropped past the share {refused}, \
+         refused by the full map {map_full}"
+    );
+    all_traced(server, tracer, clients.len())?;
+    eprintln!("test {:?}", started.elapsed());
+    ensure!(refused > 0, "nothing counted past the share");
+    ensure!(
+        refused + map_full == THREADS - (THREAD_SHARE - 1),
+        "every thread past the share counted once: {refused} + {map_full}"
+    );
     Ok(())
 }

@@ -114,15 +114,21 @@ pub enum Stat {
     /// outside the cgroups the program is on (systemd socket activation
     /// creates it in its own).
     ListenerUnseen = 5,
+    /// Forked children (threads or processes) not added to `TRACKED`
+    /// because their workload's tenant holds its share of it
+    /// ([`QUOTA_THREADS`] in `OVER_SHARE`).
+    TrackedQuota = 6,
 }
 
 /// Number of [`Stat`] slots.
-pub const STATS: u32 = 6;
+pub const STATS: u32 = 7;
 
 /// Bits of an `OVER_SHARE` value (workload id -> bits): its tenant holds
-/// its share of followed listeners. Set by userspace at each scan; the
-/// kernel refuses that workload's `listen()` pairs while set.
+/// its share of followed listeners; of `TRACKED` entries. Set by userspace
+/// at each scan; the kernel refuses that workload's `listen()` pairs, and
+/// its forked children, while set.
 pub const QUOTA_LISTENERS: u32 = 1;
+pub const QUOTA_THREADS: u32 = 2;
 
 /// The plain (not LRU) hash maps, which refuse inserts when full, and the
 /// statistic counting the refusals in the kernel, for

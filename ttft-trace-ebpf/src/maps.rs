@@ -29,8 +29,8 @@ pub static TRACKED: HashMap<u32, u32> = HashMap::with_max_entries(16384, 0);
 
 /// Workloads whose tenant (pod or cgroup) holds its share of a host-wide
 /// map: workload id -> `QUOTA_*` bits. Set by userspace at each scan; a
-/// `listen()` of such a workload is refused here, so that one tenant
-/// cannot fill `LISTEN_NETNS` for the others. Sized
+/// `listen()` or a fork of such a workload is refused here, so that one
+/// tenant cannot fill `LISTEN_NETNS` or `TRACKED` for the others. Sized
 /// as `TRACKED` (every workload fits), allocated as it fills.
 #[map]
 pub static OVER_SHARE: HashMap<u32, u32> = HashMap::with_max_entries(16384, BPF_F_NO_PREALLOC);

@@ -53,12 +53,18 @@ pub struct Quotas {
     /// Listening sockets followed (`LISTEN_NETNS` pairs); past it, the
     /// workload's other listeners are not followed.
     pub listeners: usize,
+    /// `TRACKED` entries: its processes and the threads the kernel adds
+    /// at fork; past it, its new child processes are not traced.
+    pub threads: usize,
 }
 
 impl Default for Quotas {
     fn default() -> Self {
-        // A quarter of the default map, as label sets are a pod's.
-        Self { listeners: 1024 }
+        // A quarter of the default maps, as label sets are a pod's.
+        Self {
+            listeners: 1024,
+            threads: 4096,
+        }
     }
 }
 
@@ -326,6 +332,7 @@ enabled = true
 period_ms = 100
 [quotas]
 listeners = 256
+threads = 512
 [causes]
 queueing_min_ns = 2000000000
 "#;
@@ -333,6 +340,7 @@ queueing_min_ns = 2000000000
         assert_eq!(cfg.discovery.ports, vec![8000]);
         assert_eq!(cfg.labels.max_sets_per_pod, 10);
         assert_eq!(cfg.quotas.listeners, 256);
+        assert_eq!(cfg.quotas.threads, 512);
         assert_eq!(
             cfg.listen_addr().expect("addr"),
             Some("0.0.0.0:9464".parse().expect("a"))

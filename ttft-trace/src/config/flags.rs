@@ -101,6 +101,11 @@ pub struct DaemonArgs {
     /// its others are not.
     #[arg(long, value_name = "N")]
     pub max_listeners_per_workload: Option<usize>,
+    /// Most processes and threads of one workload (pod, else cgroup) in
+    /// the kernel's TRACKED map; past it, its new child processes are not
+    /// traced.
+    #[arg(long, value_name = "N")]
+    pub max_threads_per_workload: Option<usize>,
     /// Remove the series of a vanished workload after this many seconds.
     #[arg(long, value_name = "SECONDS")]
     pub retire_after: Option<f64>,
@@ -236,6 +241,7 @@ impl DaemonArgs {
         file.quotas.listeners = self
             .max_listeners_per_workload
             .unwrap_or(file.quotas.listeners);
+        file.quotas.threads = self.max_threads_per_workload.unwrap_or(file.quotas.threads);
         file.labels.retire_after_s = self.retire_after.unwrap_or(file.labels.retire_after_s);
         file.labels.pid |= self.label_pid;
         file.labels.pod_log_dir = self.pod_log_dir.unwrap_or(file.labels.pod_log_dir);

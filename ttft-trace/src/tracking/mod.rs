@@ -192,7 +192,9 @@ impl Tracking {
     /// Scans every traced process and attaches libraries not seen before;
     /// detaches the probes no traced process needs any more.
     pub fn rescan(&mut self) -> Result<Rescan> {
-        let live = self.live_processes()?;
+        let census = Workloads::census(&mut self.probes)?;
+        self.quotas.share_tracked(&mut self.probes, &census)?;
+        let live = census.live;
         self.libraries
             .probe_live(&mut self.probes, &live, &mut self.changes);
         let pids: Vec<u32> = live.iter().map(|(pid, _)| *pid).collect();
@@ -237,7 +239,7 @@ impl Tracking {
                 segments_unseen,
                 thread_state_dropped: probes.stat(Stat::ThreadStateFull)?,
                 map_full: probes.map_full()?,
-                quota_exceeded: self.quotas.exceeded(),
+                quota_exceeded: self.quotas.exceeded(probes)?,
                 listeners_followed: self.ports.followed(),
             },
         })
@@ -335,9 +337,15 @@ impl Tracking {
         let root = d.root_of(pid, &mut self.libraries);
         let listens_as_asked = d.listens_as_asked(root);
         let (probes, changes) = (&mut self.probes, &mut self.changes);
-        if let Some(existing) = probes.tracked_workload(root)?
-            && self.workloads.is_traced(existing)
-        {
+        let existing = probes
+            .tracked_workload(root)?
+            .filter(|&w| self.workloads.is_traced(w));
+        // Its workload's tenant at its share of TRACKED: not tracked
+        // (counted once), tried again at each scan.
+        if !self.quotas.admits_process(existing.unwrap_or(root), pid) {
+            return Ok(());
+        }
+        if let Some(existing) = existing {
             Workloads::join(probes, pid, existing, changes)?;
             for lib in &libs {
                 self.libraries.attach_found(probes, lib, pid, changes);

@@ -37,7 +37,10 @@ impl Resource {
         match self {
             Self::LabelSets => "its later workloads are reported under its own comm=\"_other\" set",
             Self::Listeners => "its further listening sockets are not followed",
-            Self::Threads => "its further threads and child processes are not tracked",
+            Self::Threads => {
+                "its new child processes are not traced (its threads still are); \
+                 its thread ids past it are dropped from the kernel's map"
+            }
         }
     }
 }
@@ -127,10 +130,11 @@ impl<T: Ord + Clone + fmt::Display> Quota<T> {
     }
 
     /// Splits `units`, one tenant's in order of preference, into those
-    /// within its share and those past it (not counted here: the caller
-    /// knows which are new).
-    pub fn split<U>(&self, mut units: Vec<U>) -> (Vec<U>, Vec<U>) {
-        let past = units.split_off(self.share.min(units.len()));
+    /// within its share, of which it holds `held` already, and those past
+    /// it (not counted here: the caller knows which are new).
+    pub fn split<U>(&self, held: usize, mut units: Vec<U>) -> (Vec<U>, Vec<U>) {
+        let room = self.share.saturating_sub(held);
+        let past = units.split_off(room.min(units.len()));
         (units, past)
     }
 
@@ -163,9 +167,11 @@ mod tests {
         assert!(q.is_over(&a) && !q.is_over(&b));
         q.settle(|_| false);
         assert!(!q.is_over(&a));
-        let (kept, past) = q.split(vec![1, 2, 3, 4]);
+        let (kept, past) = q.split(0, vec![1, 2, 3, 4]);
         assert_eq!((kept, past), (vec![1, 2], vec![3, 4]));
-        assert_eq!(q.split(vec![1]), (vec![1], vec![]));
+        assert_eq!(q.split(0, vec![1]), (vec![1], vec![]));
+        assert_eq!(q.split(1, vec![1, 2]), (vec![1], vec![2]));
+        assert_eq!(q.split(3, vec![1]), (vec![], vec![1]));
     }
 
     #[test]
