@@ -8,7 +8,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Result, ensure};
+use anyhow::{Context as _, Result, ensure};
 use ttft_trace_tests::{
     container::PodCgroup,
     demo::{DemoServer, loadgen, loadgen_in},
@@ -227,6 +227,80 @@ fn a_workload_with_more_threads_than_its_share_is_degraded_alone() -> Result<()>
     ensure!(
         refused + map_full == THREADS - (THREAD_SHARE - 1),
         "every thread past the share counted once: {refused} + {map_full}"
+    );
+    Ok(())
+}
+
+const SAMPLED_SHARE: u64 = 16;
+
+/// The threads a process (`tgid`) has, and how many of them the daemon
+/// (`daemon`) samples: the schedstat files of them it holds open.
+fn sampled(daemon: u32, tgid: u32) -> Result<(usize, usize)> {
+    let prefix = format!("/proc/{tgid}/task/");
+    let open = std::fs::read_dir(format!("/proc/{daemon}/fd"))?
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .filter(|t| t.to_string_lossy().starts_with(&prefix))
+        .count();
+    Ok((std::fs::read_dir(&prefix)?.count(), open))
+}
+
+/// `--sched sampled` with a share of 16 sampled threads a workload: the
+/// workload with 101 threads has 16 sampled (16 schedstat files open in
+/// the daemon) and 85 refused, counted once each
+/// (`ttft_trace_quota_exceeded_total{resource="sampled_threads"}`); a new
+/// server in another pod has every thread sampled and every request
+/// traced.
+#[test]
+fn a_workload_with_more_threads_than_its_sampling_share_is_degraded_alone() -> Result<()> {
+    let Some(_g) =
+        root_test("a_workload_with_more_threads_than_its_sampling_share_is_degraded_alone")
+    else {
+        return Ok(());
+    };
+    let started = Instant::now();
+    let (mut tracer, addr, greedy) = greedy_past_share(
+        "sched = \"sampled\"\n",
+        "--max-sampled-threads-per-workload",
+        SAMPLED_SHARE,
+        ("threads", "sampled threads", THREADS / 4),
+    )?;
+    let daemon_pid = tracer.pid().context("the daemon's pid")?;
+    // The next scan (250 ms) has listed them all.
+    std::thread::sleep(Duration::from_millis(600));
+    let (threads, open) = sampled(daemon_pid, greedy.pid)?;
+    let (refused, _) = refusals(addr, "sampled_threads", "TRACKED")?;
+    let server = DemoServer::start_in(
+        &["--output-tokens", "4", "--load-gb", "1"],
+        Some(PodCgroup::new()?),
+    )?;
+    tracer.wait_for_workload(server.pid)?;
+    tracer.wait_for_stderr("following requests on port", 1, Duration::from_secs(10))?;
+    let clients = loadgen(server.port, &["--requests", "8", "--output-tokens", "4"])?;
+    // Threads it started for the load are listed at the next scan.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let (server_threads, server_open) = loop {
+        let (threads, open) = sampled(daemon_pid, server.pid)?;
+        if threads == open || Instant::now() >= deadline {
+            break (threads, open);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    eprintln!(
+        "the workload: {open} of its {threads} threads sampled, {refused} refused; the new \
+         server: {server_open} of its {server_threads} threads sampled"
+    );
+    drop(greedy);
+    all_traced(server, tracer, clients.len())?;
+    eprintln!("test {:?}", started.elapsed());
+    ensure!(open as u64 == SAMPLED_SHARE, "{open} sampled");
+    ensure!(
+        refused == threads as u64 - SAMPLED_SHARE,
+        "{refused} refused of {threads}"
+    );
+    ensure!(
+        server_open == server_threads,
+        "the server's threads are all sampled"
     );
     Ok(())
 }

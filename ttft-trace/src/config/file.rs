@@ -56,6 +56,9 @@ pub struct Quotas {
     /// `TRACKED` entries: its processes and the threads the kernel adds
     /// at fork; past it, its new child processes are not traced.
     pub threads: usize,
+    /// Threads sampled for `sched = "sampled"` (one open file each); past
+    /// it, its other threads are not sampled.
+    pub sampled_threads: usize,
 }
 
 impl Default for Quotas {
@@ -64,6 +67,7 @@ impl Default for Quotas {
         Self {
             listeners: 1024,
             threads: 4096,
+            sampled_threads: 4096,
         }
     }
 }
@@ -333,6 +337,7 @@ period_ms = 100
 [quotas]
 listeners = 256
 threads = 512
+sampled_threads = 128
 [causes]
 queueing_min_ns = 2000000000
 "#;
@@ -341,6 +346,7 @@ queueing_min_ns = 2000000000
         assert_eq!(cfg.labels.max_sets_per_pod, 10);
         assert_eq!(cfg.quotas.listeners, 256);
         assert_eq!(cfg.quotas.threads, 512);
+        assert_eq!(cfg.quotas.sampled_threads, 128);
         assert_eq!(
             cfg.listen_addr().expect("addr"),
             Some("0.0.0.0:9464".parse().expect("a"))

@@ -193,6 +193,11 @@ impl Series {
         }
     }
 
+    /// Sets the total refused past the shares of `resource`.
+    pub fn quota_exceeded(&self, resource: &str, total: u64) {
+        self.core.set_quota_exceeded(resource, total);
+    }
+
     /// Sets the eviction total of a bounded table.
     pub fn evictions(&self, table: &str, total: u64) {
         self.core.set_evictions(table, total);

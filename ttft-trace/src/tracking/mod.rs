@@ -113,6 +113,12 @@ impl Tracking {
         Ok(self.probes.take_events()?)
     }
 
+    /// The tenant (pod, else cgroup) of the traced workload rooted at
+    /// `root`, as found at the last scan.
+    pub fn tenant_of(&self, root: u32) -> Option<&crate::workloads::quota::Tenant> {
+        self.quotas.tenant_of(root)
+    }
+
     /// The workload the kernel keeps for `tgid`, exited or not.
     pub fn workload_of(&self, tgid: u32) -> Option<u32> {
         self.probes.workload_of(tgid).ok().flatten()

@@ -142,6 +142,12 @@ impl Quotas {
         false
     }
 
+    /// The tenant of the traced workload rooted at `root`, as found at the
+    /// last scan.
+    pub fn tenant_of(&self, root: u32) -> Option<&Tenant> {
+        self.tenants.get(&root)?.as_ref()
+    }
+
     /// The tenant of the workload rooted at `root` (through `pid` of it
     /// when the root has exited).
     fn tenant(&mut self, root: u32, pid: u32) -> Option<Tenant> {

@@ -1,6 +1,6 @@
 //! Host capacity shared by quota: one tenant (a pod, else a cgroup) may
 //! hold at most a configured share of a host-wide resource (label sets,
-//! followed listening sockets, tracked threads). Past its share that
+//! followed listening sockets, tracked threads, sampled threads). Past its share that
 //! tenant alone is degraded: what it asks for beyond is refused or taken
 //! back, counted in `ttft_trace_quota_exceeded_total{resource}`, and
 //! warned about once while it stays past its share. One [`Quota`] serves
@@ -20,6 +20,8 @@ pub enum Resource {
     Listeners,
     /// Entries of `TRACKED` (a traced process's threads and children).
     Threads,
+    /// Threads sampled for `--sched sampled` (one open file each).
+    SampledThreads,
 }
 
 impl Resource {
@@ -29,6 +31,7 @@ impl Resource {
             Self::LabelSets => "label_sets",
             Self::Listeners => "listeners",
             Self::Threads => "threads",
+            Self::SampledThreads => "sampled_threads",
         }
     }
 
@@ -40,6 +43,9 @@ impl Resource {
             Self::Threads => {
                 "its new child processes are not traced (its threads still are); \
                  its thread ids past it are dropped from the kernel's map"
+            }
+            Self::SampledThreads => {
+                "its other threads are not sampled (no scheduler spells of theirs)"
             }
         }
     }
