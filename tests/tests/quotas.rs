@@ -119,7 +119,8 @@ const SHARE: u64 = 1000;
 /// pairs past its share are taken out of the map at the next scan and
 /// counted once each (2000); a new server in another network namespace,
 /// another pod, started after, is followed and every request of it
-/// traced. Once the workload closes its sockets, its pairs go.
+/// traced. Once the workload closes its sockets, its pairs go, and ten
+/// new listeners of it are followed: it is under its share again.
 #[test]
 fn thousands_of_listeners_leave_room_for_a_new_server_elsewhere() -> Result<()> {
     let Some(_g) = root_test("thousands_of_listeners_leave_room_for_a_new_server_elsewhere") else {
@@ -164,11 +165,21 @@ fn thousands_of_listeners_leave_room_for_a_new_server_elsewhere() -> Result<()> 
          (its burst before the first scan): {map_full}",
         t_close.elapsed()
     );
+    // Under its share again: its new listeners are followed.
+    greedy.order("listen 10")?;
+    let again = wait_for_metric(
+        addr,
+        "ttft_trace_listeners_followed",
+        11,
+        Duration::from_secs(5),
+    )?;
+    eprintln!("pairs followed after it listened on 10 ports again: {again}");
     all_traced(server, tracer, clients.len())?;
     eprintln!("test {:?}", started.elapsed());
     ensure!(refused == LISTENERS - SHARE, "refused {refused}");
     ensure!(followed == SHARE + 1, "followed {followed}");
     ensure!(after_close == 1, "after close {after_close}");
+    ensure!(again == 11, "listening again: {again}");
     Ok(())
 }
 
