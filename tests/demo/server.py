@@ -53,7 +53,12 @@ FAULTS = ("tokenizer_stall", "batching_mismatch", "cold_start", "gpu_memory", "q
 # Mid-stream faults (issue 31's stalls after the first token): each acts once, on the gap before
 # output token --midstream-at of the request that asked for it (X-Demo-Fault).
 MIDSTREAM_FAULTS = ("midstream_copy", "midstream_cpu")
-FAULTS = FAULTS + MIDSTREAM_FAULTS
+# A stream's degradation (issue 31, item 3), on streamed responses: from output token
+# --midstream-at on, --coalesce-tokens tokens a send (midstream_coalesce); the server's close
+# right after sending token --midstream-at (midstream_cut); the end without `data: [DONE]`
+# (no_terminator); the last token's finish_reason null (no_finish_reason).
+END_FAULTS = ("midstream_coalesce", "midstream_cut", "no_terminator", "no_finish_reason")
+FAULTS = FAULTS + MIDSTREAM_FAULTS + END_FAULTS
 
 CUDA_MEMCPY_H2D = 1
 CUDA_MEMCPY_D2H = 2
@@ -955,6 +960,7 @@ class Server:
         usage = lambda n: {"prompt_tokens": prompt_tokens, "completion_tokens": n,
                            "total_tokens": prompt_tokens + n}
         texts: list[str] = []
+        held: list[bytes] = []  # midstream_coalesce: token chunks not sent yet
         outcome = "ok"
         keep = not close
         def send_headers():
@@ -994,15 +1000,26 @@ class Server:
                     if chat and a.role_chunk == "at-first-token" and o["i"] == 0:
                         rec["t_first_body_sent"] = send(chunk(sse(piece("", None, role=True))))
                         rec["t_first_body_send_start"] = t_send_start
-                    t = send(chunk(sse(piece(text, "length" if last else None))))
+                    finish = "length" if last and "no_finish_reason" not in faults else None
+                    held.append(chunk(sse(piece(text, finish))))
+                    coalesce = "midstream_coalesce" in faults and o["i"] >= a.midstream_at
+                    if not coalesce or len(held) >= a.coalesce_tokens or last:
+                        t = send(b"".join(held))
+                        held.clear()
+                        if rec["t_first_token_sent"] is None:
+                            rec["t_first_token_sent"] = t
+                            rec["t_first_token_send_start"] = t_send_start
+                            if rec["t_first_body_sent"] is None:
+                                rec["t_first_body_sent"] = t
+                                rec["t_first_body_send_start"] = t_send_start
                     self._midstream_cpu(rec, o["i"])
                     rec["output_tokens"] += 1
-                    if rec["t_first_token_sent"] is None:
-                        rec["t_first_token_sent"] = t
-                        rec["t_first_token_send_start"] = t_send_start
-                        if rec["t_first_body_sent"] is None:
-                            rec["t_first_body_sent"] = t
-                            rec["t_first_body_send_start"] = t_send_start
+                    if "midstream_cut" in faults and o["i"] == a.midstream_at and not last:
+                        outcome = "server_cut"
+                        keep = False
+                        self.engine.cancel(key)
+                        sock.shutdown(socket.SHUT_RDWR)
+                        break
                 if last:
                     break
             if outcome == "ok":
@@ -1013,7 +1030,8 @@ class Server:
                              else "text_completion", "created": created, "model": model,
                              "choices": [], "usage": usage(len(texts))}
                         tail += chunk(sse(u))
-                    tail += chunk(b"data: [DONE]\n\n")
+                    if "no_terminator" not in faults:
+                        tail += chunk(b"data: [DONE]\n\n")
                     if a.split_terminator:
                         send(tail)
                         send(b"0\r\n")
@@ -1203,6 +1221,8 @@ def parse_args(argv):
                    help="midstream_copy: MB copied out (D2H) and back in (H2D)")
     p.add_argument("--midstream-cpu-ms", type=float, default=300.0,
                    help="midstream_cpu: CPU burnt by the connection thread")
+    p.add_argument("--coalesce-tokens", type=int, default=4,
+                   help="midstream_coalesce: tokens a send from token --midstream-at on (>= 2)")
     p.add_argument("--engine-core", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     a.argv = list(argv)
@@ -1219,6 +1239,8 @@ def parse_args(argv):
         p.error("--max-batch, --threads, --tokenizer-threads, --swap-every must be >= 1")
     if a.midstream_at < 1:
         p.error("--midstream-at must be >= 1 (the first token is not mid-stream)")
+    if a.coalesce_tokens < 2:
+        p.error("--coalesce-tokens must be >= 2")
     return a
 
 

@@ -765,6 +765,7 @@ fn judge(stack: &str, run: Run) -> Result<()> {
     let mut diff_less_held = Vec::new();
     let mut est_diff = Vec::new();
     let mut problems = Vec::new();
+    let mut finish_read = 0;
     let mut notes: Vec<String> = vec![upstream_note]
         .into_iter()
         .filter(|n| !n.is_empty())
@@ -829,6 +830,17 @@ fn judge(stack: &str, run: Run) -> Result<()> {
                 problems.push(format!("{chunks} chunks: {t}"));
             }
             _ => {}
+        }
+        // A whole stream is never judged truncated (issue 31): the real
+        // stacks write their ends in their own ways (hyper's buffer of its
+        // own, nginx's and libmicrohttpd's framing, the openai client's
+        // close at `[DONE]`).
+        if t["outcome"] == "ok" || closed_at_done {
+            let end = &t["stalls"];
+            if !end["truncated"].is_null() {
+                problems.push(format!("a whole stream judged truncated: {t}"));
+            }
+            finish_read += usize::from(end["finish_reason"] == "length");
         }
         for n in t["notes"].as_array().into_iter().flatten() {
             let n = n.as_str().unwrap_or_default().to_string();
@@ -984,6 +996,10 @@ fn judge(stack: &str, run: Run) -> Result<()> {
         ));
     }
     print_row(&row);
+    eprintln!(
+        "{stack}: none of {} whole streams judged truncated; the last finish reason read in {finish_read}",
+        row.ok + row.closed_at_done
+    );
     eprintln!(
         "{stack}: the server's own clock{}: {}",
         if stack.starts_with("nginx") {

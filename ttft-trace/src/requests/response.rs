@@ -7,6 +7,7 @@ use serde::{Serialize, Serializer};
 use super::{
     chunked::{self, Chunked, View},
     http::{self, Body, Head, Http1Head},
+    stream_end::StreamEnd,
 };
 
 /// Longest header block followed over several sends.
@@ -82,10 +83,14 @@ pub(crate) struct Response {
     last_body_send: u64,
     pub chunks: u32,
     pub itl: Vec<u64>,
+    /// Body bytes of each chunk, as many as `itl` holds gaps, plus one.
+    pub chunk_bytes: Vec<u32>,
     itl_cap: usize,
     pub itl_truncated: bool,
     /// The chunked body's decoder, from the first send that carries body.
     chunked: Option<Chunked>,
+    /// How an event stream's body ended (SSE responses only).
+    pub stream_end: Option<StreamEnd>,
     /// Why the figures may be off (JSONL `notes`).
     pub notes: Vec<&'static str>,
 }
@@ -109,9 +114,11 @@ impl Response {
             last_body_send: send.t_ns,
             chunks: 0,
             itl: Vec::new(),
+            chunk_bytes: Vec::new(),
             itl_cap,
             itl_truncated: false,
             chunked: None,
+            stream_end: None,
             notes: Vec::new(),
         };
         match head {
@@ -213,9 +220,14 @@ impl Response {
         let Some(body_at) = self.body_offset(before, send.bytes) else {
             return;
         };
+        let view = View::of_send(send.bytes, send.head, send.tail).skip(body_at);
+        if self.is_event_stream() {
+            self.stream_end
+                .get_or_insert_with(StreamEnd::default)
+                .on_body(view);
+        }
         let data = if self.body == Body::Chunked && self.framing == Framing::Http1 {
             let known_start = self.header_len.is_some();
-            let view = View::of_send(send.bytes, send.head, send.tail).skip(body_at);
             self.chunked
                 .get_or_insert_with(|| {
                     if known_start {
@@ -229,8 +241,16 @@ impl Response {
             true
         };
         if data {
-            self.body_send(send.t_ns);
+            self.body_send(send.t_ns, send.bytes - body_at);
         }
+    }
+
+    /// Whether the response is server-sent events (its end is judged).
+    fn is_event_stream(&self) -> bool {
+        self.content_type
+            .as_deref()
+            .and_then(|t| t.trim_start().get(..17))
+            .is_some_and(|t| t.eq_ignore_ascii_case("text/event-stream"))
     }
 
     /// Where the body begins in a send that moved bytes `before .. before +
@@ -245,12 +265,16 @@ impl Response {
         }
     }
 
-    fn body_send(&mut self, t_ns: u64) {
+    fn body_send(&mut self, t_ns: u64, bytes: u64) {
         self.chunks += 1;
         if self.t_first_token.is_none() {
             self.t_first_token = Some(t_ns);
+            self.chunk_bytes
+                .push(u32::try_from(bytes).unwrap_or(u32::MAX));
         } else if self.itl.len() < self.itl_cap {
             self.itl.push(t_ns.saturating_sub(self.last_body_send));
+            self.chunk_bytes
+                .push(u32::try_from(bytes).unwrap_or(u32::MAX));
         } else {
             self.itl_truncated = true;
         }

@@ -8,6 +8,7 @@ mod framing;
 mod http1;
 mod join;
 mod output;
+mod stream_end;
 mod stream_stalls;
 
 use std::collections::HashMap;
