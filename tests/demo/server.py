@@ -32,6 +32,7 @@ import re
 import select
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -720,6 +721,10 @@ class Server:
         self.tok_q: queue.SimpleQueue = queue.SimpleQueue()
         self.cpu = CpuWork()
         self.conns: set[socket.socket] = set()
+        self.tls = None
+        if args.tls_cert:
+            self.tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            self.tls.load_cert_chain(args.tls_cert, args.tls_key)
         self.conns_lock = threading.Lock()
         self.stopping = False
         self.global_faults = args.fault_probs  # {name: prob}
@@ -755,6 +760,14 @@ class Server:
     def serve_conn(self, sock: socket.socket, addr) -> None:
         set_thread_name(threading.current_thread().name.replace("demo-conn_", "demo-conn-"))
         try:
+            if self.tls is not None:
+                # The handshake, on this connection's thread (CPython's ssl: OpenSSL with a
+                # socket BIO on the connection's descriptor).
+                plain = sock
+                sock = self.tls.wrap_socket(sock, server_side=True)
+                with self.conns_lock:
+                    self.conns.discard(plain)
+                    self.conns.add(sock)
             self._conn_loop(sock, addr)
         except (ConnectionError, OSError):
             pass
@@ -1112,7 +1125,7 @@ class Server:
             return 1
         lsock.listen(1024)
         port = lsock.getsockname()[1]
-        print(f"ttft-demo listening on http://127.0.0.1:{port} pid={os.getpid()} "
+        print(f"ttft-demo listening on {'https' if self.tls else 'http'}://127.0.0.1:{port} pid={os.getpid()} "
               f"gpu_worker={'process' if a.gpu_worker_process else 'thread'}"
               f"{' gpu_pid=' + str(self.engine.gpu_pid) if self.engine.gpu_pid else ''} "
               f"cudart={a.cudart}", flush=True)
@@ -1158,6 +1171,8 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--port", type=int, default=8000, help="TCP port on 127.0.0.1 (0: any free)")
+    p.add_argument("--tls-cert", help="serve HTTPS: the certificate chain (PEM); with --tls-key")
+    p.add_argument("--tls-key", help="serve HTTPS: the private key (PEM)")
     p.add_argument("--cudart", default=str(DEFAULT_CUDART), help="CUDA runtime library to load")
     p.add_argument("--ignore-cuda-errors", action="store_true",
                    help="keep going when CUDA calls fail (real libcudart, no GPU): device time "
@@ -1239,6 +1254,8 @@ def parse_args(argv):
         p.error("--max-batch, --threads, --tokenizer-threads, --swap-every must be >= 1")
     if a.midstream_at < 1:
         p.error("--midstream-at must be >= 1 (the first token is not mid-stream)")
+    if bool(a.tls_cert) != bool(a.tls_key):
+        p.error("--tls-cert and --tls-key go together")
     if a.coalesce_tokens < 2:
         p.error("--coalesce-tokens must be >= 2")
     return a

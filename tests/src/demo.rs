@@ -109,7 +109,7 @@ impl DemoServer {
         let mut line = String::new();
         BufReader::new(stdout).read_line(&mut line)?;
         let port = line
-            .split("http://127.0.0.1:")
+            .split("://127.0.0.1:")
             .nth(1)
             .and_then(|r| r.split_whitespace().next())
             .and_then(|p| p.parse().ok())

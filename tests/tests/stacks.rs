@@ -1226,9 +1226,11 @@ fn network_loss_on_real_stacks() -> Result<()> {
 /// stacks together: recall ≥ 95 %, ≤ 2 % of clean requests with a stall
 /// seen at the delivery or named `network` (a send stall of a busy CPU is
 /// not this test's: it runs beside the other stacks tests; those are
-/// printed), every stack with a request injected.
+/// printed), every stack with a request injected. 8 requests a stack
+/// (12 until 2026-12-06: 54 of 54 recalled, 6 injected a stack, ~20 s a
+/// stack) give about 4 injected a stack in ~13 s.
 const MIDSTREAM_TOKENS: u64 = 120;
-const MIDSTREAM_REQUESTS: usize = 12;
+const MIDSTREAM_REQUESTS: usize = 8;
 
 #[test]
 fn midstream_loss_on_real_stacks() -> Result<()> {

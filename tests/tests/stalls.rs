@@ -92,7 +92,9 @@ fn a_long_prefill_is_named_in_the_stream_it_stalls() -> Result<()> {
 // ---- Recall matrix (issue 31, item 5): each kind of stall injected
 // mid-stream at a known time, many streams, scored against that truth.
 
-/// Output tokens of each stream, and the token whose gap the injection holds.
+/// Output tokens of each stream, and the token whose gap the injection
+/// holds. A stream must outlast the long prompt's tokenizing: with 64
+/// tokens most streams ended before its prefill began (1 of 24 recalled).
 const OUT_TOKENS: u32 = 120;
 const AT: usize = 16;
 /// Streams per kind: two injected for one clean, interleaved, one at a time.

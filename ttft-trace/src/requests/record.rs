@@ -144,7 +144,10 @@ impl RequestRecord {
         let req = &f.request;
         let resp = req.response.as_ref();
         let t_arrive = req.t_arrive;
-        let t_first_token = resp.and_then(|r| r.t_first_token);
+        // TLS records are no tokens: no first token, nor anything timed from it.
+        let t_first_token = resp
+            .and_then(|r| r.t_first_token)
+            .filter(|_| f.outcome != Outcome::TlsUnsupported);
         let t_done = resp.map(|r| r.t_last_send);
         let ttft = t_first_token.map(|t| t.saturating_sub(t_arrive));
         let whole = matches!(f.outcome, Outcome::Ok | Outcome::ErrorStatus);

@@ -24,6 +24,8 @@ pub enum Framing {
     /// HTTP/2 in clear text (prior knowledge or an `h2c` upgrade): streams
     /// are multiplexed, so requests are not told apart. Read as opaque.
     Http2,
+    /// TLS records: encrypted, read as opaque.
+    Tls,
 }
 
 impl Framing {
@@ -32,6 +34,7 @@ impl Framing {
             Self::Http1 => "http1",
             Self::Opaque => "opaque",
             Self::Http2 => "http2",
+            Self::Tls => "tls",
         }
     }
 }
@@ -134,6 +137,7 @@ impl Response {
                 }
             }
             Head::Http2 => r.framing = Framing::Http2,
+            Head::Tls => r.framing = Framing::Tls,
             Head::Missing => r.notes.push("head_not_captured"),
             Head::Opaque | Head::Interim => {}
         }
@@ -257,7 +261,7 @@ impl Response {
     /// n` of the response; `None` when the send is all header block.
     fn body_offset(&self, before: u64, n: u64) -> Option<u64> {
         match (self.framing, self.body, self.header_len) {
-            (Framing::Opaque | Framing::Http2, _, _) => Some(0),
+            (Framing::Opaque | Framing::Http2 | Framing::Tls, _, _) => Some(0),
             (Framing::Http1, Body::Empty, _) => None,
             (Framing::Http1, _, Some(h)) => (before + n > h).then(|| h.saturating_sub(before)),
             // Header end unknown: the first send is taken as the headers.

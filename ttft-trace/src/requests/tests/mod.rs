@@ -10,6 +10,7 @@ mod join;
 mod output;
 mod stream_end;
 mod stream_stalls;
+mod tls;
 
 use std::collections::HashMap;
 
