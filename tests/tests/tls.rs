@@ -20,7 +20,9 @@ use ttft_trace_tests::{
 fn certificate() -> Result<(String, String)> {
     let (cert, key) = (temp_path("tls-cert", "pem"), temp_path("tls-key", "pem"));
     let out = Command::new("openssl")
-        .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"])
+        .args([
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+        ])
         .args(["-subj", "/CN=localhost", "-keyout"])
         .arg(&key)
         .arg("-out")
@@ -41,8 +43,11 @@ fn completions(port: u16, urls: usize) -> Result<String> {
         if i > 0 {
             c.arg("--next").args(["-sSk", "-N"]);
         }
-        c.args(["-d", r#"{"model":"m","prompt":"x","max_tokens":8,"stream":true}"#])
-            .arg(&url);
+        c.args([
+            "-d",
+            r#"{"model":"m","prompt":"x","max_tokens":8,"stream":true}"#,
+        ])
+        .arg(&url);
     }
     let out = c.output().context("running curl")?;
     ensure!(out.status.success(), "curl: {out:?}");

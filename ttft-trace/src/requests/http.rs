@@ -341,11 +341,11 @@ mod tests {
 
     #[test]
     fn not_http() {
+        assert_eq!(parse_head(&[0x17, 0x03, 0x03, 0x00, 0x20], 37), Head::Tls);
         assert_eq!(
-            parse_head(&[0x17, 0x03, 0x03, 0x00, 0x20], 37),
-            Head::Tls
+            parse_head(&[0x05, 0x03, 0x03, 0x00, 0x20], 37),
+            Head::Opaque
         );
-        assert_eq!(parse_head(&[0x05, 0x03, 0x03, 0x00, 0x20], 37), Head::Opaque);
         assert_eq!(parse_head(b"\x00\x00\x12\x04\x00", 99), Head::Opaque);
         assert_eq!(parse_head(b"HTTP/2 200\r\n", 12), Head::Opaque);
         assert_eq!(parse_head(b"", 10), Head::Missing);
@@ -374,7 +374,10 @@ mod tests {
         assert_eq!(parse_head(&[24, 3, 3, 0, 1, 2], 6), Head::Opaque);
         assert_eq!(parse_head(&[22, 3, 3, 0, 0], 5), Head::Opaque);
         // A second header in sight that is not one.
-        assert_eq!(parse_head(&[23, 3, 3, 0, 1, 7, 0, 0, 0, 0, 0], 11), Head::Opaque);
+        assert_eq!(
+            parse_head(&[23, 3, 3, 0, 1, 7, 0, 0, 0, 0, 0], 11),
+            Head::Opaque
+        );
     }
 
     #[test]
