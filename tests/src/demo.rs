@@ -15,7 +15,24 @@ use crate::{
     container::{self, PodCgroup},
     fixtures::{self, ChildGuard},
     server_clock::Stamps,
+    tracer::Tracer,
 };
+
+/// One streamed completion request of `max_tokens` for a prompt of
+/// `prompt_tokens`, with the demo's fault switch `fault` when given, on a
+/// connection that closes after it.
+pub fn streamed_completion(prompt_tokens: u32, max_tokens: u32, fault: Option<&str>) -> String {
+    let body = format!(
+        r#"{{"model":"ttft-demo","prompt":"x","max_tokens":{max_tokens},"stream":true,"demo_prompt_tokens":{prompt_tokens}}}"#
+    );
+    let fault = fault.map(|f| format!("X-Demo-Fault: {f}\r\n"));
+    format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         {}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        fault.unwrap_or_default(),
+        body.len()
+    )
+}
 
 fn demo_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("demo")
@@ -37,6 +54,21 @@ impl DemoServer {
     /// arguments, and returns once it listens.
     pub fn start(extra: &[&str]) -> Result<Self> {
         Self::start_in(extra, None)
+    }
+
+    /// A server started with no extra arguments, and the tracer attached
+    /// to it (`--pid`, summaries every 60 s) once it follows its requests.
+    pub fn traced() -> Result<(Self, Tracer)> {
+        let server = Self::start(&[])?;
+        let args = vec![
+            "--pid".to_string(),
+            server.pid.to_string(),
+            "--interval".into(),
+            "60".into(),
+        ];
+        let mut tracer = Tracer::start(&args, 0)?;
+        tracer.wait_for_stderr("following requests on port", 1, Duration::from_secs(30))?;
+        Ok((server, tracer))
     }
 
     /// As [`DemoServer::start`], in `cgroup` (from its first instruction,
@@ -97,7 +129,7 @@ impl DemoServer {
         let mut line = String::new();
         BufReader::new(stdout).read_line(&mut line)?;
         let port = line
-            .split("http://127.0.0.1:")
+            .split("://127.0.0.1:")
             .nth(1)
             .and_then(|r| r.split_whitespace().next())
             .and_then(|p| p.parse().ok())

@@ -68,6 +68,8 @@ fn request(i: u64) -> JudgedRequest {
         framing: None,
         outcome: Outcome::Ok,
         notes: vec![],
+        chunk_bytes: vec![],
+        ending: Default::default(),
     };
     JudgedRequest {
         evidence: Evidence::new(RequestTimes::from(&record)),

@@ -83,6 +83,8 @@ pub(crate) struct Request {
     pub pipelined: bool,
     /// On a connection that speaks HTTP/2.
     pub http2: bool,
+    /// On a TLS connection.
+    pub tls: bool,
     /// For a pipelined request: whether the last send ended a response, so
     /// that the next receive starts a request that can be followed again.
     response_ended: bool,
@@ -139,6 +141,9 @@ pub(crate) enum Cause {
 fn outcome(req: &Request, cause: Cause) -> Outcome {
     if req.http2 {
         return Outcome::Http2Unsupported;
+    }
+    if req.tls {
+        return Outcome::TlsUnsupported;
     }
     if req.pipelined || cause == Cause::Pipelined {
         return Outcome::PipelinedUnsupported;
@@ -239,6 +244,9 @@ pub(crate) struct Connection {
     /// The server's first send was HTTP/2's connection preface (or a 101 to
     /// `h2c`): every request from then on is HTTP/2.
     http2: bool,
+    /// The server's first send was TLS records: every request from then on
+    /// is encrypted.
+    tls: bool,
     /// The client closed its side (FIN, or a receive returned EOF) while
     /// the response was unfinished by its framing: the server may still
     /// finish it (a client that stops reading at `data: [DONE]` and closes
@@ -262,6 +270,7 @@ impl Connection {
             acks: AckTracker::default(),
             chunks: ChunkAcks::default(),
             http2: false,
+            tls: false,
             peer_closed: false,
             closed_at: None,
         }
@@ -328,11 +337,13 @@ impl Connection {
             }
         });
         self.http2 |= head == Some(Head::Http2);
+        self.tls |= head == Some(Head::Tls);
         let Some(req) = self.current.as_mut() else {
             out.sends_without_request += 1;
             return;
         };
         req.http2 |= self.http2;
+        req.tls |= self.tls;
         req.bytes_out += n;
         req.t_last_send = Some(ev.t_ns);
         let send = Outgoing {
@@ -510,6 +521,7 @@ impl Connection {
         let unfinished = self.current.as_ref().is_some_and(|r| {
             !r.pipelined
                 && !r.http2
+                && !r.tls
                 && r.response.as_ref().map(Response::end) == Some(End::Incomplete)
         });
         if unfinished {
@@ -544,6 +556,7 @@ impl Connection {
             response: None,
             pipelined,
             http2: self.http2,
+            tls: self.tls,
             response_ended: false,
             t_last_send: None,
             notes: Vec::new(),

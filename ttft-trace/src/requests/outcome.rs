@@ -24,6 +24,11 @@ pub enum Outcome {
     /// one "request" is an idle-to-busy period of the connection, not a
     /// request. Logged (`framing: "http2"`), never counted.
     Http2Unsupported,
+    /// A request on a TLS connection (the server's first send was TLS
+    /// records): its bytes are encrypted, and the plaintext is not read
+    /// (TLS libraries are not probed yet). Logged (`framing: "tls"`), never
+    /// counted: its sends are records, not tokens.
+    TlsUnsupported,
     /// Still in flight when tracing stopped.
     InFlightAtExit,
     /// Its connection was dropped to bound memory (idle too long without a
@@ -32,13 +37,14 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 8] = [
+    pub const ALL: [Outcome; 9] = [
         Self::Ok,
         Self::ErrorStatus,
         Self::ClosedMidResponse,
         Self::ClosedBeforeResponse,
         Self::PipelinedUnsupported,
         Self::Http2Unsupported,
+        Self::TlsUnsupported,
         Self::InFlightAtExit,
         Self::Evicted,
     ];
@@ -51,6 +57,7 @@ impl Outcome {
             Self::ClosedBeforeResponse => "closed_before_response",
             Self::PipelinedUnsupported => "pipelined_unsupported",
             Self::Http2Unsupported => "http2_unsupported",
+            Self::TlsUnsupported => "tls_unsupported",
             Self::InFlightAtExit => "in_flight_at_exit",
             Self::Evicted => "evicted",
         }

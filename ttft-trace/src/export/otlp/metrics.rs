@@ -193,7 +193,10 @@ fn duration_ns(r: &RequestRecord) -> Option<u64> {
         | Outcome::ClosedMidResponse
         | Outcome::ClosedBeforeResponse
         | Outcome::Evicted => r.t_done_ns.map(|d| d.saturating_sub(r.t_arrive_ns)),
-        Outcome::PipelinedUnsupported | Outcome::Http2Unsupported | Outcome::InFlightAtExit => None,
+        Outcome::PipelinedUnsupported
+        | Outcome::Http2Unsupported
+        | Outcome::TlsUnsupported
+        | Outcome::InFlightAtExit => None,
     }
 }
 

@@ -8,7 +8,9 @@ mod framing;
 mod http1;
 mod join;
 mod output;
+mod stream_end;
 mod stream_stalls;
+mod tls;
 
 use std::collections::HashMap;
 
