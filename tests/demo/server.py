@@ -32,6 +32,7 @@ import re
 import select
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -53,7 +54,12 @@ FAULTS = ("tokenizer_stall", "batching_mismatch", "cold_start", "gpu_memory", "q
 # Mid-stream faults (issue 31's stalls after the first token): each acts once, on the gap before
 # output token --midstream-at of the request that asked for it (X-Demo-Fault).
 MIDSTREAM_FAULTS = ("midstream_copy", "midstream_cpu")
-FAULTS = FAULTS + MIDSTREAM_FAULTS
+# A stream's degradation (issue 31, item 3), on streamed responses: from output token
+# --midstream-at on, --coalesce-tokens tokens a send (midstream_coalesce); the server's close
+# right after sending token --midstream-at (midstream_cut); the end without `data: [DONE]`
+# (no_terminator); the last token's finish_reason null (no_finish_reason).
+END_FAULTS = ("midstream_coalesce", "midstream_cut", "no_terminator", "no_finish_reason")
+FAULTS = FAULTS + MIDSTREAM_FAULTS + END_FAULTS
 
 CUDA_MEMCPY_H2D = 1
 CUDA_MEMCPY_D2H = 2
@@ -715,6 +721,10 @@ class Server:
         self.tok_q: queue.SimpleQueue = queue.SimpleQueue()
         self.cpu = CpuWork()
         self.conns: set[socket.socket] = set()
+        self.tls = None
+        if args.tls_cert:
+            self.tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            self.tls.load_cert_chain(args.tls_cert, args.tls_key)
         self.conns_lock = threading.Lock()
         self.stopping = False
         self.global_faults = args.fault_probs  # {name: prob}
@@ -750,6 +760,14 @@ class Server:
     def serve_conn(self, sock: socket.socket, addr) -> None:
         set_thread_name(threading.current_thread().name.replace("demo-conn_", "demo-conn-"))
         try:
+            if self.tls is not None:
+                # The handshake, on this connection's thread (CPython's ssl: OpenSSL with a
+                # socket BIO on the connection's descriptor).
+                plain = sock
+                sock = self.tls.wrap_socket(sock, server_side=True)
+                with self.conns_lock:
+                    self.conns.discard(plain)
+                    self.conns.add(sock)
             self._conn_loop(sock, addr)
         except (ConnectionError, OSError):
             pass
@@ -955,6 +973,7 @@ class Server:
         usage = lambda n: {"prompt_tokens": prompt_tokens, "completion_tokens": n,
                            "total_tokens": prompt_tokens + n}
         texts: list[str] = []
+        held: list[bytes] = []  # midstream_coalesce: token chunks not sent yet
         outcome = "ok"
         keep = not close
         def send_headers():
@@ -994,15 +1013,26 @@ class Server:
                     if chat and a.role_chunk == "at-first-token" and o["i"] == 0:
                         rec["t_first_body_sent"] = send(chunk(sse(piece("", None, role=True))))
                         rec["t_first_body_send_start"] = t_send_start
-                    t = send(chunk(sse(piece(text, "length" if last else None))))
+                    finish = "length" if last and "no_finish_reason" not in faults else None
+                    held.append(chunk(sse(piece(text, finish))))
+                    coalesce = "midstream_coalesce" in faults and o["i"] >= a.midstream_at
+                    if not coalesce or len(held) >= a.coalesce_tokens or last:
+                        t = send(b"".join(held))
+                        held.clear()
+                        if rec["t_first_token_sent"] is None:
+                            rec["t_first_token_sent"] = t
+                            rec["t_first_token_send_start"] = t_send_start
+                            if rec["t_first_body_sent"] is None:
+                                rec["t_first_body_sent"] = t
+                                rec["t_first_body_send_start"] = t_send_start
                     self._midstream_cpu(rec, o["i"])
                     rec["output_tokens"] += 1
-                    if rec["t_first_token_sent"] is None:
-                        rec["t_first_token_sent"] = t
-                        rec["t_first_token_send_start"] = t_send_start
-                        if rec["t_first_body_sent"] is None:
-                            rec["t_first_body_sent"] = t
-                            rec["t_first_body_send_start"] = t_send_start
+                    if "midstream_cut" in faults and o["i"] == a.midstream_at and not last:
+                        outcome = "server_cut"
+                        keep = False
+                        self.engine.cancel(key)
+                        sock.shutdown(socket.SHUT_RDWR)
+                        break
                 if last:
                     break
             if outcome == "ok":
@@ -1013,7 +1043,8 @@ class Server:
                              else "text_completion", "created": created, "model": model,
                              "choices": [], "usage": usage(len(texts))}
                         tail += chunk(sse(u))
-                    tail += chunk(b"data: [DONE]\n\n")
+                    if "no_terminator" not in faults:
+                        tail += chunk(b"data: [DONE]\n\n")
                     if a.split_terminator:
                         send(tail)
                         send(b"0\r\n")
@@ -1094,7 +1125,7 @@ class Server:
             return 1
         lsock.listen(1024)
         port = lsock.getsockname()[1]
-        print(f"ttft-demo listening on http://127.0.0.1:{port} pid={os.getpid()} "
+        print(f"ttft-demo listening on {'https' if self.tls else 'http'}://127.0.0.1:{port} pid={os.getpid()} "
               f"gpu_worker={'process' if a.gpu_worker_process else 'thread'}"
               f"{' gpu_pid=' + str(self.engine.gpu_pid) if self.engine.gpu_pid else ''} "
               f"cudart={a.cudart}", flush=True)
@@ -1140,6 +1171,8 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--port", type=int, default=8000, help="TCP port on 127.0.0.1 (0: any free)")
+    p.add_argument("--tls-cert", help="serve HTTPS: the certificate chain (PEM); with --tls-key")
+    p.add_argument("--tls-key", help="serve HTTPS: the private key (PEM)")
     p.add_argument("--cudart", default=str(DEFAULT_CUDART), help="CUDA runtime library to load")
     p.add_argument("--ignore-cuda-errors", action="store_true",
                    help="keep going when CUDA calls fail (real libcudart, no GPU): device time "
@@ -1203,6 +1236,8 @@ def parse_args(argv):
                    help="midstream_copy: MB copied out (D2H) and back in (H2D)")
     p.add_argument("--midstream-cpu-ms", type=float, default=300.0,
                    help="midstream_cpu: CPU burnt by the connection thread")
+    p.add_argument("--coalesce-tokens", type=int, default=4,
+                   help="midstream_coalesce: tokens a send from token --midstream-at on (>= 2)")
     p.add_argument("--engine-core", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     a.argv = list(argv)
@@ -1219,6 +1254,10 @@ def parse_args(argv):
         p.error("--max-batch, --threads, --tokenizer-threads, --swap-every must be >= 1")
     if a.midstream_at < 1:
         p.error("--midstream-at must be >= 1 (the first token is not mid-stream)")
+    if bool(a.tls_cert) != bool(a.tls_key):
+        p.error("--tls-cert and --tls-key go together")
+    if a.coalesce_tokens < 2:
+        p.error("--coalesce-tokens must be >= 2")
     return a
 
 

@@ -15,7 +15,24 @@ use crate::{
     container::{self, PodCgroup},
     fixtures::{self, ChildGuard},
     server_clock::Stamps,
+    tracer::Tracer,
 };
+
+/// One streamed completion request of `max_tokens` for a prompt of
+/// `prompt_tokens`, with the demo's fault switch `fault` when given, on a
+/// connection that closes after it.
+pub fn streamed_completion(prompt_tokens: u32, max_tokens: u32, fault: Option<&str>) -> String {
+    let body = format!(
+        r#"{{"model":"ttft-demo","prompt":"x","max_tokens":{max_tokens},"stream":true,"demo_prompt_tokens":{prompt_tokens}}}"#
+    );
+    let fault = fault.map(|f| format!("X-Demo-Fault: {f}\r\n"));
+    format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         {}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        fault.unwrap_or_default(),
+        body.len()
+    )
+}
 
 fn demo_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("demo")
@@ -39,22 +56,57 @@ impl DemoServer {
         Self::start_in(extra, None)
     }
 
+    /// A server started with no extra arguments, and the tracer attached
+    /// to it (`--pid`, summaries every 60 s) once it follows its requests.
+    pub fn traced() -> Result<(Self, Tracer)> {
+        let server = Self::start(&[])?;
+        let args = vec![
+            "--pid".to_string(),
+            server.pid.to_string(),
+            "--interval".into(),
+            "60".into(),
+        ];
+        let mut tracer = Tracer::start(&args, 0)?;
+        tracer.wait_for_stderr("following requests on port", 1, Duration::from_secs(30))?;
+        Ok((server, tracer))
+    }
+
     /// As [`DemoServer::start`], in `cgroup` (from its first instruction,
     /// so that its listening socket is that cgroup's, as under a container
     /// runtime or a systemd unit).
     pub fn start_in(extra: &[&str], cgroup: Option<PodCgroup>) -> Result<Self> {
-        Self::spawn(extra, cgroup, false)
+        Self::spawn(extra, cgroup, Place::Cgroup)
     }
 
     /// As [`DemoServer::start`], in the root cgroup whatever the test's is
     /// (its listening socket is the root cgroup's).
     pub fn start_in_root(extra: &[&str]) -> Result<Self> {
-        Self::spawn(extra, None, true)
+        Self::spawn(extra, None, Place::RootCgroup)
     }
 
-    fn spawn(extra: &[&str], cgroup: Option<PodCgroup>, in_root: bool) -> Result<Self> {
+    /// As [`DemoServer::start_in`], in a network namespace of its own
+    /// (`unshare --net`, its loopback up; the same pid): reach it with
+    /// [`loadgen_in`].
+    pub fn start_in_netns(extra: &[&str], cgroup: Option<PodCgroup>) -> Result<Self> {
+        Self::spawn(extra, cgroup, Place::Netns)
+    }
+
+    fn spawn(extra: &[&str], cgroup: Option<PodCgroup>, place: Place) -> Result<Self> {
         let truth = fixtures::temp_path("server-truth", "jsonl");
-        let mut cmd = Command::new("python3");
+        let mut cmd = match place {
+            Place::Netns => {
+                let mut c = Command::new("unshare");
+                c.args([
+                    "--net",
+                    "sh",
+                    "-c",
+                    r#"ip link set lo up && exec "$0" "$@""#,
+                ]);
+                c.arg("python3");
+                c
+            }
+            _ => Command::new("python3"),
+        };
         cmd.arg(demo_dir().join("server.py"))
             .args(["--port", "0", "--cudart"])
             .arg(fixtures::existing_fixture(fixtures::STUB_CUDART)?)
@@ -67,7 +119,7 @@ impl DemoServer {
         if let Some(cgroup) = &cgroup {
             cgroup.place(&mut cmd)?;
         }
-        if in_root {
+        if place == Place::RootCgroup {
             container::place_in_root_cgroup(&mut cmd)?;
         }
         let mut child = cmd.spawn().context("starting tests/demo/server.py")?;
@@ -77,7 +129,7 @@ impl DemoServer {
         let mut line = String::new();
         BufReader::new(stdout).read_line(&mut line)?;
         let port = line
-            .split("http://127.0.0.1:")
+            .split("://127.0.0.1:")
             .nth(1)
             .and_then(|r| r.split_whitespace().next())
             .and_then(|p| p.parse().ok())
@@ -98,6 +150,14 @@ impl DemoServer {
         self.child.wait_timeout(Duration::from_secs(20))?;
         Ok(self.truth.clone())
     }
+}
+
+/// Where [`DemoServer::spawn`] starts it besides its cgroup.
+#[derive(PartialEq, Eq)]
+enum Place {
+    Cgroup,
+    RootCgroup,
+    Netns,
 }
 
 /// One request as the load generator measured it.
@@ -135,8 +195,20 @@ pub struct ClientRequest {
 
 /// Runs the load generator against `port` with `args`; returns its records.
 pub fn loadgen(port: u16, args: &[&str]) -> Result<Vec<ClientRequest>> {
+    run_loadgen(Command::new("python3"), port, args)
+}
+
+/// As [`loadgen`], in the network namespace of process `pid` (a server
+/// started by [`DemoServer::start_in_netns`]).
+pub fn loadgen_in(pid: u32, port: u16, args: &[&str]) -> Result<Vec<ClientRequest>> {
+    let mut cmd = Command::new("nsenter");
+    cmd.arg(format!("--net=/proc/{pid}/ns/net")).arg("python3");
+    run_loadgen(cmd, port, args)
+}
+
+fn run_loadgen(mut cmd: Command, port: u16, args: &[&str]) -> Result<Vec<ClientRequest>> {
     let out = fixtures::temp_path("loadgen", "jsonl");
-    let status = Command::new("python3")
+    let status = cmd
         .arg(demo_dir().join("loadgen.py"))
         .args(["--port", &port.to_string()])
         .args(args)

@@ -7,6 +7,7 @@ pub mod prometheus;
 pub mod server_clock;
 pub mod stalls;
 pub mod stub_gpu;
+pub mod tenant;
 pub mod tracer;
 
 /// A test that cannot run here (a fixture, a tool or root missing) skips

@@ -49,7 +49,7 @@ async def asgi(scope, receive, send):
     for i in range(n):
         await asyncio.to_thread(gpu.step, i)
         t_send = gpu.now()
-        await send({"type": "http.response.body", "body": gpu.chunk(path, i), "more_body": True})
+        await send({"type": "http.response.body", "body": gpu.chunk(path, i, n), "more_body": True})
         if i == 0:
             gpu.stamp(scope["client"][1], t_read, t_send)
     await send({"type": "http.response.body", "body": gpu.last(path), "more_body": True})
@@ -79,10 +79,11 @@ def serve_aiohttp(port: int) -> None:
         resp = web.StreamResponse(headers={"Content-Type": gpu.content_type(path),
                                            "Cache-Control": "no-cache"})
         await resp.prepare(request)
-        for i in range(gpu.tokens(body)):
+        n = gpu.tokens(body)
+        for i in range(n):
             await asyncio.to_thread(gpu.step, i)
             t_send = gpu.now()
-            await resp.write(gpu.chunk(path, i))
+            await resp.write(gpu.chunk(path, i, n))
             if i == 0:
                 gpu.stamp(request.transport.get_extra_info("peername")[1], t_read, t_send)
         await resp.write(gpu.last(path))
@@ -105,10 +106,11 @@ def serve_tornado(port: int) -> None:
             path = self.request.path
             self.set_header("Content-Type", gpu.content_type(path))
             self.set_header("Cache-Control", "no-cache")
-            for i in range(gpu.tokens(self.request.body)):
+            n = gpu.tokens(self.request.body)
+            for i in range(n):
                 await asyncio.to_thread(gpu.step, i)
                 t_send = gpu.now()
-                self.write(gpu.chunk(path, i))
+                self.write(gpu.chunk(path, i, n))
                 await self.flush()
                 if i == 0:
                     gpu.stamp(self.request.connection.context.address[1], t_read, t_send)

@@ -31,16 +31,18 @@ use ttft_trace_tests::stub_gpu::StubGpu;
 const PREFILL_NS: u64 = 20_000_000;
 const DECODE_NS: u64 = 5_000_000;
 
-fn chunk(path: &str, i: u64) -> Bytes {
+/// Token `i` of `n` (the last gives its finish reason, as OpenAI's API does).
+fn chunk(path: &str, i: u64, n: u64) -> Bytes {
     let word = format!(" tok{i}");
+    let finish = (i + 1 == n).then_some("length");
     let body = match path {
         "/v1/chat/completions" => serde_json::json!({
             "id": "chatcmpl-stack", "object": "chat.completion.chunk", "created": 0,
             "model": "stack",
-            "choices": [{"index": 0, "delta": {"content": word}, "finish_reason": null}]}),
+            "choices": [{"index": 0, "delta": {"content": word}, "finish_reason": finish}]}),
         "/v1/completions" => serde_json::json!({
             "id": "cmpl-stack", "object": "text_completion", "created": 0, "model": "stack",
-            "choices": [{"index": 0, "text": word, "finish_reason": null}]}),
+            "choices": [{"index": 0, "text": word, "finish_reason": finish}]}),
         _ => {
             return Bytes::from(format!(
                 "{}\n",
@@ -85,7 +87,7 @@ async fn complete(gpu: Arc<Mutex<StubGpu>>, uri: Uri, body: Bytes) -> Response {
                 eprintln!("stack-axum: {e}");
                 return;
             }
-            if tx.blocking_send(Ok(chunk(&path, i))).is_err() {
+            if tx.blocking_send(Ok(chunk(&path, i, n))).is_err() {
                 return;
             }
         }

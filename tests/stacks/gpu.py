@@ -99,17 +99,19 @@ def tokens(body: bytes) -> int:
     return max(1, int(req.get("max_tokens", 8)))
 
 
-def chunk(path: str, i: int) -> bytes:
-    """The body bytes of token `i` on `path`."""
+def chunk(path: str, i: int, n: int) -> bytes:
+    """The body bytes of token `i` of `n` on `path` (the last gives its finish reason, as
+    OpenAI's API does)."""
     word = f" tok{i}"
     created = int(time.time())
+    finish = "length" if i == n - 1 else None
     if path == "/v1/chat/completions":
         obj = {"id": "chatcmpl-stack", "object": "chat.completion.chunk", "created": created,
                "model": "stack", "choices": [{"index": 0, "delta": {"content": word},
-                                              "finish_reason": None}]}
+                                              "finish_reason": finish}]}
     elif path == "/v1/completions":
         obj = {"id": "cmpl-stack", "object": "text_completion", "created": created,
-               "model": "stack", "choices": [{"index": 0, "text": word, "finish_reason": None}]}
+               "model": "stack", "choices": [{"index": 0, "text": word, "finish_reason": finish}]}
     else:
         return (json.dumps({"model": "stack", "response": word, "done": False}) + "\n").encode()
     return f"data: {json.dumps(obj)}\n\n".encode()
@@ -148,7 +150,7 @@ def stream(path: str, n: int, port: int = 0, t_read: int = 0):
     for i in range(n):
         step(i)
         t_send = now()
-        yield chunk(path, i)
+        yield chunk(path, i, n)
         if i == 0 and port:
             stamp(port, t_read, t_send)
     yield last(path)

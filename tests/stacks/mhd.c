@@ -97,16 +97,18 @@ static ssize_t reader(void *cls, uint64_t pos, char *buf, size_t max) {
             return MHD_CONTENT_READER_END_WITH_ERROR;
         int i = s->next;
         if (i == 0) s->t_send = now_ns();
+        /* The last token gives its finish reason, as OpenAI's API does. */
+        const char *finish = i == s->n - 1 ? "\"length\"" : "null";
         if (s->kind == CHAT)
             len = snprintf(buf, max,
                            "data: {\"id\":\"chatcmpl-stack\",\"object\":\"chat.completion.chunk\","
                            "\"created\":0,\"model\":\"stack\",\"choices\":[{\"index\":0,"
-                           "\"delta\":{\"content\":\" tok%d\"},\"finish_reason\":null}]}\n\n", i);
+                           "\"delta\":{\"content\":\" tok%d\"},\"finish_reason\":%s}]}\n\n", i, finish);
         else if (s->kind == COMPLETIONS)
             len = snprintf(buf, max,
                            "data: {\"id\":\"cmpl-stack\",\"object\":\"text_completion\","
                            "\"created\":0,\"model\":\"stack\",\"choices\":[{\"index\":0,"
-                           "\"text\":\" tok%d\",\"finish_reason\":null}]}\n\n", i);
+                           "\"text\":\" tok%d\",\"finish_reason\":%s}]}\n\n", i, finish);
         else
             len = snprintf(buf, max,
                            "{\"model\":\"stack\",\"response\":\" tok%d\",\"done\":false}\n", i);

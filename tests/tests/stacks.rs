@@ -765,6 +765,7 @@ fn judge(stack: &str, run: Run) -> Result<()> {
     let mut diff_less_held = Vec::new();
     let mut est_diff = Vec::new();
     let mut problems = Vec::new();
+    let mut finish_read = 0;
     let mut notes: Vec<String> = vec![upstream_note]
         .into_iter()
         .filter(|n| !n.is_empty())
@@ -829,6 +830,17 @@ fn judge(stack: &str, run: Run) -> Result<()> {
                 problems.push(format!("{chunks} chunks: {t}"));
             }
             _ => {}
+        }
+        // A whole stream is never judged truncated (issue 31): the real
+        // stacks write their ends in their own ways (hyper's buffer of its
+        // own, nginx's and libmicrohttpd's framing, the openai client's
+        // close at `[DONE]`).
+        if t["outcome"] == "ok" || closed_at_done {
+            let end = &t["stalls"];
+            if !end["truncated"].is_null() {
+                problems.push(format!("a whole stream judged truncated: {t}"));
+            }
+            finish_read += usize::from(end["finish_reason"] == "length");
         }
         for n in t["notes"].as_array().into_iter().flatten() {
             let n = n.as_str().unwrap_or_default().to_string();
@@ -984,6 +996,10 @@ fn judge(stack: &str, run: Run) -> Result<()> {
         ));
     }
     print_row(&row);
+    eprintln!(
+        "{stack}: none of {} whole streams judged truncated; the last finish reason read in {finish_read}",
+        row.ok + row.closed_at_done
+    );
     eprintln!(
         "{stack}: the server's own clock{}: {}",
         if stack.starts_with("nginx") {
@@ -1210,9 +1226,11 @@ fn network_loss_on_real_stacks() -> Result<()> {
 /// stacks together: recall ≥ 95 %, ≤ 2 % of clean requests with a stall
 /// seen at the delivery or named `network` (a send stall of a busy CPU is
 /// not this test's: it runs beside the other stacks tests; those are
-/// printed), every stack with a request injected.
+/// printed), every stack with a request injected. 8 requests a stack
+/// (12 until 2026-12-06: 54 of 54 recalled, 6 injected a stack, ~20 s a
+/// stack) give about 4 injected a stack in ~13 s.
 const MIDSTREAM_TOKENS: u64 = 120;
-const MIDSTREAM_REQUESTS: usize = 12;
+const MIDSTREAM_REQUESTS: usize = 8;
 
 #[test]
 fn midstream_loss_on_real_stacks() -> Result<()> {

@@ -24,42 +24,20 @@ use std::{
 use anyhow::Result;
 use ttft_trace::jsonl_schema::{Request, StallWindow};
 use ttft_trace_tests::{
-    demo::DemoServer,
+    demo::{DemoServer, streamed_completion},
     faults::PacketLoss,
     fixtures::monotonic_ns,
-    tracer::{Tracer, root_test},
+    tracer::root_test,
 };
 
 /// One streamed completion of `max_tokens` for a prompt of `prompt_tokens`;
 /// returns the whole response.
 fn complete(port: u16, prompt_tokens: u32, max_tokens: u32) -> Result<String> {
-    let body = format!(
-        r#"{{"model":"ttft-demo","prompt":"x","max_tokens":{max_tokens},"stream":true,"demo_prompt_tokens":{prompt_tokens}}}"#
-    );
     let mut s = TcpStream::connect(("127.0.0.1", port))?;
-    write!(
-        s,
-        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )?;
+    s.write_all(streamed_completion(prompt_tokens, max_tokens, None).as_bytes())?;
     let mut text = String::new();
     s.read_to_string(&mut text)?;
     Ok(text)
-}
-
-/// The demo server, and the tracer once it follows its requests.
-fn traced_demo() -> Result<(DemoServer, Tracer)> {
-    let server = DemoServer::start(&[])?;
-    let args = vec![
-        "--pid".to_string(),
-        server.pid.to_string(),
-        "--interval".into(),
-        "60".into(),
-    ];
-    let mut tracer = Tracer::start(&args, 0)?;
-    tracer.wait_for_stderr("following requests on port", 1, Duration::from_secs(30))?;
-    Ok((server, tracer))
 }
 
 #[test]
@@ -67,7 +45,7 @@ fn a_long_prefill_is_named_in_the_stream_it_stalls() -> Result<()> {
     let Some(_g) = root_test("a_long_prefill_is_named_in_the_stream_it_stalls") else {
         return Ok(());
     };
-    let (server, tracer) = traced_demo()?;
+    let (server, tracer) = DemoServer::traced()?;
     let port = server.port;
     // 256 tokens at ~5 ms a step: streaming for over a second.
     let streamed = thread::spawn(move || complete(port, 16, 256));
@@ -114,7 +92,9 @@ fn a_long_prefill_is_named_in_the_stream_it_stalls() -> Result<()> {
 // ---- Recall matrix (issue 31, item 5): each kind of stall injected
 // mid-stream at a known time, many streams, scored against that truth.
 
-/// Output tokens of each stream, and the token whose gap the injection holds.
+/// Output tokens of each stream, and the token whose gap the injection
+/// holds. A stream must outlast the long prompt's tokenizing: with 64
+/// tokens most streams ended before its prefill began (1 of 24 recalled).
 const OUT_TOKENS: u32 = 120;
 const AT: usize = 16;
 /// Streams per kind: two injected for one clean, interleaved, one at a time.
@@ -153,19 +133,9 @@ fn stream(
     mut hook: impl FnMut(usize) -> Result<()>,
 ) -> Result<(u16, Vec<u64>, (u64, u64))> {
     let t_connect = monotonic_ns();
-    let body = format!(
-        r#"{{"model":"ttft-demo","prompt":"x","max_tokens":{max_tokens},"stream":true,"demo_prompt_tokens":{prompt_tokens}}}"#
-    );
-    let fault = fault.map(|f| format!("X-Demo-Fault: {f}\r\n"));
     let mut s = TcpStream::connect(("127.0.0.1", port))?;
     let client_port = s.local_addr()?.port();
-    write!(
-        s,
-        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
-         {}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        fault.unwrap_or_default(),
-        body.len()
-    )?;
+    s.write_all(streamed_completion(prompt_tokens, max_tokens, fault).as_bytes())?;
     let mut times = Vec::new();
     let mut done = false;
     for line in BufReader::new(s).lines() {
@@ -183,7 +153,7 @@ fn stream(
 /// Runs `STREAMS` streams one at a time under the tracer, two of three
 /// injected with `inject`; returns them and the traced request lines.
 fn run_kind(inject: Inject) -> Result<(Vec<Stream>, Vec<Request>)> {
-    let (server, tracer) = traced_demo()?;
+    let (server, tracer) = DemoServer::traced()?;
     let port = server.port;
     let mut streams = Vec::new();
     for i in 0..STREAMS {

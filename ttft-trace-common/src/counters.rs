@@ -114,17 +114,28 @@ pub enum Stat {
     /// outside the cgroups the program is on (systemd socket activation
     /// creates it in its own).
     ListenerUnseen = 5,
+    /// Forked children (threads or processes) not added to `TRACKED`
+    /// because their workload's tenant holds its share of it
+    /// ([`QUOTA_THREADS`] in `OVER_SHARE`).
+    TrackedQuota = 6,
     /// HTTP/2 frames not summarised: past `H2_MAX_FRAMES` in one call.
-    H2FramesDropped = 6,
+    H2FramesDropped = 7,
     /// Times an HTTP/2 connection's frame walk lost its place in one
     /// direction (a frame header split across calls, an implausible
     /// header, a segment out of order): its frames go unread until a call
     /// starts on a plausible header again.
-    H2WalkLost = 7,
+    H2WalkLost = 8,
 }
 
 /// Number of [`Stat`] slots.
-pub const STATS: u32 = 8;
+pub const STATS: u32 = 9;
+
+/// Bits of an `OVER_SHARE` value (workload id -> bits): its tenant holds
+/// its share of followed listeners; of `TRACKED` entries. Set by userspace
+/// at each scan; the kernel refuses that workload's `listen()` pairs, and
+/// its forked children, while set.
+pub const QUOTA_LISTENERS: u32 = 1;
+pub const QUOTA_THREADS: u32 = 2;
 
 /// The plain (not LRU) hash maps, which refuse inserts when full, and the
 /// statistic counting the refusals in the kernel, for

@@ -114,8 +114,11 @@ pub const SOCK_RECV: u32 = 1;
 pub const SOCK_SEND: u32 = 2;
 /// Bytes of a send captured in [`SockEvent::head`].
 pub const HEAD_BYTES: usize = 256;
-/// Bytes of a send captured in [`SockEvent::tail`].
-pub const TAIL_BYTES: usize = 8;
+/// Bytes of a send captured in [`SockEvent::tail`]: enough for the end of
+/// a chunked body (`0\r\n\r\n`), and for how a stream ended: the SSE
+/// terminator `data: [DONE]` with its framing, or the last event's
+/// `"finish_reason":...}]}` (issue 31).
+pub const TAIL_BYTES: usize = 64;
 /// How many sends after each receive carry a `head`: the response's first
 /// send (HTTP status line and headers) and the one after it (the first body
 /// chunk when headers are flushed alone).
@@ -251,7 +254,7 @@ const _: () = {
     assert!(core::mem::size_of::<SockEvent>() == 48 + TAIL_BYTES + HEAD_BYTES);
     assert!(core::mem::offset_of!(SockEvent, bytes) == 32);
     assert!(core::mem::offset_of!(SockEvent, tail) == 48);
-    assert!(core::mem::offset_of!(SockEvent, head) == 56);
+    assert!(core::mem::offset_of!(SockEvent, head) == 48 + TAIL_BYTES);
 };
 
 const _: () = {

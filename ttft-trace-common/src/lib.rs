@@ -19,7 +19,7 @@ pub use conn::{
     CONN_H2, CONN_RX_CHECKED, CONN_TX_CHECKED, ConnState, LISTEN_ANY_NETNS, LISTEN_PORT_SLOTS,
     LISTEN_SOME_NETNS, ListenKey, SLOT_BYTES, SendArgs, listen_byte,
 };
-pub use counters::{Direction, GpuCounters, MAP_FULL_STATS, Stat};
+pub use counters::{Direction, GpuCounters, MAP_FULL_STATS, QUOTA_LISTENERS, QUOTA_THREADS, Stat};
 pub use episode::{Completion, ThreadState, launch_key};
 pub use event::{
     API_DRIVER, API_RUNTIME, CONN_CLOSE, CONN_OPEN, CONN_STATE, ConnEvent, EVENT_CONN,

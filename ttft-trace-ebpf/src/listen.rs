@@ -5,10 +5,13 @@
 
 use aya_ebpf::helpers::bpf_probe_read_kernel;
 use ttft_trace_common::{
-    LISTEN_ANY_NETNS, LISTEN_SOME_NETNS, ListenKey, SLOT_BYTES, Stat, listen_byte, offsets::ABSENT,
+    LISTEN_ANY_NETNS, LISTEN_SOME_NETNS, ListenKey, QUOTA_LISTENERS, SLOT_BYTES, Stat, listen_byte,
+    offsets::ABSENT,
 };
 
-use crate::maps::{INGRESS_LISTENERS, LISTEN_NETNS, LISTEN_PORTS, bump_stat, offsets, seg_offset};
+use crate::maps::{
+    INGRESS_LISTENERS, LISTEN_NETNS, LISTEN_PORTS, bump_stat, offsets, over_share, seg_offset,
+};
 
 /// The inode number of `sk`'s network namespace, or None where this kernel
 /// does not let us read it (no BTF).
@@ -71,10 +74,15 @@ pub fn is_followed(sk: u64, port: u16) -> bool {
     unsafe { LISTEN_NETNS.get(key) }.is_some()
 }
 
-/// A traced process listens on `port` with socket `sk`: follows the port in
-/// the socket's namespace (in every one where that cannot be read).
+/// A process of traced workload `workload` listens on `port` with socket
+/// `sk`: follows the port in the socket's namespace (in every one where
+/// that cannot be read), unless the workload's tenant holds its share of
+/// the followed listeners (userspace counts those it finds held).
 #[inline(always)]
-pub fn add(sk: u64, port: u16) {
+pub fn add(workload: u32, sk: u64, port: u16) {
+    if over_share(workload, QUOTA_LISTENERS) {
+        return;
+    }
     let which = match netns_of(sk) {
         Some(netns) => {
             let key = ListenKey {

@@ -1,7 +1,9 @@
 //! Maps and load-time globals, all in one place (as in libbpf-tools).
 
 use aya_ebpf::{
-    bindings::{BPF_F_MMAPABLE, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
+    bindings::{
+        BPF_F_MMAPABLE, BPF_F_NO_PREALLOC, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP,
+    },
     macros::map,
     maps::{Array, HashMap, LruHashMap, LruPerCpuHashMap, PerCpuArray, RingBuf},
 };
@@ -24,6 +26,21 @@ pub static EVENTS: RingBuf = RingBuf::with_byte_size(1 << 20, 0);
 /// parent's workload: one loaded set of programs serves every workload.
 #[map]
 pub static TRACKED: HashMap<u32, u32> = HashMap::with_max_entries(16384, 0);
+
+/// Workloads whose tenant (pod or cgroup) holds its share of a host-wide
+/// map: workload id -> `QUOTA_*` bits. Set by userspace at each scan; a
+/// `listen()` or a fork of such a workload is refused here, so that one
+/// tenant cannot fill `LISTEN_NETNS` or `TRACKED` for the others. Sized
+/// as `TRACKED` (every workload fits), allocated as it fills.
+#[map]
+pub static OVER_SHARE: HashMap<u32, u32> = HashMap::with_max_entries(16384, BPF_F_NO_PREALLOC);
+
+/// Whether workload `workload`'s tenant holds its share of resource `bit`.
+#[inline(always)]
+pub fn over_share(workload: u32, bit: u32) -> bool {
+    // SAFETY: the value is copied out of the map.
+    unsafe { OVER_SHARE.get(workload) }.is_some_and(|bits| bits & bit != 0)
+}
 
 /// Per-thread episode state, keyed by tid. LRU so that threads whose exit we
 /// missed cannot fill it.

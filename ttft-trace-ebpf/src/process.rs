@@ -7,13 +7,13 @@ use aya_ebpf::{
     macros::tracepoint,
     programs::TracePointContext,
 };
-use ttft_trace_common::{Stat, offsets::ABSENT};
+use ttft_trace_common::{QUOTA_THREADS, Stat, offsets::ABSENT};
 
 use crate::{
     cuda::send_discover,
     maps::{
         EXITED, SCHED_STATE, SEND_ARGS, THREADS, TRACKED, bump_stat, discover, is_tracked,
-        mark_traced, offsets, workload_of,
+        mark_traced, offsets, over_share, workload_of,
     },
 };
 
@@ -21,12 +21,17 @@ use crate::{
 /// process is the current tgid (the tracepoint's `parent_pid` is the forking
 /// *thread*, which is not in TRACKED when it predates tracing). Fires for new
 /// threads too; a thread's id lands in TRACKED and is removed at its exit.
-/// The child joins its parent's workload.
+/// The child joins its parent's workload, unless the workload's tenant
+/// holds its share of `TRACKED` (counted): then the child is not traced.
 #[tracepoint]
 pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
     let Some(workload) = workload_of((bpf_get_current_pid_tgid() >> 32) as u32) else {
         return 0;
     };
+    if over_share(workload, QUOTA_THREADS) {
+        bump_stat(Stat::TrackedQuota);
+        return 0;
+    }
     // SAFETY: offset from this kernel's tracefs format file.
     if let Ok(child) = unsafe { ctx.read_at::<i32>(offsets().fork_child_pid as usize) } {
         mark_traced(child as u32, true);

@@ -37,7 +37,7 @@ use crate::{
     h2, listen,
     maps::{
         CONNS, EVENTS, SEND_ARGS, bump_stat, is_tracked, may_be_traced, offset, offsets,
-        seg_offset, wakeup_flag,
+        seg_offset, wakeup_flag, workload_of,
     },
 };
 
@@ -82,8 +82,8 @@ pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
     };
     if new == TCP_LISTEN {
         // listen() runs in the process's context: a traced server's port.
-        if is_tracked((bpf_get_current_pid_tgid() >> 32) as u32) {
-            listen::add(sk, sport);
+        if let Some(workload) = workload_of((bpf_get_current_pid_tgid() >> 32) as u32) {
+            listen::add(workload, sk, sport);
         }
         return 0;
     }

@@ -71,6 +71,8 @@ fn request(i: u64) -> JudgedRequest {
         http2_ended_by: None,
         outcome: Outcome::Ok,
         notes: vec![],
+        chunk_bytes: vec![],
+        ending: Default::default(),
     };
     JudgedRequest {
         evidence: Evidence::new(RequestTimes::from(&record)),

@@ -35,8 +35,8 @@ fn main() -> anyhow::Result<()> {
             })
         })
         .collect();
-    let mut sampler = SchedSampler::new(1_000_000);
-    sampler.track([std::process::id()], monotonic_ns());
+    let mut sampler = SchedSampler::new(1_000_000, ttft_trace::schedstat::MAX_THREADS);
+    sampler.track([(std::process::id(), None)], monotonic_ns());
     let threads = sampler.threads();
     let mut spells = 0u64;
     let start = Instant::now();

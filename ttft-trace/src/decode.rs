@@ -137,7 +137,7 @@ mod tests {
         sock.head[..8].copy_from_slice(b"HTTP/1.1");
         sock.tail[..5].copy_from_slice(b"0\r\n\r\n");
         let bytes = encode(&sock);
-        assert_eq!(bytes.len(), 312);
+        assert_eq!(bytes.len(), 368);
         let Ok(Event::Sock(back)) = decode(&bytes) else {
             panic!("not a sock event");
         };

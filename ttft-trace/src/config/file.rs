@@ -39,6 +39,37 @@ pub struct DaemonConfig {
     pub causes: Option<CauseConfig>,
     /// Entries of the kernel maps that bound what is followed.
     pub kernel_maps: KernelMaps,
+    /// One workload's share of those maps.
+    pub quotas: Quotas,
+}
+
+/// One workload's share of a host-wide kernel map: a workload is a pod
+/// (its UID in the cgroup path), else a cgroup. Past its share that
+/// workload alone is degraded, counted in
+/// `ttft_trace_quota_exceeded_total{resource}`.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Quotas {
+    /// Listening sockets followed (`LISTEN_NETNS` pairs); past it, the
+    /// workload's other listeners are not followed.
+    pub listeners: usize,
+    /// `TRACKED` entries: its processes and the threads the kernel adds
+    /// at fork; past it, its new child processes are not traced.
+    pub threads: usize,
+    /// Threads sampled for `sched = "sampled"` (one open file each); past
+    /// it, its other threads are not sampled.
+    pub sampled_threads: usize,
+}
+
+impl Default for Quotas {
+    fn default() -> Self {
+        // A quarter of the default maps, as label sets are a pod's.
+        Self {
+            listeners: 1024,
+            threads: 4096,
+            sampled_threads: 4096,
+        }
+    }
 }
 
 /// Entries of the kernel maps whose size bounds what is followed (the
@@ -69,11 +100,13 @@ impl Default for KernelMaps {
 
 impl KernelMaps {
     /// (map name, entries) for the loader; zero is refused (a map needs one).
-    pub fn entries(&self) -> Result<[(&'static str, u32); 3], ConfigError> {
+    /// `OVER_SHARE` holds a flag per workload: it is sized as `TRACKED`.
+    pub fn entries(&self) -> Result<[(&'static str, u32); 4], ConfigError> {
         let all = [
             ("TRACKED", self.tracked),
             ("LISTEN_NETNS", self.listen_netns),
             ("CONNS", self.conns),
+            ("OVER_SHARE", self.tracked),
         ];
         if let Some((name, _)) = all.iter().find(|(_, n)| *n == 0) {
             return Err(ConfigError::MapEntries(name));
@@ -193,6 +226,7 @@ impl Default for DaemonConfig {
             otlp: Otlp::default(),
             causes: None,
             kernel_maps: KernelMaps::default(),
+            quotas: Quotas::default(),
         }
     }
 }
@@ -300,12 +334,19 @@ retire_after_s = 300
 [nvml]
 enabled = true
 period_ms = 100
+[quotas]
+listeners = 256
+threads = 512
+sampled_threads = 128
 [causes]
 queueing_min_ns = 2000000000
 "#;
         let cfg: DaemonConfig = toml::from_str(text).expect("parse");
         assert_eq!(cfg.discovery.ports, vec![8000]);
         assert_eq!(cfg.labels.max_sets_per_pod, 10);
+        assert_eq!(cfg.quotas.listeners, 256);
+        assert_eq!(cfg.quotas.threads, 512);
+        assert_eq!(cfg.quotas.sampled_threads, 128);
         assert_eq!(
             cfg.listen_addr().expect("addr"),
             Some("0.0.0.0:9464".parse().expect("a"))

@@ -97,6 +97,19 @@ pub struct DaemonArgs {
     /// pod's own comm="_other" set).
     #[arg(long, value_name = "N")]
     pub max_label_sets_per_pod: Option<usize>,
+    /// Most listening sockets of one workload (pod, else cgroup) followed;
+    /// its others are not.
+    #[arg(long, value_name = "N")]
+    pub max_listeners_per_workload: Option<usize>,
+    /// Most processes and threads of one workload (pod, else cgroup) in
+    /// the kernel's TRACKED map; past it, its new child processes are not
+    /// traced.
+    #[arg(long, value_name = "N")]
+    pub max_threads_per_workload: Option<usize>,
+    /// Most threads of one workload (pod, else cgroup) sampled for
+    /// `--sched sampled` (one open file each); its others are not.
+    #[arg(long, value_name = "N")]
+    pub max_sampled_threads_per_workload: Option<usize>,
     /// Remove the series of a vanished workload after this many seconds.
     #[arg(long, value_name = "SECONDS")]
     pub retire_after: Option<f64>,
@@ -229,6 +242,13 @@ impl DaemonArgs {
         file.labels.max_sets_per_pod = self
             .max_label_sets_per_pod
             .unwrap_or(file.labels.max_sets_per_pod);
+        file.quotas.listeners = self
+            .max_listeners_per_workload
+            .unwrap_or(file.quotas.listeners);
+        file.quotas.threads = self.max_threads_per_workload.unwrap_or(file.quotas.threads);
+        file.quotas.sampled_threads = self
+            .max_sampled_threads_per_workload
+            .unwrap_or(file.quotas.sampled_threads);
         file.labels.retire_after_s = self.retire_after.unwrap_or(file.labels.retire_after_s);
         file.labels.pid |= self.label_pid;
         file.labels.pod_log_dir = self.pod_log_dir.unwrap_or(file.labels.pod_log_dir);
@@ -267,8 +287,8 @@ mod tests {
 
     #[derive(Parser)]
     enum Cli {
-        Attach(AttachArgs),
-        Daemon(DaemonArgs),
+        Attach(Box<AttachArgs>),
+        Daemon(Box<DaemonArgs>),
     }
 
     fn parse(args: &[&str]) -> Cli {

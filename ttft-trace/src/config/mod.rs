@@ -15,7 +15,7 @@ use std::{
 
 use thiserror::Error;
 
-pub use file::{DaemonConfig, Discovery, Labels, Nvml, Otlp, SchedSource};
+pub use file::{DaemonConfig, Discovery, Labels, Nvml, Otlp, Quotas, SchedSource};
 
 use crate::{
     causes::CauseConfig,
@@ -60,7 +60,7 @@ pub struct TraceConfig {
     pub jsonl: Option<PathBuf>,
     pub ringbuf_bytes: u32,
     /// (kernel map, entries) set at load time.
-    pub map_entries: [(&'static str, u32); 3],
+    pub map_entries: [(&'static str, u32); 4],
     /// Server ports to follow besides those the traced processes listen on.
     pub ports: Vec<u16>,
     /// Scheduler intervals at least this long are kept for attribution.
@@ -74,6 +74,8 @@ pub struct TraceConfig {
     /// NVML sampling; None: off.
     pub nvml: Option<NvmlConfig>,
     pub labels: LabelConfig,
+    /// One workload's share of the host-wide kernel maps.
+    pub quotas: Quotas,
     /// Traces over OTLP; None: off.
     pub otlp: Option<OtlpConfig>,
 }
@@ -181,6 +183,7 @@ fn trace_config(
             )?,
             pod_log_dir: file.labels.pod_log_dir.clone(),
         },
+        quotas: file.quotas,
         otlp: otlp_config(&file.otlp, common, |v| std::env::var_os(v))?,
     })
 }

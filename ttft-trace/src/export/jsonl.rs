@@ -359,7 +359,8 @@ mod tests {
         r#""t_end_ns":1000520000000,"duration_ns":500000000,"seen_at":"send","causes":[{"#,
         r#""class":"prefill_interference","explained_ns":440000000,"evidence":{"prefills":1}}],"#,
         r#""interfering_request":{"conn":"0xdef","request_index":3}}],"windows_dropped":1,"#,
-        r#""pace_ratio_permille":2500,"degrading":true}}"#,
+        r#""pace_ratio_permille":2500,"degrading":true,"chunk_growth_permille":3100,"#,
+        r#""chunks_growing":true,"truncated":"missing_terminator","finish_reason":"length"}}"#,
         "\n",
     );
     const GOLDEN_ATTACH: &str = concat!(

@@ -607,6 +607,20 @@ fn request_attributes(j: &JudgedRequest, labels: &WorkloadLabels, root_pid: u32)
             .map(|p| int("ttft_trace.pace_ratio_permille", p)),
     );
     a.push(KeyValue::new("ttft_trace.degrading", s.degrading));
+    a.extend(
+        s.chunk_growth_permille
+            .map(|g| int("ttft_trace.chunk_growth_permille", g)),
+    );
+    a.push(KeyValue::new("ttft_trace.chunks_growing", s.chunks_growing));
+    a.extend(
+        s.truncated
+            .map(|t| KeyValue::new("ttft_trace.truncated", t.name())),
+    );
+    a.extend(
+        s.finish_reason
+            .clone()
+            .map(|f| KeyValue::new("ttft_trace.finish_reason", f)),
+    );
     if j.attribution.slow {
         a.push(KeyValue::new(
             "ttft_trace.causes",

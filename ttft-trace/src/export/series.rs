@@ -148,11 +148,11 @@ impl Series {
             self.causes.retire_workload(&w);
             self.stalls.retire_workload(&w);
         }
-        self.core.set_workloads(
-            self.label_sets.len(),
-            self.label_sets.overflowed,
-            self.label_sets.pod_overflowed,
-        );
+        self.core
+            .set_workloads(self.label_sets.len(), self.label_sets.overflowed);
+        let per_pod = &self.label_sets.per_pod;
+        self.core
+            .set_quota_exceeded(per_pod.resource().name(), per_pod.exceeded);
         for labels in &retired {
             log::info!("retired the series of workload {}", labels.comm);
         }
@@ -188,6 +188,15 @@ impl Series {
         for (map, total) in k.map_full {
             self.core.set_map_full(map, *total);
         }
+        self.core.set_listeners_followed(k.listeners_followed);
+        for (resource, total) in k.quota_exceeded {
+            self.core.set_quota_exceeded(resource, *total);
+        }
+    }
+
+    /// Sets the total refused past the shares of `resource`.
+    pub fn quota_exceeded(&self, resource: &str, total: u64) {
+        self.core.set_quota_exceeded(resource, total);
     }
 
     /// Sets the eviction total of a bounded table.

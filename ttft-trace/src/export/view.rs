@@ -59,4 +59,8 @@ pub struct KernelView<'a> {
     pub h2_walk_lost: u64,
     /// Inserts refused by a full kernel map, per map.
     pub map_full: &'a [(&'static str, u64)],
+    /// What tenants were refused past their share, per resource.
+    pub quota_exceeded: &'a [(&'static str, u64)],
+    /// Listening pairs followed in the kernel at the last scan.
+    pub listeners_followed: usize,
 }

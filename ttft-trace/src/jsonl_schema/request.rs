@@ -105,6 +105,11 @@ pub struct Stalls {
     pub windows_dropped: u32,
     pub pace_ratio_permille: Option<u64>,
     pub degrading: bool,
+    pub chunk_growth_permille: Option<u64>,
+    pub chunks_growing: bool,
+    /// `cut`, `missing_terminator` or `no_finish_reason`.
+    pub truncated: Option<String>,
+    pub finish_reason: Option<String>,
 }
 
 /// One stall as read back (`judging::JudgedStall`): empty `causes` is

@@ -18,7 +18,7 @@ use crate::{
         LibraryView, WorkloadView,
         jsonl::{Jsonl, RunTotals},
     },
-    judging::{JudgedRequest, JudgedStall, JudgedStalls},
+    judging::{JudgedRequest, JudgedStall, JudgedStalls, Truncation},
     nvml::WindowReadings,
     report::{
         Lines,
@@ -93,6 +93,10 @@ pub(crate) fn slow_request() -> JudgedRequest {
             windows_dropped: 1,
             pace_ratio_permille: Some(2500),
             degrading: true,
+            chunk_growth_permille: Some(3100),
+            chunks_growing: true,
+            truncated: Some(Truncation::MissingTerminator),
+            finish_reason: Some("length".into()),
         },
     }
 }
@@ -281,6 +285,10 @@ fn the_report_reads_back_the_request_the_writer_wrote() {
             windows_dropped: 1,
             pace_ratio_permille: Some(2500),
             degrading: true,
+            chunk_growth_permille: Some(3100),
+            chunks_growing: true,
+            truncated: Some("missing_terminator".into()),
+            finish_reason: Some("length".into()),
         },
     };
     assert_eq!(requests, [want]);

@@ -10,7 +10,7 @@ mod prefills;
 mod stall_tests;
 mod stalls;
 
-pub use stalls::{JudgedStall, JudgedStalls};
+pub use stalls::{JudgedStall, JudgedStalls, Truncation};
 
 use ttft_trace_common::{EpisodeEvent, signals::TCP_RETRANSMIT};
 

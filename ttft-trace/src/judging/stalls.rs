@@ -13,10 +13,11 @@ use crate::{
     },
     nvml::Sampler,
     requests::{
-        RequestRecord,
+        Outcome, RequestRecord,
+        stream_end::{Finish, Terminator},
         stream_stalls::{
             DEGRADING_PERMILLE, SeenAt, StallConfig, Stalls, find_delivery_stalls, find_stalls,
-            merge, tpot_ratio_permille,
+            merge, quarter_ratio_permille,
         },
     },
 };
@@ -62,6 +63,60 @@ pub struct JudgedStalls {
     pub pace_ratio_permille: Option<u64>,
     /// `pace_ratio_permille` ≥ `DEGRADING_PERMILLE` (2000).
     pub degrading: bool,
+    /// Mean body bytes a chunk in the stream's last quarter over its first,
+    /// per-mille (`None` under 8 chunks).
+    pub chunk_growth_permille: Option<u64>,
+    /// `chunk_growth_permille` ≥ `DEGRADING_PERMILLE`: tokens coalesced
+    /// into fewer, larger sends (a side fell behind).
+    pub chunks_growing: bool,
+    /// How the stream ended without its normal end; `None`: it did not,
+    /// or it could not be seen.
+    pub truncated: Option<Truncation>,
+    /// The stream's last finish reason (`stop`, `length`, ...), where its
+    /// protocol carries one and it was seen.
+    pub finish_reason: Option<String>,
+}
+
+/// How a stream ended without its normal end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Truncation {
+    /// The connection closed mid-response, after the first token.
+    Cut,
+    /// The body ended without its protocol's terminator (`data: [DONE]`,
+    /// `message_stop`).
+    MissingTerminator,
+    /// The last finish reason the stream gave was `null`.
+    NoFinishReason,
+}
+
+impl Truncation {
+    pub const ALL: [Truncation; 3] = [Self::Cut, Self::MissingTerminator, Self::NoFinishReason];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Cut => "cut",
+            Self::MissingTerminator => "missing_terminator",
+            Self::NoFinishReason => "no_finish_reason",
+        }
+    }
+}
+
+/// How `record`'s stream ended, if not normally (see [`Truncation`]). A
+/// close mid-response after the protocol's terminator is no cut: clients
+/// such as `openai`'s close once they read `data: [DONE]`, at times before
+/// the server wrote the chunked body's end.
+fn truncation(record: &RequestRecord) -> Option<Truncation> {
+    record.t_first_token_ns?;
+    let end = &record.ending;
+    match record.outcome {
+        Outcome::ClosedMidResponse if end.terminator != Terminator::Seen => Some(Truncation::Cut),
+        Outcome::Ok if end.terminator == Terminator::Missing => Some(Truncation::MissingTerminator),
+        Outcome::Ok | Outcome::ClosedMidResponse if end.finish == Finish::Null => {
+            Some(Truncation::NoFinishReason)
+        }
+        _ => None,
+    }
 }
 
 /// Finds `record`'s stalls under `config` and judges each listed one on
@@ -74,10 +129,18 @@ pub fn judge(
     config: &StallConfig,
     causes: &CauseConfig,
 ) -> JudgedStalls {
-    let pace = tpot_ratio_permille(&record.itl_ns);
+    let pace = quarter_ratio_permille(&record.itl_ns);
+    let growth = quarter_ratio_permille(&record.chunk_bytes);
     let mut out = JudgedStalls {
         pace_ratio_permille: pace,
         degrading: pace.is_some_and(|p| p >= DEGRADING_PERMILLE),
+        chunk_growth_permille: growth,
+        chunks_growing: growth.is_some_and(|g| g >= DEGRADING_PERMILLE),
+        truncated: truncation(record),
+        finish_reason: match &record.ending.finish {
+            Finish::Reason(r) => Some(r.clone()),
+            _ => None,
+        },
         ..JudgedStalls::default()
     };
     let Some(ft) = record.t_first_token_ns else {

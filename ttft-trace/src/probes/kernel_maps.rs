@@ -171,6 +171,21 @@ impl Probes {
         Ok(())
     }
 
+    /// Sets workload `workload`'s `QUOTA_*` bits in `OVER_SHARE` (none:
+    /// removes it). The map is sized as `TRACKED`: every workload fits.
+    pub fn set_over_share(&mut self, workload: u32, bits: u32) -> Result<(), ProbeError> {
+        let name = "OVER_SHARE";
+        if bits == 0 {
+            return remove_key::<u32>(&mut self.ebpf, name, workload);
+        }
+        let mut map: BpfHashMap<_, u32, u32> =
+            BpfHashMap::try_from(self.ebpf.map_mut(name).ok_or(ProbeError::Missing(name))?)
+                .map_err(|e| ProbeError::Map(name, e))?;
+        let result = map.insert(workload, bits, 0);
+        self.full_unless_stored(name, result, || format!("workload {workload}"))
+            .map(|_| ())
+    }
+
     /// Stops tracing an id (a process that exited, or a thread's id).
     pub fn untrack(&mut self, pid: u32) -> Result<(), ProbeError> {
         remove_key::<u32>(&mut self.ebpf, "TRACKED", pid)

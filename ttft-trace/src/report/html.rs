@@ -434,6 +434,12 @@ fn request_row(out: &mut String, run: &Run, x: &Scale, y: f64, rank: usize, r: &
     if s.degrading {
         causes.push_str("; degrading");
     }
+    if s.chunks_growing {
+        causes.push_str("; chunks growing");
+    }
+    if let Some(how) = &s.truncated {
+        let _ = write!(causes, "; truncated ({how})");
+    }
     let mut tip = format!(
         "#{rank}: {}:{} request {} on {}, {} {}",
         r.client_addr,

@@ -146,6 +146,8 @@ pub(crate) fn record(outcome: Outcome) -> RequestRecord {
         http2_ended_by: None,
         outcome,
         notes: vec![],
+        chunk_bytes: vec![],
+        ending: Default::default(),
     }
 }
 
@@ -367,6 +369,7 @@ fn the_waterfall_shows_the_stalls() {
              "duration_ns": 500 * MS, "causes": []},
         ],
         "windows_dropped": 0, "pace_ratio_permille": 2500, "degrading": true,
+        "chunk_growth_permille": 4000, "chunks_growing": true, "truncated": "cut",
     });
     lines[5] = network.to_string();
     let run = run_of(&lines, 450, 3);
@@ -380,5 +383,7 @@ fn the_waterfall_shows_the_stalls() {
     assert!(page.contains(
         "stall 3.00 ms: unexplained (seen at the delivery: between the ACKs of the chunks)"
     ));
-    assert!(page.contains("; 3 stalls, longest 500.00 ms; degrading"));
+    assert!(
+        page.contains("; 3 stalls, longest 500.00 ms; degrading; chunks growing; truncated (cut)")
+    );
 }

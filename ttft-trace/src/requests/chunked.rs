@@ -34,6 +34,31 @@ use ttft_trace_common::event::TAIL_BYTES;
 /// Most bytes kept of the stream's end for the lost decoder's check.
 const RECENT_BYTES: usize = 64;
 
+/// The last bytes of a stream, contiguous up to now: a send's bytes not
+/// seen start it again from the bytes seen after them.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Recent {
+    bytes: Vec<u8>,
+}
+
+impl Recent {
+    /// Adds `view` (the next send's part of the stream), keeping at most
+    /// the last `cap` bytes.
+    pub fn remember(&mut self, view: View, cap: usize) {
+        self.bytes.extend_from_slice(view.first);
+        if view.gap > 0 {
+            self.bytes.clear();
+        }
+        self.bytes.extend_from_slice(view.last);
+        let excess = self.bytes.len().saturating_sub(cap);
+        self.bytes.drain(..excess);
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
 /// What was captured of one send's part of the body: bytes seen, bytes not
 /// seen, bytes seen (any of the three may be empty).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,8 +168,8 @@ enum State {
 #[derive(Debug, Clone)]
 pub(crate) struct Chunked {
     state: State,
-    /// The stream's last bytes, contiguous up to now (cleared at a gap).
-    recent: Vec<u8>,
+    /// The stream's last bytes, contiguous up to now.
+    recent: Recent,
     /// A send ended on bytes not seen while lost: its end may have been
     /// missed.
     blind: bool,
@@ -167,7 +192,7 @@ impl Chunked {
     fn at(state: State) -> Self {
         Self {
             state,
-            recent: Vec::new(),
+            recent: Recent::default(),
             blind: false,
             guessed: false,
         }
@@ -233,8 +258,8 @@ impl Chunked {
         if view.last.is_empty() {
             return None;
         }
-        if let Some(start) = final_chunk_at(&self.recent) {
-            let seen = self.recent.len() - start;
+        if let Some(start) = final_chunk_at(self.recent.bytes()) {
+            let seen = self.recent.bytes().len() - start;
             return Some(view.gap == 0 && view.len() <= seen as u64);
         }
         // The end in a buffer of its own (module docs): framing only when
@@ -259,13 +284,7 @@ impl Chunked {
     }
 
     fn remember(&mut self, view: View) {
-        self.recent.extend_from_slice(view.first);
-        if view.gap > 0 {
-            self.recent.clear();
-        }
-        self.recent.extend_from_slice(view.last);
-        let excess = self.recent.len().saturating_sub(RECENT_BYTES);
-        self.recent.drain(..excess);
+        self.recent.remember(view, RECENT_BYTES);
     }
 
     /// Skips bytes not seen: exact inside chunk data, lost anywhere else.

@@ -87,6 +87,8 @@ pub(crate) struct Request {
     /// An HTTP/2 stream's request: how the stream ended (its index is
     /// the stream id).
     pub stream_end: Option<StreamEnd>,
+    /// On a TLS connection.
+    pub tls: bool,
     /// For a pipelined request: whether the last send ended a response, so
     /// that the next receive starts a request that can be followed again.
     response_ended: bool,
@@ -146,6 +148,9 @@ fn outcome(req: &Request, cause: Cause) -> Outcome {
     }
     if req.http2 {
         return Outcome::Http2Unsupported;
+    }
+    if req.tls {
+        return Outcome::TlsUnsupported;
     }
     if req.pipelined || cause == Cause::Pipelined {
         return Outcome::PipelinedUnsupported;
@@ -267,6 +272,9 @@ pub(crate) struct Connection {
     /// The server's first send was HTTP/2's connection preface (or a 101 to
     /// `h2c`): every request from then on is HTTP/2.
     http2: bool,
+    /// The server's first send was TLS records: every request from then on
+    /// is encrypted.
+    tls: bool,
     /// The client closed its side (FIN, or a receive returned EOF) while
     /// the response was unfinished by its framing: the server may still
     /// finish it (a client that stops reading at `data: [DONE]` and closes
@@ -293,6 +301,7 @@ impl Connection {
             acks: AckTracker::default(),
             chunks: ChunkAcks::default(),
             http2: false,
+            tls: false,
             peer_closed: false,
             closed_at: None,
             streams: None,
@@ -372,11 +381,13 @@ impl Connection {
             }
         });
         self.http2 |= head == Some(Head::Http2);
+        self.tls |= head == Some(Head::Tls);
         let Some(req) = self.current.as_mut() else {
             out.sends_without_request += 1;
             return;
         };
         req.http2 |= self.http2;
+        req.tls |= self.tls;
         req.bytes_out += n;
         req.t_last_send = Some(ev.t_ns);
         let send = Outgoing {
@@ -482,6 +493,7 @@ impl Connection {
                 pipelined: false,
                 http2: true,
                 stream_end: Some(end),
+                tls: false,
                 response_ended: true,
                 t_last_send: stream.t_last_send,
                 notes,
@@ -621,6 +633,7 @@ impl Connection {
         let unfinished = self.current.as_ref().is_some_and(|r| {
             !r.pipelined
                 && !r.http2
+                && !r.tls
                 && r.response.as_ref().map(Response::end) == Some(End::Incomplete)
         });
         if unfinished {
@@ -656,6 +669,7 @@ impl Connection {
             pipelined,
             http2: self.http2,
             stream_end: None,
+            tls: self.tls,
             response_ended: false,
             t_last_send: None,
             notes: Vec::new(),

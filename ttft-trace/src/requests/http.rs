@@ -16,8 +16,10 @@ const CONTENT_TYPE_MAX: usize = 128;
 pub(crate) enum Head {
     /// Nothing was captured.
     Missing,
-    /// Not HTTP/1.x: TLS records, a binary protocol.
+    /// Not HTTP/1.x: a binary protocol.
     Opaque,
+    /// TLS records (RFC 8446 §5.1): the connection is encrypted.
+    Tls,
     /// The connection speaks HTTP/2 in clear text: the server's connection
     /// preface (a SETTINGS frame, RFC 9113 §3.4), or `101 Switching
     /// Protocols` to `h2c`.
@@ -94,6 +96,8 @@ pub(crate) fn parse_head(head: &[u8], send_bytes: u64) -> Head {
         if !rest.starts_with(b"HTTP/1.") {
             return if offset == 0 && is_settings_frame(rest) {
                 Head::Http2
+            } else if offset == 0 && is_tls_records(rest, send_bytes) {
+                Head::Tls
             } else {
                 Head::Opaque
             };
@@ -132,6 +136,29 @@ fn is_settings_frame(b: &[u8]) -> bool {
     let stream = u32::from_be_bytes([h[5], h[6], h[7], h[8]]) & 0x7fff_ffff;
     let (kind, flags) = (h[3], h[4]);
     kind == 4 && stream == 0 && len.is_multiple_of(6) && (flags == 0 || (flags == 1 && len == 0))
+}
+
+/// Whether a send of `send_bytes` whose first bytes are `b` is TLS records
+/// (RFC 8446 §5.1): each header in sight a content type (20 to 23:
+/// change_cipher_spec, alert, handshake, application_data), version 3.0 to
+/// 3.4 and a length of 1 to 2^14 + 2048, the records ending within the send
+/// (or at its end). A server's first send on a TLS connection is its
+/// handshake flight, whole records.
+fn is_tls_records(b: &[u8], send_bytes: u64) -> bool {
+    let mut at = 0u64;
+    let mut records = 0;
+    while at < send_bytes {
+        let Some(h) = usize::try_from(at).ok().and_then(|i| b.get(i..i + 5)) else {
+            break;
+        };
+        let len = u64::from(u16::from_be_bytes([h[3], h[4]]));
+        if !(20..=23).contains(&h[0]) || h[1] != 3 || h[2] > 4 || len == 0 || len > 18_432 {
+            return false;
+        }
+        at += 5 + len;
+        records += 1;
+    }
+    records > 0 && at <= send_bytes
 }
 
 /// Informational responses other than `101 Switching Protocols` (after
@@ -314,14 +341,43 @@ mod tests {
 
     #[test]
     fn not_http() {
+        assert_eq!(parse_head(&[0x17, 0x03, 0x03, 0x00, 0x20], 37), Head::Tls);
         assert_eq!(
-            parse_head(&[0x17, 0x03, 0x03, 0x00, 0x20], 37),
+            parse_head(&[0x05, 0x03, 0x03, 0x00, 0x20], 37),
             Head::Opaque
         );
         assert_eq!(parse_head(b"\x00\x00\x12\x04\x00", 99), Head::Opaque);
         assert_eq!(parse_head(b"HTTP/2 200\r\n", 12), Head::Opaque);
         assert_eq!(parse_head(b"", 10), Head::Missing);
         assert_eq!(http1(b"HTTP/1.1 2x0 Odd\r\n\r\n").status, None);
+    }
+
+    #[test]
+    fn tls_records_are_told_from_other_bytes() {
+        // A TLS 1.3 server flight: ServerHello, ChangeCipherSpec, then
+        // encrypted handshake records, in one send.
+        let mut flight = vec![22, 3, 3, 0, 90];
+        flight.extend([2; 90]);
+        flight.extend([20, 3, 3, 0, 1, 1]);
+        flight.extend([23, 3, 3, 0, 40]);
+        flight.extend([0xaa; 40]);
+        let n = flight.len() as u64;
+        assert_eq!(parse_head(&flight, n), Head::Tls);
+        // Longer than the capture: the headers in sight are enough.
+        assert_eq!(parse_head(&flight[..100], n + 3000), Head::Tls);
+        // Application data alone (a connection adopted mid-life).
+        assert_eq!(parse_head(&[23, 3, 3, 0, 2, 7, 7], 7), Head::Tls);
+        // A record longer than the send, a bad version or type, no length:
+        // not TLS.
+        assert_eq!(parse_head(&[22, 3, 3, 1, 0, 2], 100), Head::Opaque);
+        assert_eq!(parse_head(&[22, 3, 9, 0, 1, 2], 6), Head::Opaque);
+        assert_eq!(parse_head(&[24, 3, 3, 0, 1, 2], 6), Head::Opaque);
+        assert_eq!(parse_head(&[22, 3, 3, 0, 0], 5), Head::Opaque);
+        // A second header in sight that is not one.
+        assert_eq!(
+            parse_head(&[23, 3, 3, 0, 1, 7, 0, 0, 0, 0, 0], 11),
+            Head::Opaque
+        );
     }
 
     #[test]

@@ -134,6 +134,7 @@ mod join;
 mod outcome;
 mod record;
 mod response;
+pub mod stream_end;
 pub mod stream_stalls;
 mod streams;
 mod summary;

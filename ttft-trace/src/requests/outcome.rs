@@ -30,6 +30,11 @@ pub enum Outcome {
     /// An HTTP/2 stream above the last stream id of a GOAWAY: not
     /// processed by the server.
     GoAway,
+    /// A request on a TLS connection (the server's first send was TLS
+    /// records): its bytes are encrypted, and the plaintext is not read
+    /// (TLS libraries are not probed yet). Logged (`framing: "tls"`), never
+    /// counted: its sends are records, not tokens.
+    TlsUnsupported,
     /// Still in flight when tracing stopped.
     InFlightAtExit,
     /// Its connection was dropped to bound memory (idle too long without a
@@ -38,7 +43,7 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 10] = [
+    pub const ALL: [Outcome; 11] = [
         Self::Ok,
         Self::ErrorStatus,
         Self::ClosedMidResponse,
@@ -47,6 +52,7 @@ impl Outcome {
         Self::Http2Unsupported,
         Self::Reset,
         Self::GoAway,
+        Self::TlsUnsupported,
         Self::InFlightAtExit,
         Self::Evicted,
     ];
@@ -61,6 +67,7 @@ impl Outcome {
             Self::Http2Unsupported => "http2_unsupported",
             Self::Reset => "reset",
             Self::GoAway => "goaway",
+            Self::TlsUnsupported => "tls_unsupported",
             Self::InFlightAtExit => "in_flight_at_exit",
             Self::Evicted => "evicted",
         }

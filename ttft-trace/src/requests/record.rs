@@ -10,6 +10,7 @@ use super::{
     join::Join,
     outcome::Outcome,
     response::Framing,
+    stream_end::Ending,
     streams::{Side, StreamEnd},
 };
 
@@ -119,6 +120,14 @@ pub struct RequestRecord {
     /// every later gap ends there too.
     pub chunk_ack_gap_by_close: Option<u32>,
     pub chunks: u32,
+    /// Body bytes of each chunk (as many as `itl_ns` holds gaps, plus
+    /// one): judged, not written (see `judging::stalls`).
+    #[serde(skip)]
+    pub chunk_bytes: Vec<u32>,
+    /// How an event stream's body ended, as far as was seen: judged, not
+    /// written.
+    #[serde(skip)]
+    pub ending: Ending,
     pub tpot_ns: Option<u64>,
     pub e2e_ns: Option<u64>,
     pub bytes_in: u64,
@@ -147,7 +156,10 @@ impl RequestRecord {
         let req = &f.request;
         let resp = req.response.as_ref();
         let t_arrive = req.t_arrive;
-        let t_first_token = resp.and_then(|r| r.t_first_token);
+        // TLS records are no tokens: no first token, nor anything timed from it.
+        let t_first_token = resp
+            .and_then(|r| r.t_first_token)
+            .filter(|_| f.outcome != Outcome::TlsUnsupported);
         let t_done = resp.map(|r| r.t_last_send);
         let ttft = t_first_token.map(|t| t.saturating_sub(t_arrive));
         let whole = matches!(f.outcome, Outcome::Ok | Outcome::ErrorStatus);
@@ -245,6 +257,11 @@ impl RequestRecord {
                 .and_then(|k| k.checked_sub(1))
                 .and_then(|k| u32::try_from(k).ok()),
             chunks,
+            chunk_bytes: resp.map(|r| r.chunk_bytes.clone()).unwrap_or_default(),
+            ending: resp
+                .and_then(|r| r.stream_end.as_ref())
+                .map(|e| e.ending())
+                .unwrap_or_default(),
             tpot_ns: tpot,
             e2e_ns: e2e,
             bytes_in: req.bytes_in,

@@ -7,6 +7,7 @@ use serde::{Serialize, Serializer};
 use super::{
     chunked::{self, Chunked, View},
     http::{self, Body, Head, Http1Head},
+    stream_end::StreamEnd,
     streams::Stream,
 };
 
@@ -26,6 +27,8 @@ pub enum Framing {
     /// (`requests/streams.rs`); otherwise requests are not told apart and
     /// it is read as opaque.
     Http2,
+    /// TLS records: encrypted, read as opaque.
+    Tls,
 }
 
 impl Framing {
@@ -34,6 +37,7 @@ impl Framing {
             Self::Http1 => "http1",
             Self::Opaque => "opaque",
             Self::Http2 => "http2",
+            Self::Tls => "tls",
         }
     }
 }
@@ -85,10 +89,14 @@ pub(crate) struct Response {
     last_body_send: u64,
     pub chunks: u32,
     pub itl: Vec<u64>,
+    /// Body bytes of each chunk, as many as `itl` holds gaps, plus one.
+    pub chunk_bytes: Vec<u32>,
     itl_cap: usize,
     pub itl_truncated: bool,
     /// The chunked body's decoder, from the first send that carries body.
     chunked: Option<Chunked>,
+    /// How an event stream's body ended (SSE responses only).
+    pub stream_end: Option<StreamEnd>,
     /// Why the figures may be off (JSONL `notes`).
     pub notes: Vec<&'static str>,
 }
@@ -112,9 +120,11 @@ impl Response {
             last_body_send: send.t_ns,
             chunks: 0,
             itl: Vec::new(),
+            chunk_bytes: Vec::new(),
             itl_cap,
             itl_truncated: false,
             chunked: None,
+            stream_end: None,
             notes: Vec::new(),
         };
         match head {
@@ -130,6 +140,7 @@ impl Response {
                 }
             }
             Head::Http2 => r.framing = Framing::Http2,
+            Head::Tls => r.framing = Framing::Tls,
             Head::Missing => r.notes.push("head_not_captured"),
             Head::Opaque | Head::Interim => {}
         }
@@ -156,9 +167,12 @@ impl Response {
             last_body_send: s.t_last_send.unwrap_or(t_first_byte),
             chunks: s.chunks,
             itl: s.itl.clone(),
+            // A stream's chunk sizes and end are not read yet: not judged.
+            chunk_bytes: Vec::new(),
             itl_cap: s.itl.capacity(),
             itl_truncated: s.itl_truncated,
             chunked: None,
+            stream_end: None,
             notes: Vec::new(),
         })
     }
@@ -242,9 +256,14 @@ impl Response {
         let Some(body_at) = self.body_offset(before, send.bytes) else {
             return;
         };
+        let view = View::of_send(send.bytes, send.head, send.tail).skip(body_at);
+        if self.is_event_stream() {
+            self.stream_end
+                .get_or_insert_with(StreamEnd::default)
+                .on_body(view);
+        }
         let data = if self.body == Body::Chunked && self.framing == Framing::Http1 {
             let known_start = self.header_len.is_some();
-            let view = View::of_send(send.bytes, send.head, send.tail).skip(body_at);
             self.chunked
                 .get_or_insert_with(|| {
                     if known_start {
@@ -258,15 +277,23 @@ impl Response {
             true
         };
         if data {
-            self.body_send(send.t_ns);
+            self.body_send(send.t_ns, send.bytes - body_at);
         }
+    }
+
+    /// Whether the response is server-sent events (its end is judged).
+    fn is_event_stream(&self) -> bool {
+        self.content_type
+            .as_deref()
+            .and_then(|t| t.trim_start().get(..17))
+            .is_some_and(|t| t.eq_ignore_ascii_case("text/event-stream"))
     }
 
     /// Where the body begins in a send that moved bytes `before .. before +
     /// n` of the response; `None` when the send is all header block.
     fn body_offset(&self, before: u64, n: u64) -> Option<u64> {
         match (self.framing, self.body, self.header_len) {
-            (Framing::Opaque | Framing::Http2, _, _) => Some(0),
+            (Framing::Opaque | Framing::Http2 | Framing::Tls, _, _) => Some(0),
             (Framing::Http1, Body::Empty, _) => None,
             (Framing::Http1, _, Some(h)) => (before + n > h).then(|| h.saturating_sub(before)),
             // Header end unknown: the first send is taken as the headers.
@@ -274,12 +301,16 @@ impl Response {
         }
     }
 
-    fn body_send(&mut self, t_ns: u64) {
+    fn body_send(&mut self, t_ns: u64, bytes: u64) {
         self.chunks += 1;
         if self.t_first_token.is_none() {
             self.t_first_token = Some(t_ns);
+            self.chunk_bytes
+                .push(u32::try_from(bytes).unwrap_or(u32::MAX));
         } else if self.itl.len() < self.itl_cap {
             self.itl.push(t_ns.saturating_sub(self.last_body_send));
+            self.chunk_bytes
+                .push(u32::try_from(bytes).unwrap_or(u32::MAX));
         } else {
             self.itl_truncated = true;
         }

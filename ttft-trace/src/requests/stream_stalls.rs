@@ -208,19 +208,24 @@ fn median(itl_ns: &[u64]) -> u64 {
     sorted[(sorted.len() - 1) / 2]
 }
 
-/// How the stream's pace changed: mean gap of its last quarter over that of
-/// its first, in per-mille (1000 = steady). `None` under 8 gaps, where a
-/// quarter is one or two gaps and the ratio says nothing.
-pub fn tpot_ratio_permille(itl_ns: &[u64]) -> Option<u64> {
-    let quarter = itl_ns.len() / 4;
-    if itl_ns.len() < 8 {
+/// How a stream changed over its length: the mean of its last quarter of
+/// `values` over that of its first, in per-mille (1000 = steady). Over the
+/// gaps between chunks it is the pace (a slowing stream grows it); over the
+/// chunks' sizes, how far tokens were coalesced per send (several a send
+/// when the sender fell behind). `None` under 8 values, where a quarter is
+/// one or two and the ratio says nothing.
+pub fn quarter_ratio_permille<T: Copy + Into<u64>>(values: &[T]) -> Option<u64> {
+    let quarter = values.len() / 4;
+    if values.len() < 8 {
         return None;
     }
-    let first: u64 = itl_ns[..quarter].iter().sum();
-    let last: u64 = itl_ns[itl_ns.len() - quarter..].iter().sum();
+    let sum = |v: &[T]| v.iter().fold(0u64, |a, &x| a.saturating_add(x.into()));
+    let first = sum(&values[..quarter]);
+    let last = sum(&values[values.len() - quarter..]);
     Some(last.saturating_mul(1000) / first.max(1))
 }
 
 /// A stream is *degrading* when its last quarter is paced at least this
-/// many per-mille of its first (2000: twice as slow).
+/// many per-mille of its first (2000: twice as slow), and its chunks
+/// *growing* when its last quarter's are on average that much larger.
 pub const DEGRADING_PERMILLE: u64 = 2000;

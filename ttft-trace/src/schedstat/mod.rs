@@ -9,12 +9,14 @@
 //!
 //! The files are the kernel's own (procfs, not the target's root), opened
 //! once per thread and kept open; a thread's file stops reading when it
-//! exits. Threads beyond [`MAX_THREADS`] are not sampled and are counted.
+//! exits. Threads beyond [`MAX_THREADS`] are not sampled and are counted;
+//! so are a workload's threads past its share of them (a quota: one
+//! workload cannot take the host's descriptors).
 
 mod spells;
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap},
     fs::File,
     os::unix::fs::FileExt as _,
 };
@@ -23,7 +25,10 @@ use ttft_trace_common::signals::{RUNQ_BUCKETS, SchedEvent, SchedTotals, runq_buc
 
 use spells::{Reading, ThreadSpells};
 
-use crate::host::targets;
+use crate::{
+    host::targets,
+    workloads::quota::{Quota, Resource, Tenant},
+};
 
 /// Most threads sampled at once (each holds one open file).
 pub const MAX_THREADS: usize = 16_384;
@@ -50,6 +55,11 @@ pub struct SchedSampler {
     sum_ns: u64,
     /// Threads not sampled for the cap.
     pub dropped: u64,
+    /// One workload's share of the threads sampled.
+    pub quota: Quota<Tenant>,
+    /// Threads not sampled at the last listing, their workload at its
+    /// share: each counted once.
+    refused: BTreeSet<u32>,
     buf: [u8; LINE_MAX],
 }
 
@@ -78,8 +88,9 @@ pub fn readable() -> bool {
 }
 
 impl SchedSampler {
-    /// Spells shorter than `min_ns` are summed only (as the exact source does).
-    pub fn new(min_ns: u64) -> Self {
+    /// Spells shorter than `min_ns` are summed only (as the exact source
+    /// does); one workload's threads are sampled up to `share`.
+    pub fn new(min_ns: u64, share: usize) -> Self {
         raise_file_limit();
         Self {
             min_ns,
@@ -90,16 +101,23 @@ impl SchedSampler {
             buckets: vec![0; RUNQ_BUCKETS as usize],
             sum_ns: 0,
             dropped: 0,
+            quota: Quota::new(Resource::SampledThreads, share),
+            refused: BTreeSet::new(),
             buf: [0; LINE_MAX],
         }
     }
 
-    /// Follows the threads of `live` (traced processes): opens the new
-    /// ones' files and lets go of the processes that are not traced any
-    /// more. A thread born after its process was first listed starts from
-    /// zero counters at its birth, so that its first spells count.
-    pub fn track(&mut self, live: impl IntoIterator<Item = u32>, now_ns: u64) {
-        let live: BTreeMap<u32, ()> = live.into_iter().map(|p| (p, ())).collect();
+    /// Follows the threads of `live` (traced processes, each with its
+    /// workload's tenant): opens the new ones' files, up to the tenant's
+    /// share, and lets go of the processes that are not traced any more. A
+    /// thread born after its process was first listed starts from zero
+    /// counters at its birth, so that its first spells count.
+    pub fn track<'a>(
+        &mut self,
+        live: impl IntoIterator<Item = (u32, Option<&'a Tenant>)>,
+        now_ns: u64,
+    ) {
+        let live: BTreeMap<u32, Option<&Tenant>> = live.into_iter().collect();
         let ended: Vec<u32> = self
             .processes
             .keys()
@@ -113,7 +131,15 @@ impl SchedSampler {
                 self.gone.add(&t);
             }
         }
-        for &tgid in live.keys() {
+        // Each tenant's threads sampled now.
+        let mut held: HashMap<&Tenant, usize> = HashMap::new();
+        for t in self.threads.values() {
+            if let Some(&Some(tenant)) = live.get(&t.tgid) {
+                *held.entry(tenant).or_default() += 1;
+            }
+        }
+        let (mut refused, mut over) = (BTreeSet::new(), BTreeSet::new());
+        for (&tgid, &tenant) in &live {
             let known = self.processes.insert(tgid, ()).is_some();
             let Ok(dir) = std::fs::read_dir(format!("/proc/{tgid}/task")) else {
                 continue;
@@ -123,8 +149,22 @@ impl SchedSampler {
                 let Some(tid) = entry.file_name().to_str().and_then(|s| s.parse().ok()) else {
                     continue;
                 };
-                if !self.threads.contains_key(&tid) {
+                if self.threads.contains_key(&tid) {
+                    continue;
+                }
+                let Some(tenant) = tenant else {
                     self.open(tgid, tid, known, now_ns);
+                    continue;
+                };
+                let n = held.entry(tenant).or_default();
+                if *n >= self.quota.share() {
+                    if !self.refused.contains(&tid) {
+                        self.quota.refuse(tenant, 1);
+                    }
+                    refused.insert(tid);
+                    over.insert(tenant.clone());
+                } else if self.open(tgid, tid, known, now_ns) {
+                    *n += 1;
                 }
             }
             if !known {
@@ -137,15 +177,18 @@ impl SchedSampler {
                 );
             }
         }
+        self.refused = refused;
+        self.quota.settle(|t| over.contains(t));
     }
 
-    fn open(&mut self, tgid: u32, tid: u32, born_since: bool, now_ns: u64) {
+    /// Starts sampling thread `tid` of `tgid`; whether it is sampled.
+    fn open(&mut self, tgid: u32, tid: u32, born_since: bool, now_ns: u64) -> bool {
         if self.threads.len() >= MAX_THREADS {
             self.dropped += 1;
-            return;
+            return false;
         }
         let Ok(file) = File::open(format!("/proc/{tgid}/task/{tid}/schedstat")) else {
-            return;
+            return false;
         };
         let first = match born_since.then(|| targets::start_time_ns(tid)).flatten() {
             Some(born) if born <= now_ns => Reading {
@@ -154,7 +197,7 @@ impl SchedSampler {
             },
             _ => match read(&file, &mut self.buf, now_ns) {
                 Some(r) => r,
-                None => return,
+                None => return false,
             },
         };
         self.threads.insert(
@@ -165,6 +208,7 @@ impl SchedSampler {
                 spells: ThreadSpells::new(tgid, tid, first),
             },
         );
+        true
     }
 
     /// Reads every sampled thread at `now_ns`; hands each spell to `out`.
@@ -262,8 +306,8 @@ mod tests {
         // other tests' threads the spin runs in slices whose mean can fall
         // under a 1 ms minimum (seen once in seven runs), and the minimum
         // is the spells' own unit tests' to check.
-        let mut s = SchedSampler::new(0);
-        s.track([me], monotonic_ns());
+        let mut s = SchedSampler::new(0, MAX_THREADS);
+        s.track([(me, None)], monotonic_ns());
         assert!(s.threads() >= 1);
         // Spins for 30 ms of its own CPU time (not of wall time: on a
         // loaded machine it waits for the CPU too), then sleeps, so that
@@ -283,7 +327,7 @@ mod tests {
         });
         // Born after the first listing: counted from its birth.
         std::thread::sleep(std::time::Duration::from_millis(5));
-        s.track([me], monotonic_ns());
+        s.track([(me, None)], monotonic_ns());
         let mut spells = Vec::new();
         let mut after = 0;
         while after < 2 {

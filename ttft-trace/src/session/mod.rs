@@ -209,10 +209,16 @@ impl Session {
         let scan = self.tracking.rescan()?;
         self.apply_changes();
         if let Some(Sampling { sampler, .. }) = &mut self.sched_sampler {
-            sampler.track(scan.live.iter().map(|(pid, _)| *pid), monotonic_ns());
-            self.sinks
-                .series
-                .evictions("sampled_threads", sampler.dropped);
+            let tracking = &self.tracking;
+            let live = scan.live.iter();
+            sampler.track(
+                live.map(|&(pid, root)| (pid, tracking.tenant_of(root))),
+                monotonic_ns(),
+            );
+            let series = &self.sinks.series;
+            series.evictions("sampled_threads", sampler.dropped);
+            let quota = &sampler.quota;
+            series.quota_exceeded(quota.resource().name(), quota.exceeded);
         }
         let ws = &mut self.router.workloads;
         for (pid, root) in &scan.live {

@@ -100,7 +100,7 @@ impl Session {
             None => None,
         };
         let s = Session {
-            tracking: Tracking::new(probes, mode),
+            tracking: Tracking::new(probes, mode, cfg.quotas),
             router: Router::default(),
             judge: Judge::new(cfg.causes.clone(), cfg.stalls, gpu),
             sinks,
@@ -115,7 +115,7 @@ impl Session {
                          every {period:?} (no program on sched_switch)"
                     );
                     Some(Sampling {
-                        sampler: SchedSampler::new(cfg.sched_min_ns),
+                        sampler: SchedSampler::new(cfg.sched_min_ns, cfg.quotas.sampled_threads),
                         period,
                         last: tokio::time::Instant::now(),
                     })

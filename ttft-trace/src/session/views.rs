@@ -39,5 +39,7 @@ pub(super) fn kernel_view(k: &KernelStats) -> KernelView<'_> {
         h2_frames_dropped: k.h2_frames_dropped,
         h2_walk_lost: k.h2_walk_lost,
         map_full: &k.map_full,
+        quota_exceeded: &k.quota_exceeded,
+        listeners_followed: k.listeners_followed,
     }
 }

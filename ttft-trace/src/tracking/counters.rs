@@ -37,6 +37,10 @@ pub struct KernelStats {
     pub h2_walk_lost: u64,
     /// Inserts refused by a full kernel map, per map.
     pub map_full: Vec<(&'static str, u64)>,
+    /// What tenants were refused past their share, per resource.
+    pub quota_exceeded: Vec<(&'static str, u64)>,
+    /// Listening pairs followed in the kernel at the last scan.
+    pub listeners_followed: usize,
 }
 
 /// The last readings of the kernel's per-process counters and scheduler

@@ -15,6 +15,7 @@ mod launch_layer;
 mod libraries;
 mod ports;
 mod processes;
+mod quotas;
 mod wait;
 
 use std::{collections::HashSet, sync::Arc, time::Instant};
@@ -38,6 +39,7 @@ use counters::KernelCounters;
 use libraries::Libraries;
 use ports::Ports;
 use processes::Workloads;
+use quotas::Quotas;
 
 /// What is traced: one process tree, or whatever discovery finds.
 pub enum Mode {
@@ -79,12 +81,13 @@ pub struct Tracking {
     workloads: Workloads,
     libraries: Libraries,
     ports: Ports,
+    quotas: Quotas,
     counters: KernelCounters,
     changes: Vec<Change>,
 }
 
 impl Tracking {
-    pub fn new(probes: Probes, mode: Mode) -> Self {
+    pub fn new(probes: Probes, mode: Mode, shares: crate::config::Quotas) -> Self {
         // Daemon: workloads are found by what they call, so the probes
         // fire host-wide (see `Libraries::reach`).
         let host_wide = !matches!(
@@ -99,6 +102,7 @@ impl Tracking {
             workloads: Workloads::default(),
             libraries: Libraries::new(host_wide),
             ports: Ports::default(),
+            quotas: Quotas::new(shares),
             counters: KernelCounters::default(),
             changes: Vec::new(),
         }
@@ -107,6 +111,12 @@ impl Tracking {
     /// The ring buffer the probes write to (taken once).
     pub fn take_events(&mut self) -> Result<RingBuf<MapData>> {
         Ok(self.probes.take_events()?)
+    }
+
+    /// The tenant (pod, else cgroup) of the traced workload rooted at
+    /// `root`, as found at the last scan.
+    pub fn tenant_of(&self, root: u32) -> Option<&crate::workloads::quota::Tenant> {
+        self.quotas.tenant_of(root)
     }
 
     /// The workload the kernel keeps for `tgid`, exited or not.
@@ -166,8 +176,9 @@ impl Tracking {
     /// listen on now (later `listen()` calls are seen in the kernel) and on
     /// `extra` ports.
     pub fn follow_ports(&mut self, extra: &[u16]) -> Result<()> {
-        let live: Vec<u32> = self.live_processes()?.iter().map(|(p, _)| *p).collect();
-        self.ports.follow(&mut self.probes, &live, extra)
+        let live = self.live_processes()?;
+        self.ports
+            .follow(&mut self.probes, &live, extra, &mut self.quotas)
     }
 
     /// Live processes among the tracked ids, each with its workload; ids of
@@ -187,7 +198,9 @@ impl Tracking {
     /// Scans every traced process and attaches libraries not seen before;
     /// detaches the probes no traced process needs any more.
     pub fn rescan(&mut self) -> Result<Rescan> {
-        let live = self.live_processes()?;
+        let census = Workloads::census(&mut self.probes)?;
+        self.quotas.share_tracked(&mut self.probes, &census)?;
+        let live = census.live;
         self.libraries
             .probe_live(&mut self.probes, &live, &mut self.changes);
         let pids: Vec<u32> = live.iter().map(|(pid, _)| *pid).collect();
@@ -219,7 +232,8 @@ impl Tracking {
         let segments_unseen = probes.stat(Stat::SegmentsUnseen)?;
         let listener_unseen = probes.stat(Stat::ListenerUnseen)?;
         let pids: Vec<u32> = live.iter().map(|(p, _)| *p).collect();
-        self.ports.check_listeners(probes, listener_unseen, &pids)?;
+        self.ports
+            .check_listeners(probes, listener_unseen, &pids, &self.quotas)?;
         Ok(KernelReading {
             deltas: gpu.deltas,
             gone: gpu.gone,
@@ -233,6 +247,8 @@ impl Tracking {
                 h2_frames_dropped: probes.stat(Stat::H2FramesDropped)?,
                 h2_walk_lost: probes.stat(Stat::H2WalkLost)?,
                 map_full: probes.map_full()?,
+                quota_exceeded: self.quotas.exceeded(probes)?,
+                listeners_followed: self.ports.followed(),
             },
         })
     }
@@ -329,9 +345,15 @@ impl Tracking {
         let root = d.root_of(pid, &mut self.libraries);
         let listens_as_asked = d.listens_as_asked(root);
         let (probes, changes) = (&mut self.probes, &mut self.changes);
-        if let Some(existing) = probes.tracked_workload(root)?
-            && self.workloads.is_traced(existing)
-        {
+        let existing = probes
+            .tracked_workload(root)?
+            .filter(|&w| self.workloads.is_traced(w));
+        // Its workload's tenant at its share of TRACKED: not tracked
+        // (counted once), tried again at each scan.
+        if !self.quotas.admits_process(existing.unwrap_or(root), pid) {
+            return Ok(());
+        }
+        if let Some(existing) = existing {
             Workloads::join(probes, pid, existing, changes)?;
             for lib in &libs {
                 self.libraries.attach_found(probes, lib, pid, changes);

@@ -16,6 +16,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use anyhow::Result;
 
+use super::quotas::Quotas;
 use crate::{
     host::cgroups,
     host::ports::{self, HeldListener},
@@ -41,6 +42,8 @@ pub(super) struct Ports {
     /// when still unheld at the next (a `listen()` the kernel saw between a
     /// scan's read of /proc and its read of the map is not removed).
     unheld: BTreeSet<(u32, u16)>,
+    /// `LISTEN_NETNS` pairs left at the last scan.
+    followed: usize,
 }
 
 /// The cgroups of the traced processes' listening sockets.
@@ -59,15 +62,30 @@ struct ListenerCgroups {
 
 impl Ports {
     /// Follows connections accepted on the ports the `live` traced
-    /// processes listen on now (later `listen()` calls are seen in the
-    /// kernel) and on `extra` ports.
-    pub fn follow(&mut self, probes: &mut Probes, live: &[u32], extra: &[u16]) -> Result<()> {
+    /// processes (pid, workload) listen on now (later `listen()` calls are
+    /// seen in the kernel), within their workloads' `quotas`, and on
+    /// `extra` ports.
+    pub fn follow(
+        &mut self,
+        probes: &mut Probes,
+        live: &[(u32, u32)],
+        extra: &[u16],
+        quotas: &mut Quotas,
+    ) -> Result<()> {
         self.extra_ports |= !extra.is_empty();
-        let held = ports::listening_sockets(live);
+        let pids: Vec<u32> = live.iter().map(|(pid, _)| *pid).collect();
+        let all = ports::listening_sockets(&pids);
+        let refused = quotas
+            .share_listeners(probes, &all, live, &self.listen_ports)?
+            .clone();
+        let held = quotas.within_shares(all);
+        // First, so that what a workload holds past its share makes room
+        // for the others' ports added below.
+        self.forget_closed(probes, &held, &refused)?;
         self.find_listener_cgroups(probes, &held);
         // Before the ports: a connection accepted in between has its
         // segments seen.
-        self.scope_segments(probes, live)?;
+        self.scope_segments(probes, &pids)?;
         let mut found: BTreeSet<(Option<u32>, u16)> =
             held.iter().map(|l| (l.netns, l.port)).collect();
         found.extend(extra.iter().map(|&port| (None, port)));
@@ -82,31 +100,44 @@ impl Ports {
         if !new.is_empty() {
             log::info!("following requests on port(s) {}", new.join(", "));
         }
-        self.forget_closed(probes, &held)
+        Ok(())
     }
 
     /// Removes the `LISTEN_NETNS` pairs that no traced process has held for
     /// two scans (the listener closed, its process or namespace is gone),
-    /// so that ports coming and going never fill the map.
-    fn forget_closed(&mut self, probes: &mut Probes, held: &BTreeSet<HeldListener>) -> Result<()> {
+    /// so that ports coming and going never fill the map, and those
+    /// `refused` past their workload's share.
+    fn forget_closed(
+        &mut self,
+        probes: &mut Probes,
+        held: &BTreeSet<HeldListener>,
+        refused: &BTreeSet<(u32, u16)>,
+    ) -> Result<()> {
         let held: BTreeSet<(u32, u16)> = held
             .iter()
             .filter_map(|l| Some((l.netns?, l.port)))
             .collect();
         let in_kernel: BTreeSet<(u32, u16)> = probes.listen_netns_pairs()?.into_iter().collect();
-        let closed = closed_listeners(&in_kernel, &held, &self.unheld);
+        let closed = closed_listeners(&in_kernel, &held, &self.unheld, refused);
         for &(netns, port) in &closed.gone {
             probes.remove_listen_pair(netns, port, closed.ports_kept.contains(&port))?;
             self.listen_ports.remove(&(Some(netns), port));
         }
         if !closed.gone.is_empty() {
             log::debug!(
-                "{} listening port(s) closed: no longer followed",
+                "{} listening port(s) closed or past their workload's share: no longer followed",
                 closed.gone.len()
             );
         }
         self.unheld = closed.unheld;
+        self.followed = in_kernel.len() - closed.gone.len();
         Ok(())
+    }
+
+    /// `LISTEN_NETNS` pairs left at the last scan (those the kernel added
+    /// since are counted at the next).
+    pub fn followed(&self) -> usize {
+        self.followed
     }
 
     /// Puts the segment program on the cgroups the `live` traced processes
@@ -198,6 +229,7 @@ impl Ports {
         probes: &mut Probes,
         unseen: u64,
         live: &[u32],
+        quotas: &Quotas,
     ) -> Result<()> {
         if unseen <= self.listeners.unseen_looked || !probes.segments_scoped() {
             return Ok(());
@@ -206,7 +238,7 @@ impl Ports {
         // A socket keeps its cgroup: only listeners made since the last
         // lookup (a listen() after the tracer started) are asked about.
         let before: BTreeSet<String> = self.listener_paths();
-        let held = ports::listening_sockets(live);
+        let held = quotas.within_shares(ports::listening_sockets(live));
         self.find_listener_cgroups(probes, &held);
         if self.listener_paths().difference(&before).next().is_some() {
             log::info!(
@@ -279,7 +311,7 @@ fn with_listeners<'a>(
 /// ports some remaining pair still follows, and those unheld this time.
 #[derive(Debug, PartialEq, Eq)]
 struct ClosedListeners {
-    /// Unheld at this scan and the one before.
+    /// Unheld at this scan and the one before, or refused by the quota.
     gone: BTreeSet<(u32, u16)>,
     /// Ports of the pairs that stay: their `LISTEN_PORTS` mark stays.
     ports_kept: BTreeSet<u16>,
@@ -288,14 +320,20 @@ struct ClosedListeners {
 }
 
 /// Pure: the kernel's pairs `in_kernel`, the pairs a traced process `held`
-/// at this scan, and those `unheld_before` at the last one.
+/// at this scan within its share, those `unheld_before` at the last one,
+/// and those `refused` past their workload's share (gone at once).
 fn closed_listeners(
     in_kernel: &BTreeSet<(u32, u16)>,
     held: &BTreeSet<(u32, u16)>,
     unheld_before: &BTreeSet<(u32, u16)>,
+    refused: &BTreeSet<(u32, u16)>,
 ) -> ClosedListeners {
     let unheld_now: BTreeSet<(u32, u16)> = in_kernel.difference(held).copied().collect();
-    let gone: BTreeSet<(u32, u16)> = unheld_now.intersection(unheld_before).copied().collect();
+    let gone: BTreeSet<(u32, u16)> = unheld_now
+        .iter()
+        .filter(|p| unheld_before.contains(p) || refused.contains(p))
+        .copied()
+        .collect();
     ClosedListeners {
         ports_kept: in_kernel.difference(&gone).map(|&(_, port)| port).collect(),
         unheld: unheld_now.difference(&gone).copied().collect(),
@@ -318,20 +356,25 @@ mod tests {
         // (2, 80) and (1, 81) were unheld at the last scan too; (3, 82) is
         // new in the map (a listen() after the /proc read), so it stays.
         let before = pairs(&[(2, 80), (1, 81), (9, 9)]);
-        let closed = closed_listeners(&in_kernel, &held, &before);
+        let closed = closed_listeners(&in_kernel, &held, &before, &BTreeSet::new());
         assert_eq!(closed.gone, pairs(&[(2, 80), (1, 81)]));
         assert_eq!(closed.unheld, pairs(&[(3, 82)]));
         // Port 80 is still followed in namespace 1: its mark stays; 81 goes.
         assert_eq!(closed.ports_kept, [80, 82].into_iter().collect());
+        // Refused past its workload's share: gone at the first scan.
+        let closed = closed_listeners(&in_kernel, &held, &before, &pairs(&[(3, 82)]));
+        assert_eq!(closed.gone, pairs(&[(2, 80), (1, 81), (3, 82)]));
+        assert!(closed.unheld.is_empty());
+        assert_eq!(closed.ports_kept, [80].into_iter().collect());
     }
 
     #[test]
     fn thousands_of_ports_closed_leave_the_map_empty_after_two_scans() {
         let opened: BTreeSet<(u32, u16)> = (0..4000u16).map(|port| (7, 10_000 + port)).collect();
         let nothing = BTreeSet::new();
-        let first = closed_listeners(&opened, &nothing, &nothing);
+        let first = closed_listeners(&opened, &nothing, &nothing, &nothing);
         assert!(first.gone.is_empty());
-        let second = closed_listeners(&opened, &nothing, &first.unheld);
+        let second = closed_listeners(&opened, &nothing, &first.unheld, &nothing);
         assert_eq!(second.gone, opened);
         assert!(second.unheld.is_empty() && second.ports_kept.is_empty());
     }

@@ -13,6 +13,15 @@ use crate::{host::targets, probes::Probes};
 /// [`Workloads::announce`]).
 const MAX_ANNOUNCED: usize = 4096;
 
+/// The ids `TRACKED` holds, each with its workload.
+#[derive(Default)]
+pub(super) struct Census {
+    /// Live processes.
+    pub live: Vec<(u32, u32)>,
+    /// Live threads (not leaders) the kernel added at their fork.
+    pub threads: Vec<(u32, u32)>,
+}
+
 #[derive(Default)]
 pub(super) struct Workloads {
     /// Roots of the workloads traced now.
@@ -64,18 +73,27 @@ impl Workloads {
     }
 
     /// Live processes among the tracked ids, each with its workload; ids of
-    /// exited processes and of threads are dropped from the kernel's map on
+    /// exited processes and threads are dropped from the kernel's map on
     /// the way.
     pub fn live(probes: &mut Probes) -> Result<Vec<(u32, u32)>> {
-        let mut live = Vec::new();
+        Ok(Self::census(probes)?.live)
+    }
+
+    /// The tracked ids sorted out: live processes and live threads, each
+    /// with its workload; those of exited ones are dropped from the
+    /// kernel's map on the way.
+    pub fn census(probes: &mut Probes) -> Result<Census> {
+        let mut census = Census::default();
         for (id, root) in probes.tracked()? {
             if targets::is_process(id) {
-                live.push((id, root));
-            } else if !std::path::Path::new(&format!("/proc/{id}")).exists() {
+                census.live.push((id, root));
+            } else if std::path::Path::new(&format!("/proc/{id}")).exists() {
+                census.threads.push((id, root));
+            } else {
                 probes.untrack(id)?;
             }
         }
-        Ok(live)
+        Ok(census)
     }
 
     /// The workloads none of whose processes is alive: no longer traced.

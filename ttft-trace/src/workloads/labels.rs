@@ -6,6 +6,7 @@ use std::{collections::BTreeMap, time::Instant};
 
 use serde::Serialize;
 
+use super::quota::{Quota, Resource};
 use crate::host::{
     cgroups,
     deadline::TargetWork,
@@ -209,32 +210,36 @@ struct SetState {
 }
 
 /// The label sets in use, at most `max` of them plus the overflow set; at
-/// most `max_per_pod` of a pod's own, so that one tenant cannot take the
-/// host's sets (past its share, its workloads share its own overflow set).
+/// most a pod's share of its own (`per_pod`), so that one tenant cannot
+/// take the host's sets (past its share, its workloads share its own
+/// overflow set).
 #[derive(Debug)]
 pub struct LabelSets {
     max: usize,
-    max_per_pod: usize,
+    /// Its `exceeded`: workloads put in their pod's overflow set because
+    /// the pod had its share. Tenants are `namespace/pod` labels.
+    pub per_pod: Quota<String>,
     retire_after_ns: u64,
     overflow: WorkloadLabels,
     sets: BTreeMap<WorkloadLabels, SetState>,
     /// Workloads put in the overflow set because the cap was reached.
     pub overflowed: u64,
-    /// Workloads put in their pod's overflow set because the pod had its
-    /// share.
-    pub pod_overflowed: u64,
+}
+
+/// A pod as a label-set tenant.
+fn pod_of(labels: &WorkloadLabels) -> String {
+    format!("{}/{}", labels.namespace, labels.pod)
 }
 
 impl LabelSets {
     pub fn new(max: usize, max_per_pod: usize, retire_after_ns: u64, with_pid: bool) -> Self {
         Self {
             max,
-            max_per_pod,
+            per_pod: Quota::new(Resource::LabelSets, max_per_pod),
             retire_after_ns,
             overflow: WorkloadLabels::overflow(with_pid),
             sets: BTreeMap::new(),
             overflowed: 0,
-            pod_overflowed: 0,
         }
     }
 
@@ -264,19 +269,12 @@ impl LabelSets {
     pub fn admit(&mut self, labels: WorkloadLabels) -> WorkloadLabels {
         let labels = if self.sets.contains_key(&labels)
             || labels.pod.is_empty()
-            || self.sets_of_pod(&labels) < self.max_per_pod
+            || self
+                .per_pod
+                .admit(&pod_of(&labels), self.sets_of_pod(&labels))
         {
             labels
         } else {
-            self.pod_overflowed += 1;
-            log::warn!(
-                "pod {}/{} has its share of {} label sets: its workload {} is reported under \
-                 comm=\"{OVERFLOW_COMM}\" (ttft_trace_quota_exceeded_total{{resource=\"label_sets\"}})",
-                labels.namespace,
-                labels.pod,
-                self.max_per_pod,
-                labels.comm
-            );
             self.pod_overflow(&labels)
         };
         let own = self.sets.len() - usize::from(self.sets.contains_key(&self.overflow));
@@ -321,6 +319,15 @@ impl LabelSets {
         for l in &expired {
             self.sets.remove(l);
         }
+        // A pod whose sets retired under its share is warned about again
+        // if it passes it later.
+        let (sets, share) = (&self.sets, self.per_pod.share());
+        self.per_pod.settle(|pod| {
+            let own = sets
+                .keys()
+                .filter(|l| l.comm != OVERFLOW_COMM && pod_of(l) == *pod);
+            own.count() >= share
+        });
         expired
     }
 
@@ -365,7 +372,7 @@ mod tests {
         assert_eq!(over, in_pod(OVERFLOW_COMM, "greedy"));
         assert_eq!(sets.admit(in_pod("d", "greedy")), over);
         assert_eq!(sets.admit(in_pod("a", "greedy")), in_pod("a", "greedy"));
-        assert_eq!(sets.pod_overflowed, 2);
+        assert_eq!(sets.per_pod.exceeded, 2);
         // Another pod, and host processes (no pod), are not held by it.
         for comm in ["a", "b"] {
             assert_eq!(sets.admit(in_pod(comm, "other")), in_pod(comm, "other"));
@@ -373,7 +380,7 @@ mod tests {
         for comm in ["h1", "h2", "h3"] {
             assert_eq!(sets.admit(named(comm)), named(comm));
         }
-        assert_eq!((sets.overflowed, sets.pod_overflowed), (0, 2));
+        assert_eq!((sets.overflowed, sets.per_pod.exceeded), (0, 2));
         // Once one of its sets retires, the pod has room again.
         let a = in_pod("a", "greedy");
         sets.release(&a, 0);

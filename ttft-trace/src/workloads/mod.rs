@@ -5,6 +5,7 @@
 
 pub mod discover;
 pub mod labels;
+pub mod quota;
 
 pub use discover::Filters;
 pub use labels::{ClaimVerdict, LabelSets, Naming, PodClaim, WorkloadLabels};

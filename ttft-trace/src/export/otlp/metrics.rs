@@ -195,7 +195,10 @@ fn duration_ns(r: &RequestRecord) -> Option<u64> {
         | Outcome::Reset
         | Outcome::GoAway
         | Outcome::Evicted => r.t_done_ns.map(|d| d.saturating_sub(r.t_arrive_ns)),
-        Outcome::PipelinedUnsupported | Outcome::Http2Unsupported | Outcome::InFlightAtExit => None,
+        Outcome::PipelinedUnsupported
+        | Outcome::Http2Unsupported
+        | Outcome::TlsUnsupported
+        | Outcome::InFlightAtExit => None,
     }
 }
 

@@ -17,7 +17,7 @@ use prometheus::Registry;
 use super::{Otlp, OtlpConfig};
 use crate::{
     causes::{Attribution, Cause, CauseClass, Evidence, RequestTimes},
-    judging::{JudgedRequest, JudgedStalls},
+    judging::{JudgedRequest, JudgedStalls, Truncation},
     report::tests::{MS, record},
     requests::Outcome,
     workloads::WorkloadLabels,
@@ -456,6 +456,8 @@ fn each_stall_is_an_event_with_its_cause_and_explained_time() {
         ],
         pace_ratio_permille: Some(2500),
         degrading: true,
+        chunk_growth_permille: Some(900),
+        truncated: Some(Truncation::NoFinishReason),
         ..JudgedStalls::default()
     };
     let clock = Clock::now();
@@ -522,4 +524,17 @@ fn each_stall_is_an_event_with_its_cause_and_explained_time() {
         Some(Value::I64(2500))
     );
     assert_eq!(get(attrs, "ttft_trace.degrading"), Some(Value::Bool(true)));
+    assert_eq!(
+        get(attrs, "ttft_trace.chunk_growth_permille"),
+        Some(Value::I64(900))
+    );
+    assert_eq!(
+        get(attrs, "ttft_trace.chunks_growing"),
+        Some(Value::Bool(false))
+    );
+    assert_eq!(
+        get(attrs, "ttft_trace.truncated"),
+        Some(Value::from("no_finish_reason"))
+    );
+    assert_eq!(get(attrs, "ttft_trace.finish_reason"), None);
 }

@@ -82,6 +82,7 @@ pub struct Metrics {
     quota_exceeded: IntCounterVec,
     target_reads_stuck: IntGauge,
     targets_set_aside: IntGauge,
+    listeners_followed: IntGauge,
 }
 
 impl Metrics {
@@ -212,8 +213,10 @@ impl Metrics {
         let quota_exceeded = IntCounterVec::new(
             Opts::new(
                 "ttft_trace_quota_exceeded_total",
-                "Times one pod went past its share of a host-wide resource and it alone was \
-                 degraded: label_sets (its later workloads share its own comm=\"_other\" set)",
+                "What one tenant (a pod, else a cgroup) was refused past its share of a \
+                 host-wide resource, it alone degraded: label_sets (workloads put in its own \
+                 comm=\"_other\" set), listeners (listening sockets not followed, each once), \
+                 threads (threads and child processes not tracked)",
             ),
             &["resource"],
         )?;
@@ -225,6 +228,11 @@ impl Metrics {
             "ttft_trace_targets_set_aside",
             "Processes and files set aside (not read, with backoff) after a read of them did \
              not return, now or within the last minute",
+        )?;
+        let listeners_followed = IntGauge::new(
+            "ttft_trace_listeners_followed",
+            "(network namespace, port) pairs of listening sockets followed in the kernel \
+             (LISTEN_NETNS), at the last scan",
         )?;
         let build_info = IntGaugeVec::new(
             Opts::new("ttft_trace_build_info", "Build information; always 1"),
@@ -256,6 +264,7 @@ impl Metrics {
             Box::new(quota_exceeded.clone()),
             Box::new(target_reads_stuck.clone()),
             Box::new(targets_set_aside.clone()),
+            Box::new(listeners_followed.clone()),
             Box::new(build_info),
         ] {
             registry.register(c)?;
@@ -284,6 +293,7 @@ impl Metrics {
             quota_exceeded,
             target_reads_stuck,
             targets_set_aside,
+            listeners_followed,
         })
     }
 
@@ -355,12 +365,22 @@ impl Metrics {
     }
 
     /// Label sets in use, and the overflow count so far (a total).
-    pub fn set_workloads(&self, sets: usize, overflowed: u64, pod_overflowed: u64) {
+    pub fn set_workloads(&self, sets: usize, overflowed: u64) {
         self.workloads.set(sets as i64);
         self.workload_overflows
             .inc_by(overflowed.saturating_sub(self.workload_overflows.get()));
-        let c = self.quota_exceeded.with_label_values(&["label_sets"]);
-        c.inc_by(pod_overflowed.saturating_sub(c.get()));
+    }
+
+    /// The listening pairs followed in the kernel now.
+    pub fn set_listeners_followed(&self, n: usize) {
+        self.listeners_followed.set(n as i64);
+    }
+
+    /// Sets the count of what tenants were refused past their share of
+    /// `resource` to its total.
+    pub fn set_quota_exceeded(&self, resource: &str, total: u64) {
+        let c = self.quota_exceeded.with_label_values(&[resource]);
+        c.inc_by(total.saturating_sub(c.get()));
     }
 
     /// Sets the lost-event, unseen-segment and dropped-state counters to
@@ -513,8 +533,10 @@ mod tests {
         m.add_counters(&delta, &w);
         m.set_kernel_stats(3, 2, 0);
         m.set_kernel_stats(3, 2, 0);
-        m.set_workloads(1, 2, 4);
-        m.set_workloads(1, 2, 4);
+        m.set_workloads(1, 2);
+        m.set_workloads(1, 2);
+        m.set_quota_exceeded("label_sets", 4);
+        m.set_quota_exceeded("label_sets", 4);
         let text = render(&m.registry);
         for needle in [
             "ttft_trace_launch_to_first_d2h_seconds_bucket{comm=\"python3\",pod=\"\",le=\"0.0001\"} 0",

@@ -1,12 +1,16 @@
 //! Prometheus series of stalls after the first token, per workload: stalls
 //! by cause (the stall causes and `unexplained`), a stall-duration
-//! histogram, and streams flagged degrading. Every series created when its
-//! workload starts, so that rate() works from the first scrape.
+//! histogram, and streams flagged degrading, with growing chunks, or
+//! truncated (by how). Every series created when its workload starts, so
+//! that rate() works from the first scrape.
 
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
 
 use super::{causes::cause_labels, with_label};
-use crate::{causes::CauseClass, judging::JudgedStalls};
+use crate::{
+    causes::CauseClass,
+    judging::{JudgedStalls, Truncation},
+};
 
 /// Stall durations, seconds: 25 ms (a fixed threshold below the default
 /// 100 ms floor) to 30 s, dense from 100 ms to 1 s where a preempted or
@@ -19,6 +23,8 @@ pub struct StallMetrics {
     stalls: IntCounterVec,
     duration: HistogramVec,
     degrading: IntCounterVec,
+    growing: IntCounterVec,
+    truncated: IntCounterVec,
 }
 
 impl StallMetrics {
@@ -47,13 +53,32 @@ impl StallMetrics {
             ),
             workload_labels,
         )?;
-        registry.register(Box::new(stalls.clone()))?;
+        let growing = IntCounterVec::new(
+            Opts::new(
+                "ttft_trace_coarsening_streams_total",
+                "Responses whose last quarter of chunks carried on average at least twice the \
+                 bytes of the first (tokens coalesced per send)",
+            ),
+            workload_labels,
+        )?;
+        let truncated = IntCounterVec::new(
+            Opts::new(
+                "ttft_trace_truncated_streams_total",
+                "Responses that ended without their normal end, after the first token: cut \
+                 (closed mid-response), missing_terminator, no_finish_reason",
+            ),
+            &with_label(workload_labels, "how"),
+        )?;
+        for m in [&stalls, &degrading, &growing, &truncated] {
+            registry.register(Box::new(m.clone()))?;
+        }
         registry.register(Box::new(duration.clone()))?;
-        registry.register(Box::new(degrading.clone()))?;
         Ok(Self {
             stalls,
             duration,
             degrading,
+            growing,
+            truncated,
         })
     }
 
@@ -64,6 +89,10 @@ impl StallMetrics {
         }
         self.duration.with_label_values(w);
         self.degrading.with_label_values(w);
+        self.growing.with_label_values(w);
+        for how in Truncation::ALL {
+            self.truncated.with_label_values(&with_label(w, how.name()));
+        }
     }
 
     /// Removes a retired workload's series.
@@ -73,6 +102,12 @@ impl StallMetrics {
         }
         let _ = self.duration.remove_label_values(w);
         let _ = self.degrading.remove_label_values(w);
+        let _ = self.growing.remove_label_values(w);
+        for how in Truncation::ALL {
+            let _ = self
+                .truncated
+                .remove_label_values(&with_label(w, how.name()));
+        }
     }
 
     /// Counts one request's judged stalls (those beyond the listed ones are
@@ -88,6 +123,14 @@ impl StallMetrics {
         }
         if s.degrading {
             self.degrading.with_label_values(w).inc();
+        }
+        if s.chunks_growing {
+            self.growing.with_label_values(w).inc();
+        }
+        if let Some(how) = s.truncated {
+            self.truncated
+                .with_label_values(&with_label(w, how.name()))
+                .inc();
         }
     }
 }
@@ -128,6 +171,8 @@ mod tests {
                     stall(2_500, &[]),
                 ],
                 degrading: true,
+                chunks_growing: true,
+                truncated: Some(Truncation::Cut),
                 ..JudgedStalls::default()
             },
             &w,
@@ -142,6 +187,9 @@ mod tests {
             "ttft_trace_stall_duration_seconds_bucket{comm=\"vllm\",le=\"3\"} 2",
             "ttft_trace_stall_duration_seconds_count{comm=\"vllm\"} 2",
             "ttft_trace_degrading_streams_total{comm=\"vllm\"} 1",
+            "ttft_trace_coarsening_streams_total{comm=\"vllm\"} 1",
+            "ttft_trace_truncated_streams_total{comm=\"vllm\",how=\"cut\"} 1",
+            "ttft_trace_truncated_streams_total{comm=\"vllm\",how=\"no_finish_reason\"} 0",
         ] {
             assert!(text.contains(needle), "missing {needle} in\n{text}");
         }

@@ -365,7 +365,7 @@ fn pipelined_request_during_a_chunked_response() {
 }
 
 #[test]
-fn opaque_bytes_like_tls() {
+fn opaque_bytes_that_start_like_tls() {
     let record = |n: usize| {
         let mut r = vec![0x17, 0x03, 0x03, 0x00, 0x40];
         r.resize(n, 0xab);
@@ -401,7 +401,7 @@ fn opaque_response_ends_after_a_quiet_period() {
     let mut w = Wire::new();
     w.open(SK, 0);
     w.recv(SK, ms(1000), 517);
-    w.send(SK, ms(1010), &[0x17, 0x03, 0x03, 0, 1, 0]);
+    w.send(SK, ms(1010), &[0x05, 0x03, 0x03, 0, 1, 0]);
     assert!(w.drain(ms(5000)).is_empty());
     let r = w.one(ms(7000));
     assert_eq!(r.outcome, Outcome::Ok);

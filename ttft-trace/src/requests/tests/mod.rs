@@ -9,7 +9,9 @@ mod http1;
 mod http2;
 mod join;
 mod output;
+mod stream_end;
 mod stream_stalls;
+mod tls;
 
 use std::collections::HashMap;
 

@@ -2,7 +2,7 @@
 //! pace of a stream's last quarter against its first.
 
 use crate::requests::stream_stalls::{
-    SeenAt, StallConfig, StallWindow, find_stalls, threshold_ns, tpot_ratio_permille,
+    SeenAt, StallConfig, StallWindow, find_stalls, quarter_ratio_permille, threshold_ns,
 };
 
 const MS: u64 = 1_000_000;
@@ -75,15 +75,15 @@ fn windows_past_the_cap_are_counted_as_dropped() {
 fn no_gaps_no_stalls_no_ratio() {
     let stalls = find_stalls(0, &[], &StallConfig::default());
     assert_eq!(stalls.count, 0);
-    assert_eq!(tpot_ratio_permille(&[5 * MS; 7]), None);
+    assert_eq!(quarter_ratio_permille(&[5 * MS; 7]), None);
 }
 
 #[test]
 fn a_stream_slowing_to_three_times_its_pace_reads_3000_permille() {
     let mut gaps = vec![5 * MS; 8];
     gaps.extend(vec![15 * MS; 8]);
-    assert_eq!(tpot_ratio_permille(&gaps), Some(3000));
-    assert_eq!(tpot_ratio_permille(&[5 * MS; 16]), Some(1000));
+    assert_eq!(quarter_ratio_permille(&gaps), Some(3000));
+    assert_eq!(quarter_ratio_permille(&[5 * MS; 16]), Some(1000));
 }
 
 /// End to end, from the kernel's events: request A streams, request B
