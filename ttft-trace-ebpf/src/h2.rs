@@ -356,12 +356,23 @@ fn walk_and_report(
     end
 }
 
-/// The walk state of `sk`, created with `sync` where it is new.
+/// The walk state of `sk`: `new` where the connection has none yet. An
+/// entry left by an earlier connection at the same socket address (its
+/// close missed) is replaced, never continued; one the LRU evicted
+/// mid-connection comes back unsynced (its place is lost: the walk waits
+/// for a call that starts on a plausible header).
 #[inline(always)]
 fn h2_state(sk: u64, state: *mut ConnState, new: H2State) -> Option<*mut H2State> {
-    if let Some(p) = H2_CONNS.get_ptr_mut(sk) {
-        return Some(p);
-    }
+    // SAFETY: live map value.
+    let walked = unsafe { (*state).h2 } & CONN_H2 != 0;
+    let new = if walked {
+        if let Some(p) = H2_CONNS.get_ptr_mut(sk) {
+            return Some(p);
+        }
+        H2State::default()
+    } else {
+        new
+    };
     H2_CONNS.insert(sk, new, 0).ok()?;
     // SAFETY: live map value.
     unsafe { (*state).h2 |= CONN_H2 };

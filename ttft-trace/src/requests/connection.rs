@@ -183,6 +183,7 @@ fn stream_outcome(req: &Request, end: StreamEnd, cause: Cause) -> Outcome {
         StreamEnd::Ended => Outcome::Ok,
         StreamEnd::Reset { .. } => Outcome::Reset,
         StreamEnd::GoAway { .. } => Outcome::GoAway,
+        StreamEnd::Evicted => Outcome::Evicted,
         StreamEnd::Cut => match cause {
             Cause::Exit => Outcome::InFlightAtExit,
             Cause::Evicted => Outcome::Evicted,

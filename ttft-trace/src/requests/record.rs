@@ -314,7 +314,7 @@ impl RequestRecord {
 fn stream_error(end: Option<StreamEnd>) -> Option<(u32, Side)> {
     match end? {
         StreamEnd::Reset { code, by } | StreamEnd::GoAway { code, by } => Some((code, by)),
-        StreamEnd::Ended | StreamEnd::Cut => None,
+        StreamEnd::Ended | StreamEnd::Cut | StreamEnd::Evicted => None,
     }
 }
 

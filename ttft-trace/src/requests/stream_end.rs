@@ -6,7 +6,8 @@
 //! Only protocols that carry an end are judged, recognised in the body of
 //! an SSE response (`Content-Type: text/event-stream`):
 //!
-//! - OpenAI's (`"choices"` or `"finish_reason"` seen): ends with
+//! - OpenAI's (`"choices"` seen: a finish reason alone is not enough, as
+//!   TGI's native stream has one and no `[DONE]`): ends with
 //!   `data: [DONE]`; every choice event carries `"finish_reason"`, `null`
 //!   until the last.
 //! - Anthropic's (`message_start` or `content_block_` seen): ends with
@@ -44,7 +45,7 @@ pub enum Protocol {
 
 impl Protocol {
     fn recognise(bytes: &[u8]) -> Option<Self> {
-        if contains(bytes, b"\"choices\"") || contains(bytes, b"\"finish_reason\"") {
+        if contains(bytes, b"\"choices\"") {
             Some(Self::Openai)
         } else if contains(bytes, b"message_start") || contains(bytes, b"content_block_") {
             Some(Self::Anthropic)
@@ -269,6 +270,20 @@ mod tests {
         ));
         assert_eq!(end.protocol, None);
         assert_eq!(end.terminator(), Terminator::Unknown);
+    }
+
+    #[test]
+    fn a_finish_reason_alone_is_no_openai_stream() {
+        // TGI's native stream: its last event gives a finish reason, and
+        // there is no `[DONE]` to miss.
+        let mut end = StreamEnd::default();
+        end.on_body(whole(
+            b"data:{\"index\":1,\"token\":{\"id\":3,\"text\":\" a\"}}\n\n",
+        ));
+        end.on_body(whole(
+            b"data:{\"details\":{\"finish_reason\":\"length\",\"generated_tokens\":2}}\n\n",
+        ));
+        assert_eq!(end.ending(), Ending::default(), "not judged");
     }
 
     #[test]

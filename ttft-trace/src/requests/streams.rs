@@ -25,7 +25,12 @@ use ttft_trace_common::h2::{
 };
 
 /// Streams followed at once per connection (gRPC's default concurrency
-/// limit is 100); a new stream past it is dropped and counted.
+/// limit is 100). A new stream past it evicts the oldest open one (the
+/// lowest id: a client's ids only grow), counted: a stream whose end was
+/// missed (its frame past a call's cap, a walk that lost its place, a lost
+/// event) would otherwise hold its slot for the connection's life, and on
+/// a channel that lives for days the table would end up refusing every new
+/// stream.
 pub(crate) const MAX_STREAMS: usize = 1024;
 
 /// HPACK's static table's `:status` entries (RFC 7541 appendix A).
@@ -57,6 +62,8 @@ pub(crate) enum StreamEnd {
     GoAway { code: u32, by: Side },
     /// The connection ended first.
     Cut,
+    /// Given up to bound the table: [`MAX_STREAMS`] were open.
+    Evicted,
 }
 
 /// One client-initiated stream.
@@ -89,7 +96,7 @@ pub(crate) struct Stream {
 pub(crate) struct StreamTable {
     open: BTreeMap<u32, Stream>,
     itl_cap: usize,
-    /// New streams not followed: [`MAX_STREAMS`] were open.
+    /// Open streams given up for a new one: [`MAX_STREAMS`] were open.
     pub dropped: u64,
     /// Server frames on streams whose HEADERS were never seen (opened
     /// before tracing, or their segments not walked).
@@ -136,9 +143,11 @@ impl StreamTable {
             // A client's stream ids are odd; a HEADERS frame on a stream
             // already open is its trailers.
             H2_HEADERS if f.stream % 2 == 1 && !self.open.contains_key(&f.stream) => {
-                if self.open.len() >= MAX_STREAMS {
+                if self.open.len() >= MAX_STREAMS
+                    && let Some((_, oldest)) = self.open.pop_first()
+                {
                     self.dropped += 1;
-                    return;
+                    done.push((oldest, StreamEnd::Evicted));
                 }
                 let mut s = Stream::new(f.stream, t_ns);
                 s.bytes_in = frame_bytes;
@@ -150,7 +159,9 @@ impl StreamTable {
                 }
             }
             H2_RST_STREAM => self.end(f.stream, reset(f, Side::Client), done),
-            H2_GOAWAY => self.go_away(f, Side::Client, done),
+            // A client's GOAWAY names the last stream *the server* opened
+            // (RFC 9113 §6.8): it ends none of the client's own (Go's
+            // `ClientConn.Shutdown` sends GOAWAY(0) and lets them finish).
             _ => {}
         }
     }

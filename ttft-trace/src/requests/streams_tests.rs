@@ -231,7 +231,15 @@ fn resets_either_side_and_goaway() {
             by: Side::Server
         }
     );
-    // GOAWAY with last stream 5: stream 7 was not processed.
+    // The client's GOAWAY(0) (a graceful shutdown) ends none of its own
+    // streams: its last stream id counts the server's.
+    let client_goaway = [0u8; 8];
+    let done = run(
+        &mut t,
+        &call(H2_RECV, 5, &[(H2_GOAWAY, 0, 0, 8, &client_goaway)]),
+    );
+    assert!(done.is_empty(), "{done:?}");
+    // The server's GOAWAY with last stream 5: stream 7 was not processed.
     let mut goaway = [0u8; 8];
     goaway[..4].copy_from_slice(&5u32.to_be_bytes());
     goaway[4..].copy_from_slice(&0u32.to_be_bytes());
@@ -255,18 +263,31 @@ fn resets_either_side_and_goaway() {
 #[test]
 fn streams_are_bounded() {
     let mut t = StreamTable::new(16);
+    let mut evicted = Vec::new();
     for id in 0..MAX_STREAMS as u32 + 3 {
         let stream = 2 * id + 1;
-        run(
+        evicted.extend(run(
             &mut t,
             &call(
                 H2_RECV,
                 1,
                 &[(H2_HEADERS, H2_END_HEADERS, stream, 9, &[0x83])],
             ),
-        );
+        ));
     }
+    // The oldest give way (ends that were missed must not hold the table
+    // for the connection's life), counted.
     assert_eq!(t.dropped, 3);
+    let ids: Vec<(u32, StreamEnd)> = evicted.iter().map(|(s, e)| (s.id, *e)).collect();
+    assert_eq!(
+        ids,
+        [
+            (1, StreamEnd::Evicted),
+            (3, StreamEnd::Evicted),
+            (5, StreamEnd::Evicted)
+        ]
+    );
+    assert_eq!(t.open.len(), MAX_STREAMS);
     // Server-initiated (even) ids never open a request.
     run(
         &mut t,

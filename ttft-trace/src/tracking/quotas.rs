@@ -44,6 +44,10 @@ pub(super) struct Quotas {
     /// Processes the scan found and did not track, their tenant at its
     /// share of `TRACKED`: each counted once while it lives.
     refused_processes: BTreeSet<u32>,
+    /// Tenants whose `TRACKED` ids reached their share at the last scan
+    /// (processes alone may: threads that existed before tracing are not
+    /// in the map).
+    at_thread_share: BTreeSet<Tenant>,
     /// Workloads at their share, by `QUOTA_*` bit: `OVER_SHARE` holds
     /// their union.
     flagged: BTreeMap<u32, BTreeSet<u32>>,
@@ -59,6 +63,7 @@ impl Quotas {
             tenants: BTreeMap::new(),
             refused: BTreeSet::new(),
             refused_processes: BTreeSet::new(),
+            at_thread_share: BTreeSet::new(),
             flagged: BTreeMap::new(),
             written: BTreeMap::new(),
         }
@@ -118,6 +123,7 @@ impl Quotas {
             }
         }
         self.threads.settle(|t| at_share.contains(t));
+        self.at_thread_share = at_share;
         self.refused_processes
             .retain(|pid| std::path::Path::new(&format!("/proc/{pid}")).exists());
         self.flag(probes, QUOTA_THREADS, flag)
@@ -130,7 +136,7 @@ impl Quotas {
         let Some(tenant) = self.tenant(root, pid) else {
             return true;
         };
-        if !self.threads.is_over(&tenant) {
+        if !self.at_thread_share.contains(&tenant) && !self.threads.is_over(&tenant) {
             return true;
         }
         if self.refused_processes.len() >= REFUSED_PROCESSES_MAX {
