@@ -11,7 +11,7 @@
 use aya_ebpf::{
     Argument,
     bindings::{BPF_NOEXIST, BPF_RB_FORCE_WAKEUP},
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user},
+    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user},
     macros::{uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext},
 };
@@ -22,9 +22,12 @@ use ttft_trace_common::{
     signals::{CopyEvent, EVENT_COPY},
 };
 
-use crate::maps::{
-    ANNOUNCED, COUNTERS, EVENTS, THREADS, bump_stat, discover, is_tracked, large_copy_bytes,
-    wakeup_flag,
+use crate::{
+    maps::{
+        ANNOUNCED, COUNTERS, EVENTS, THREADS, bump_stat, discover, is_tracked, large_copy_bytes,
+        wakeup_flag,
+    },
+    mem::now_ns,
 };
 
 /// The start of both `cudaLaunchConfig_t` and `CUlaunchConfig`: two dim3s
@@ -98,12 +101,6 @@ fn stack_pointer(ctx: &ProbeContext) -> u64 {
 fn stack_pointer(ctx: &ProbeContext) -> u64 {
     // SAFETY: regs points at the probe's saved registers.
     unsafe { (*ctx.regs).sp }
-}
-
-#[inline(always)]
-fn now_ns() -> u64 {
-    // SAFETY: plain helper call, no pointers involved.
-    unsafe { bpf_ktime_get_ns() }
 }
 
 /// The calling thread, if its process is traced: (tgid, tid).

@@ -24,6 +24,8 @@ use core::ffi::c_void;
 use aya_ebpf::{
     bindings::__sk_buff,
     helpers::{bpf_get_current_pid_tgid, generated},
+    macros::map,
+    maps::PerCpuArray,
     programs::SkBuffContext,
 };
 use ttft_trace_common::{
@@ -36,9 +38,15 @@ use ttft_trace_common::{
 };
 
 use crate::{
-    maps::{CONNS, EVENTS, H2_CONNS, H2_SCRATCH, add_stat, bump_stat, wakeup_flag},
-    sock::{now_ns, segment},
+    maps::{CONNS, EVENTS, H2_CONNS, add_stat, bump_stat, wakeup_flag},
+    mem::{now_ns, segment},
 };
+
+/// A walk in progress ([`Scratch`]), per CPU: one slot for sends (process
+/// context), one for segments (softirq). Here rather than with the other
+/// maps: only the walk uses it, and its type is the walk's own.
+#[map]
+static H2_SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(2, 0);
 
 /// iovec entries of a send walked: gRPC's core writes a slice per frame
 /// header and per message piece, up to 260 per `sendmsg`

@@ -34,7 +34,8 @@ use ttft_trace_common::ConnEvent;
 use crate::{
     h2, listen,
     maps::{CONNS, INGRESS_LISTENERS},
-    sock::{TCP_LISTEN, kernel, send_offsets},
+    mem::kernel,
+    sock::{TCP_LISTEN, send_offsets},
     tcp::{AF_INET, Segment, TCP_ESTABLISHED, on_segment},
 };
 

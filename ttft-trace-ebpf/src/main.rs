@@ -17,6 +17,8 @@ mod listen;
 #[cfg(target_arch = "bpf")]
 mod maps;
 #[cfg(target_arch = "bpf")]
+mod mem;
+#[cfg(target_arch = "bpf")]
 mod process;
 #[cfg(target_arch = "bpf")]
 mod sched;

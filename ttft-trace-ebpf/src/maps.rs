@@ -102,11 +102,6 @@ pub static CONNS: LruHashMap<u64, ConnState> = LruHashMap::with_max_entries(6553
 pub static H2_CONNS: LruHashMap<u64, ttft_trace_common::h2::H2State> =
     LruHashMap::with_max_entries(16384, 0);
 
-/// An HTTP/2 walk in progress (`h2::Scratch`), per CPU: one slot for sends
-/// (process context), one for segments (softirq).
-#[map]
-pub static H2_SCRATCH: PerCpuArray<crate::h2::Scratch> = PerCpuArray::with_max_entries(2, 0);
-
 /// Buffer of the send in progress on a thread, kept from where it starts
 /// (`tcp_sendmsg_locked`, or a send syscall's `sys_enter`) for
 /// `sock_send_length` to read the bytes.

@@ -3,9 +3,7 @@
 //! per-thread state is dropped when a thread exits.
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
-    macros::tracepoint,
-    programs::TracePointContext,
+    helpers::bpf_get_current_pid_tgid, macros::tracepoint, programs::TracePointContext,
 };
 use ttft_trace_common::{QUOTA_THREADS, Stat, offsets::ABSENT};
 
@@ -15,6 +13,7 @@ use crate::{
         EXITED, SCHED_STATE, SEND_ARGS, THREADS, TRACKED, bump_stat, discover, is_tracked,
         mark_traced, offsets, over_share, workload_of,
     },
+    mem::now_ns,
 };
 
 /// `sched:sched_process_fork`: runs in the parent's context, so the parent
@@ -42,8 +41,7 @@ pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
             // (or a thread, which userspace skips) gets its own at once,
             // not at the next /proc scan. Its inherited breakpoints do not
             // fire for it until then.
-            // SAFETY: plain helper call, no pointers involved.
-            send_discover(child as u32, unsafe { bpf_ktime_get_ns() });
+            send_discover(child as u32, now_ns());
         }
     }
     0

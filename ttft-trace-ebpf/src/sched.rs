@@ -20,7 +20,7 @@
 //! untraced tasks, an array read per task instead of a hash lookup.
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    helpers::bpf_get_current_pid_tgid,
     macros::{btf_tracepoint, tracepoint},
     programs::{BtfTracePointContext, TracePointContext},
 };
@@ -33,9 +33,12 @@ use ttft_trace_common::{
     },
 };
 
-use crate::maps::{
-    CONNS, EVENTS, RUNQ_HIST, SCHED_CLOCK, SCHED_STATE, SCHED_TOTALS, TASK_OFFSETS, bump_stat,
-    is_tracked, mark_traced, may_be_traced, offset, offsets, sched_min_ns, wakeup_flag,
+use crate::{
+    maps::{
+        CONNS, EVENTS, RUNQ_HIST, SCHED_CLOCK, SCHED_STATE, SCHED_TOTALS, TASK_OFFSETS, bump_stat,
+        is_tracked, mark_traced, may_be_traced, offset, offsets, sched_min_ns, wakeup_flag,
+    },
+    mem::now_ns,
 };
 
 /// `prev_state` bits that mean "not runnable"; a preempted task reports 0
@@ -51,12 +54,6 @@ const EXITING_STATE_MASK: u64 = 0x30;
 /// classic tracepoint reports as blocked. Kernel ABI since 4.14.
 const TASK_DEAD: u32 = 0x80;
 const TASK_REPORT: u32 = 0x7f;
-
-#[inline(always)]
-fn now_ns() -> u64 {
-    // SAFETY: plain helper call.
-    unsafe { bpf_ktime_get_ns() }
-}
 
 #[inline(always)]
 fn totals(tgid: u32) -> Option<*mut SchedTotals> {

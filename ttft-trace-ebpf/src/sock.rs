@@ -23,7 +23,7 @@
 //! bytes (end of a chunked response).
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel, generated},
+    helpers::{bpf_get_current_pid_tgid, generated},
     macros::{raw_tracepoint, tracepoint},
     programs::{RawTracePointContext, TracePointContext},
 };
@@ -39,6 +39,7 @@ use crate::{
         CONNS, EVENTS, SEND_ARGS, bump_stat, is_tracked, may_be_traced, offset, offsets,
         seg_offset, wakeup_flag, workload_of,
     },
+    mem::{kernel, now_ns, segment},
 };
 
 const TCP_ESTABLISHED: i32 = 1;
@@ -50,12 +51,6 @@ const MSG_PEEK: i32 = 2;
 /// iovec entries walked to find the first with data and the one holding a
 /// send's last byte.
 const MAX_IOV: u64 = 8;
-
-#[inline(always)]
-pub(crate) fn now_ns() -> u64 {
-    // SAFETY: plain helper call.
-    unsafe { bpf_ktime_get_ns() }
-}
 
 #[inline(always)]
 pub(crate) fn read<T>(ctx: &TracePointContext, offset: u32) -> Option<T> {
@@ -337,12 +332,6 @@ static SEND_OFFSETS: SendOffsets = SendOffsets {
     write_seq: 0,
 };
 
-#[inline(always)]
-pub(crate) fn kernel<T>(addr: u64) -> Option<T> {
-    // SAFETY: the helper checks the address.
-    unsafe { bpf_probe_read_kernel(addr as *const T) }.ok()
-}
-
 /// The state of a connection followed from now on: what the server read
 /// and queued so far is not reported (the socket's `copied_seq` and
 /// `write_seq` now; 0 where unreadable, or with the syscall hook, which
@@ -570,36 +559,6 @@ fn tail_segment(args: &SendArgs, sent: u64) -> Option<(u64, u64)> {
         done += seg.1;
     }
     None
-}
-
-/// The `i`th iovec of the send, less what was sent of the first before the
-/// send began.
-#[inline(always)]
-pub(crate) fn segment(args: &SendArgs, i: u64) -> Option<(u64, u64)> {
-    if args.iov == 0 || i >= args.iovlen {
-        return None;
-    }
-    let (base, len) = iovec(args, i)?;
-    if i > 0 {
-        return Some((base, len));
-    }
-    let skip = args.iov_offset.min(len);
-    Some((base + skip, len - skip))
-}
-
-/// The `i`th `struct iovec { void *base; size_t len; }` of the send's
-/// array: the user's, or the kernel's copy of it.
-#[inline(always)]
-fn iovec(args: &SendArgs, i: u64) -> Option<(u64, u64)> {
-    let at = args.iov + i * 16;
-    if args.iov_kernel != 0 {
-        return Some((kernel::<u64>(at)?, kernel::<u64>(at + 8)?));
-    }
-    // SAFETY: bpf_probe_read_user checks the addresses.
-    let base = unsafe { aya_ebpf::helpers::bpf_probe_read_user(at as *const u64) }.ok()?;
-    // SAFETY: as above.
-    let len = unsafe { aya_ebpf::helpers::bpf_probe_read_user((at + 8) as *const u64) }.ok()?;
-    Some((base, len))
 }
 
 #[inline(always)]

@@ -34,7 +34,8 @@ use ttft_trace_common::{
 use crate::{
     listen,
     maps::{CONNS, EVENTS, bump_stat, offsets, seg_offset, wakeup_flag},
-    sock::{followed_from_now, kernel, now_ns, read},
+    mem::{kernel, now_ns},
+    sock::{followed_from_now, read},
 };
 
 pub(crate) const TCP_ESTABLISHED: u32 = 1;
