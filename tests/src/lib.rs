@@ -5,6 +5,7 @@ pub mod fixtures;
 pub mod otlp_receiver;
 pub mod prometheus;
 pub mod server_clock;
+pub mod stacks;
 pub mod stalls;
 pub mod stub_gpu;
 pub mod tenant;

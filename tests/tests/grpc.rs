@@ -13,30 +13,26 @@
 
 use std::{
     collections::HashMap,
-    net::TcpStream,
     path::PathBuf,
     process::{Command, Stdio},
     thread,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
-use anyhow::{Context as _, Result, bail, ensure};
+use anyhow::{Context as _, Result, ensure};
 use serde::Deserialize;
 use serde_json::Value;
 use ttft_trace_tests::{
     container::PodCgroup,
     fixtures::{self, ChildGuard, cache_dir},
     prometheus::free_port,
+    stacks::{CLIENT_READ_P50_MS, CLIENT_READ_P99_MS, stacks_dir, wait_listening},
     tracer::{ATTACHED, Tracer, root_test},
 };
 
 /// The client's calls and messages per call (tests/stacks/grpc_stream.py).
 const CALLS: usize = 6;
 const MSGS: u32 = 6;
-/// The client's read of a first message after the server's send of it, as
-/// the HTTP/1.1 matrix bounds a client's read (tests/tests/stacks.rs).
-const P50_READ_MS: f64 = 3.0;
-const P99_READ_MS: f64 = 10.0;
 /// HTTP/2's CANCEL error code, which a gRPC client's cancel sends.
 const CANCEL: u64 = 8;
 
@@ -47,10 +43,6 @@ struct Call {
     t_start: u64,
     t_first: Option<u64>,
     msgs: u32,
-}
-
-fn stacks_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("stacks")
 }
 
 fn grpc_python() -> PathBuf {
@@ -79,7 +71,13 @@ fn grpc_streams_are_one_request_each() -> Result<()> {
         .stdout(Stdio::null());
     cgroup.place(&mut cmd)?;
     let mut server = ChildGuard::new(cmd.spawn().context("starting the gRPC server")?);
-    wait_listening(port, &mut server)?;
+    wait_listening(port, || {
+        server
+            .child_mut()
+            .map(|c| c.try_wait())
+            .transpose()
+            .map(Option::flatten)
+    })?;
     let args: Vec<String> = vec![
         "--pid".into(),
         server.id().to_string(),
@@ -191,25 +189,8 @@ fn check(calls: &[Call], records: &[&Value]) -> Result<()> {
         "grpcio: {CALLS} streams matched, client read after the traced first token: P50 {p50:.2} ms, max {max:.2} ms"
     );
     ensure!(
-        p50 <= P50_READ_MS && max <= P99_READ_MS,
+        p50 <= CLIENT_READ_P50_MS && max <= CLIENT_READ_P99_MS,
         "client reads after the first token: {reads_ms:?} ms"
     );
-    Ok(())
-}
-
-fn wait_listening(port: u16, server: &mut ChildGuard) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        if let Some(st) = server
-            .child_mut()
-            .map(|c| c.try_wait())
-            .transpose()?
-            .flatten()
-        {
-            bail!("gRPC server exited before listening on {port}: {st}");
-        }
-        ensure!(Instant::now() < deadline, "nothing listens on {port}");
-        thread::sleep(Duration::from_millis(50));
-    }
     Ok(())
 }

@@ -11,7 +11,7 @@
 
 use std::{
     collections::HashMap,
-    net::{TcpListener, TcpStream},
+    net::TcpListener,
     os::unix::process::CommandExt as _,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
@@ -20,7 +20,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, Result, bail, ensure};
+use anyhow::{Context as _, Result, ensure};
 use serde::Deserialize;
 use serde_json::Value;
 use ttft_trace_tests::{
@@ -29,6 +29,7 @@ use ttft_trace_tests::{
     faults::{self, PacketLoss},
     fixtures::{self, cache_dir},
     server_clock::{Deviations, Tolerance, app_stamps, request_key},
+    stacks::{CLIENT_READ_P50_MS, CLIENT_READ_P99_MS, stacks_dir, wait_listening},
     stalls::{StallMonitor, Stalls},
     tracer::{ATTACHED, Tracer, root_test},
 };
@@ -56,8 +57,8 @@ const LOSS_MAX_REQUESTS: usize = 90;
 /// `openai` read 25.7 ms after the client's ACK on tornado (the CI run of
 /// 473bf02), the server's own gaps between tokens stretched to 16 ms at the
 /// same time.
-const P50_TOLERANCE_MS: f64 = 3.0;
-const P99_TOLERANCE_MS: f64 = 10.0;
+const P50_TOLERANCE_MS: f64 = CLIENT_READ_P50_MS;
+const P99_TOLERANCE_MS: f64 = CLIENT_READ_P99_MS;
 /// The tracer's client TTFT estimate (`client_ttft_estimate_ns`: the
 /// client's ACK of the first token minus the request's segment) against the
 /// client's own TTFT less its start (both then begin at the segment), per
@@ -135,10 +136,6 @@ fn clock_tolerance(stack: &str) -> Tolerance {
     }
 }
 
-fn stacks_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("stacks")
-}
-
 fn venv_python() -> PathBuf {
     cache_dir().join("stacks-venv/bin/python")
 }
@@ -194,18 +191,6 @@ impl Drop for Group {
 
 fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
-fn wait_listening(port: u16, server: &mut Group) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        if let Some(st) = server.0.try_wait()? {
-            bail!("server exited before listening on {port}: {st}");
-        }
-        ensure!(Instant::now() < deadline, "nothing listens on {port}");
-        thread::sleep(Duration::from_millis(50));
-    }
-    Ok(())
 }
 
 /// The command that serves `stack` on `port` (and `upstream`, behind a
@@ -486,9 +471,9 @@ fn traced_run(stack: &str, cudart: &Path, load: &Load) -> Result<Option<Run>> {
         None => place_in_root_cgroup(&mut cmd)?,
     }
     let mut group = Group::spawn(cmd)?;
-    wait_listening(port, &mut group)?;
+    wait_listening(port, || group.0.try_wait())?;
     if proxied {
-        wait_listening(upstream, &mut group)?;
+        wait_listening(upstream, || group.0.try_wait())?;
     }
     let mut args = vec![
         "--pid".to_string(),

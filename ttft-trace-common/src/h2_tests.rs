@@ -129,7 +129,7 @@ fn a_frame_split_across_sends_carries_over() {
     let (ev, w) = run(std::vec![data[..49].to_vec()], 0, false);
     assert_eq!(ev.n_frames, 1);
     assert_eq!(ev.frames[0].head_len, 8);
-    let end = w.end.unwrap();
+    let end = w.end.expect("the walk ended");
     assert_eq!(end, 109);
     // Second send: the rest of it, then a HEADERS frame: the walk
     // starts past the carried bytes.
@@ -216,10 +216,10 @@ fn resync_needs_a_plausible_header() {
 #[test]
 fn server_preface() {
     let settings = frame(H2_SETTINGS, 0, 0, &[0, 3, 0, 0, 0, 100]);
-    let h: [u8; 9] = settings[..9].try_into().unwrap();
+    let h: [u8; 9] = settings[..9].try_into().expect("9 bytes");
     assert!(is_server_preface(&h));
     let ack = frame(H2_SETTINGS, H2_ACK, 0, &[]);
-    assert!(!is_server_preface(&ack[..9].try_into().unwrap()));
+    assert!(!is_server_preface(&ack[..9].try_into().expect("9 bytes")));
     assert!(!is_server_preface(b"HTTP/1.1 "));
 }
 

@@ -22,6 +22,8 @@
 
 use serde::Serialize;
 
+use ttft_trace_common::event::{HEAD_BYTES, TAIL_BYTES};
+
 use super::chunked::{Recent, View};
 
 /// Bytes of the body's end kept, contiguous.
@@ -120,10 +122,14 @@ impl StreamEnd {
         };
         // Seen whole, the send's bytes are one run; else only its tail
         // speaks for its end (a key may hide in the bytes not seen).
-        let whole: Vec<u8>;
-        let tail = if view.gap == 0 {
-            whole = [view.first, view.last].concat();
-            &whole[..]
+        // (On the stack: no allocation per send; a send seen whole is at
+        // most what the probe captures.)
+        let mut whole = [0u8; HEAD_BYTES + TAIL_BYTES];
+        let (a, b) = (view.first.len(), view.last.len());
+        let tail = if view.gap == 0 && a + b <= whole.len() {
+            whole[..a].copy_from_slice(view.first);
+            whole[a..a + b].copy_from_slice(view.last);
+            &whole[..a + b]
         } else {
             view.last
         };
