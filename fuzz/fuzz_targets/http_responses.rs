@@ -143,6 +143,7 @@ fuzz_target!(|data: &[u8]| {
                     t_ns: t,
                     snd_una: u32::from_le_bytes(seq),
                     snd_nxt: u32::from_le_bytes(seq).wrapping_add(u32::from(n.len() as u8)),
+                    data_len: if op & 8 == 0 { n.len() as u32 } else { 0 },
                     ..SegmentEvent::default()
                 });
             }

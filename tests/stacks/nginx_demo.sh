@@ -5,12 +5,20 @@
 #   nginx_demo.sh PORT DEMO_PORT CUDART
 # With STACK_STAMPS set, the demo writes its truth log (its own stamps of each
 # request) there.
+# With STACK_TLS_CERT and STACK_TLS_KEY set, nginx terminates TLS (1.2 and 1.3,
+# with a session cache and tickets, so that clients may resume).
 set -euo pipefail
 port=$1 demo_port=$2 cudart=$3
 here=$(cd "$(dirname "$0")" && pwd)
 dir=$(mktemp -d /tmp/ttft-nginx.XXXXXX)
 trap 'wait; rm -rf "$dir"' EXIT
 trap 'exit 143' TERM INT
+listen_tls="" tls_conf=""
+if [ -n "${STACK_TLS_CERT:-}" ]; then
+    listen_tls=" ssl"
+    tls_conf="ssl_certificate $STACK_TLS_CERT; ssl_certificate_key $STACK_TLS_KEY;
+        ssl_protocols TLSv1.2 TLSv1.3; ssl_session_cache shared:TLS:1m;"
+fi
 python3 "$here/../demo/server.py" --port "$demo_port" --cudart "$cudart" \
     ${STACK_STAMPS:+--truth "$STACK_STAMPS"} >/dev/null &
 cat >"$dir/nginx.conf" <<CONF
@@ -30,7 +38,8 @@ http {
         keepalive 4;
     }
     server {
-        listen 127.0.0.1:$port;
+        listen 127.0.0.1:$port$listen_tls;
+        $tls_conf
         location / {
             proxy_pass http://demo;
             # Upstream keep-alive needs HTTP/1.1 and no "Connection: close".

@@ -1,18 +1,28 @@
-//! Root-only: a server that terminates TLS itself (the demo with
-//! `--tls-cert`: CPython's `ssl`, OpenSSL on the connection's socket) under
-//! the tracer. Its connections carry TLS records, never HTTP: every request
-//! on them is reported `tls_unsupported`, none is read as a response whose
-//! first record would be a first token (before, each was `ok` with the
-//! handshake flight as its "first token"). The tracer binary is
-//! `target/debug/ttft-trace` as built: `cargo build -p ttft-trace` first
-//! after a change.
+//! Root-only: servers that terminate TLS themselves (the demo with
+//! `--tls-cert`: CPython's `ssl`, OpenSSL on the connection's socket; nginx
+//! in front of it) under the tracer. Their connections carry TLS records,
+//! never HTTP: every request on them is reported `tls_unsupported`, none is
+//! read as a response whose first record would be a first token (before,
+//! each was `ok` with the handshake flight as its "first token"). Each
+//! connection's handshake is timed from the wire, against the client's own
+//! stamps of its flights. The tracer binary is `target/debug/ttft-trace` as
+//! built: `cargo build -p ttft-trace` first after a change.
 
-use std::{path::Path, process::Command};
+use std::{
+    collections::HashMap,
+    os::unix::process::CommandExt as _,
+    path::Path,
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
 
-use anyhow::{Context as _, Result, ensure};
+use anyhow::{Context as _, Result, bail, ensure};
+use serde::Deserialize;
 use ttft_trace_tests::{
     demo::DemoServer,
-    fixtures::temp_path,
+    fixtures::{self, temp_path},
+    prometheus::free_port,
+    stacks::{stacks_dir, wait_listening},
     tracer::{Tracer, root_test},
 };
 
@@ -92,4 +102,146 @@ fn requests_on_a_tls_connection_are_named_and_never_read_as_http() -> Result<()>
         assert_eq!(r.ttft_ns, None, "no first token read from records: {r:?}");
     }
     Ok(())
+}
+
+/// One connection of `tests/stacks/tls_client.py`, as the client saw it.
+#[derive(Debug, Deserialize)]
+struct ClientHandshake {
+    client_port: u16,
+    version: String,
+    resumed: bool,
+    /// From the `ClientHello`'s send to the send of the client's last
+    /// flight, or to the arrival of the server's `Finished` where the
+    /// server ends the handshake (a full TLS 1.2 one).
+    server_view_ns: u64,
+}
+
+/// Each connection of the plan: the version offered at most, resumption,
+/// and how long the client holds back its second flight (ms): the same
+/// shapes with different delays, so that a figure taken from the wrong
+/// flight or connection cannot pass.
+const PLAN: &[&str] = &[
+    "1.3:0", "1.3r:0", "1.3:12", "1.3r:25", "1.2:0", "1.2r:0", "1.2:25", "1.2r:12", "1.3:5",
+    "1.2:5",
+];
+
+/// The server's view of a handshake against the client's stamps: what
+/// lies between them is a loopback segment's way in each direction and a
+/// wakeup (µs), on a shared 2-CPU machine; the client's delays are 5 to
+/// 25 ms apart.
+const HANDSHAKE_TOLERANCE_MS: f64 = 2.0;
+
+fn handshakes(port: u16) -> Result<Vec<ClientHandshake>> {
+    let out = Command::new("python3")
+        .arg(stacks_dir().join("tls_client.py"))
+        .arg(port.to_string())
+        .args(PLAN)
+        .output()
+        .context("running tls_client.py")?;
+    ensure!(out.status.success(), "tls_client.py: {out:?}");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).with_context(|| format!("client line {l}")))
+        .collect()
+}
+
+/// Runs the plan against `port` under a tracer of `pid`, and checks each
+/// connection's handshake as traced against the client's.
+fn judge_handshakes(server: &str, pid: u32, port: u16) -> Result<()> {
+    let args = vec!["--pid".to_string(), pid.to_string(), "--no-nvml".into()];
+    let mut tracer = Tracer::start(&args, 0)?;
+    tracer.wait_for_stderr("following requests on port", 1, Duration::from_secs(30))?;
+    let client = handshakes(port)?;
+    std::thread::sleep(Duration::from_millis(500));
+    let out = tracer.interrupt(Duration::from_secs(30))?;
+    ensure!(out.success, "{}", out.stderr);
+    let mut traced = HashMap::new();
+    for r in out.requests() {
+        if let Some(t) = r.tls.as_ref().filter(|t| t.handshake_ns.is_some()) {
+            traced.insert(r.client_port, t.clone());
+        }
+    }
+    eprintln!("{server}: version resumed  client_ms  traced_ms  error_ms");
+    let mut worst: f64 = 0.0;
+    for c in &client {
+        let Some(t) = traced.get(&c.client_port) else {
+            bail!(
+                "{server}: no handshake traced for {c:?} in {:#?}",
+                out.requests()
+            );
+        };
+        let version = c.version.trim_start_matches("TLSv");
+        ensure!(t.version == version, "{server}: {c:?} traced {t:?}");
+        ensure!(t.resumed == Some(c.resumed), "{server}: {c:?} traced {t:?}");
+        let traced_ns = t.handshake_ns.unwrap_or_default();
+        let error_ms = (traced_ns as f64 - c.server_view_ns as f64) / 1e6;
+        eprintln!(
+            "{server}: {version:7} {:7} {:9.3}  {:9.3}  {error_ms:+8.3}",
+            c.resumed,
+            c.server_view_ns as f64 / 1e6,
+            traced_ns as f64 / 1e6
+        );
+        worst = worst.max(error_ms.abs());
+    }
+    ensure!(
+        worst <= HANDSHAKE_TOLERANCE_MS,
+        "{server}: a handshake off by {worst:.3} ms (tolerance {HANDSHAKE_TOLERANCE_MS} ms)"
+    );
+    ensure!(
+        client.iter().any(|c| c.resumed) && client.iter().any(|c| !c.resumed),
+        "{server}: the plan's resumptions did not happen: {client:?}"
+    );
+    // The client's connections (not nginx's plaintext one to the demo).
+    let ports: Vec<u16> = client.iter().map(|c| c.client_port).collect();
+    for r in out
+        .requests()
+        .iter()
+        .filter(|r| ports.contains(&r.client_port))
+    {
+        ensure!(r.outcome == "tls_unsupported", "{server}: {r:?}");
+    }
+    Ok(())
+}
+
+/// The process group of a stack's script, killed when dropped.
+struct Group(Child);
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        if let Ok(pid) = i32::try_from(self.0.id()) {
+            // SAFETY: kill(2) on the group this test started.
+            unsafe { libc::kill(-pid, libc::SIGTERM) };
+        }
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn each_tls_handshake_is_timed_from_the_wire() -> Result<()> {
+    let Some(_g) = root_test("each_tls_handshake_is_timed_from_the_wire") else {
+        return Ok(());
+    };
+    let (cert, key) = certificate()?;
+    // CPython's ssl, a blocking socket per connection thread.
+    let demo = DemoServer::start(&["--tls-cert", &cert, "--tls-key", &key])?;
+    let result = judge_handshakes("demo", demo.pid, demo.port);
+    demo.stop()?;
+    result?;
+    // nginx: OpenSSL on non-blocking sockets, a session cache and tickets.
+    let cudart = fixtures::existing_fixture(fixtures::STUB_CUDART)?;
+    let port = free_port()?;
+    let upstream = free_port()?;
+    let mut nginx = Command::new(stacks_dir().join("nginx_demo.sh"));
+    nginx
+        .arg(port.to_string())
+        .arg(upstream.to_string())
+        .arg(&cudart)
+        .env("STACK_TLS_CERT", &cert)
+        .env("STACK_TLS_KEY", &key)
+        .stdout(Stdio::null())
+        .process_group(0);
+    let mut group = Group(nginx.spawn().context("starting nginx_demo.sh")?);
+    wait_listening(port, || group.0.try_wait())?;
+    wait_listening(upstream, || group.0.try_wait())?;
+    judge_handshakes("nginx", group.0.id(), port)
 }

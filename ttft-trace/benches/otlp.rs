@@ -69,6 +69,7 @@ fn request(i: u64) -> JudgedRequest {
         http2_stream_id: None,
         http2_error_code: None,
         http2_ended_by: None,
+        tls: None,
         outcome: Outcome::Ok,
         notes: vec![],
         chunk_bytes: vec![],

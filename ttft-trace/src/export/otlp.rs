@@ -592,6 +592,21 @@ fn request_attributes(j: &JudgedRequest, labels: &WorkloadLabels, root_pid: u32)
         a.extend(v.map(|v| int(key, v)));
     }
     a.extend(workload_place(labels));
+    if let Some(t) = r.tls {
+        // OpenTelemetry's `tls.*` conventions, and the handshake's figures.
+        a.push(KeyValue::new("tls.protocol.name", "tls"));
+        a.push(KeyValue::new("tls.protocol.version", t.version.as_str()));
+        a.extend(t.resumed.map(|v| KeyValue::new("tls.resumed", v)));
+        a.extend(
+            t.handshake_ns
+                .map(|ns| int("ttft_trace.tls.handshake_ns", ns)),
+        );
+        a.push(KeyValue::new("ttft_trace.tls.hello_retry", t.hello_retry));
+        a.push(KeyValue::new(
+            "ttft_trace.tls.first_after_handshake",
+            t.first_after_handshake,
+        ));
+    }
     let s = &j.stalls;
     a.push(int("ttft_trace.stalls.count", u64::from(s.count)));
     if s.count > 0 {

@@ -90,6 +90,19 @@ pub struct Request {
     /// Absent from the lines of tracers before stalls were judged.
     #[serde(default)]
     pub stalls: Stalls,
+    /// A TLS connection's handshake (absent before tracers read it).
+    #[serde(default)]
+    pub tls: Option<Tls>,
+}
+
+/// A request's TLS connection as read back (`requests::tls::TlsFacts`).
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+pub struct Tls {
+    pub version: String,
+    pub resumed: Option<bool>,
+    pub handshake_ns: Option<u64>,
+    pub hello_retry: bool,
+    pub first_after_handshake: bool,
 }
 
 /// A request's stalls after the first token as read back

@@ -290,6 +290,7 @@ fn the_report_reads_back_the_request_the_writer_wrote() {
             truncated: Some("missing_terminator".into()),
             finish_reason: Some("length".into()),
         },
+        tls: None,
     };
     assert_eq!(requests, [want]);
 }

@@ -144,6 +144,7 @@ pub(crate) fn record(outcome: Outcome) -> RequestRecord {
         http2_stream_id: None,
         http2_error_code: None,
         http2_ended_by: None,
+        tls: None,
         outcome,
         notes: vec![],
         chunk_bytes: vec![],

@@ -8,7 +8,7 @@ use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
 };
 
-use ttft_trace_common::{ConnEvent, SegmentEvent, SockEvent, h2::H2FramesEvent};
+use ttft_trace_common::{ConnEvent, SEGMENT_DATA, SegmentEvent, SockEvent, h2::H2FramesEvent};
 
 /// TCP states (`include/net/tcp_states.h`).
 pub(crate) const TCP_ESTABLISHED: u32 = 1;
@@ -28,6 +28,7 @@ use super::{
     outcome::Outcome,
     response::{self, End, Outgoing, Response},
     streams::{Stream, StreamEnd, StreamTable},
+    tls::{Handshake, TlsFacts},
 };
 
 const AF_INET6: u16 = 10;
@@ -89,6 +90,11 @@ pub(crate) struct Request {
     pub stream_end: Option<StreamEnd>,
     /// On a TLS connection.
     pub tls: bool,
+    /// Its connection's TLS handshake as the wire showed it, when followed
+    /// from the opening (set when the request finishes).
+    pub tls_handshake: Option<TlsFacts>,
+    /// The first request to arrive after its connection's TLS handshake.
+    first_after_tls_handshake: bool,
     /// For a pipelined request: whether the last send ended a response, so
     /// that the next receive starts a request that can be followed again.
     response_ended: bool,
@@ -289,10 +295,14 @@ pub(crate) struct Connection {
     /// The connection's HTTP/2 streams, once the kernel walks its frames:
     /// its requests come from there, not from the receives and sends.
     streams: Option<StreamTable>,
+    /// Its TLS handshake, followed on a connection seen from its opening
+    /// (`requests/tls.rs`); it gives up on one that is not TLS.
+    tls_handshake: Option<Handshake>,
 }
 
 impl Connection {
-    pub fn new(info: ConnInfo, t_ns: u64, itl_cap: usize) -> Self {
+    /// `opened`: the connection's opening was seen (not adopted later).
+    pub fn new(info: ConnInfo, t_ns: u64, itl_cap: usize, opened: bool) -> Self {
         Self {
             info,
             next_index: 0,
@@ -306,6 +316,7 @@ impl Connection {
             peer_closed: false,
             closed_at: None,
             streams: None,
+            tls_handshake: opened.then(Handshake::new),
         }
     }
 
@@ -316,6 +327,9 @@ impl Connection {
 
     pub fn on_recv(&mut self, ev: &SockEvent, out: &mut Outbox) {
         self.last_event_ns = self.last_event_ns.max(ev.t_ns);
+        if let Some(hs) = self.tls_handshake.as_mut().filter(|_| ev.bytes > 0) {
+            hs.on_client(ev.t_ns);
+        }
         if let Some(streams) = self.streams.as_mut() {
             match ev.bytes {
                 0 => self.end_streams(Cause::PeerClosed, out),
@@ -350,7 +364,7 @@ impl Connection {
         } else {
             (Cause::NextRequest, false)
         };
-        out.finish(req, cause);
+        self.finish(req, cause, out);
         if pipelined {
             out.pipelined += 1;
         }
@@ -359,6 +373,9 @@ impl Connection {
 
     pub fn on_send(&mut self, ev: &SockEvent, out: &mut Outbox) {
         self.last_event_ns = self.last_event_ns.max(ev.t_ns);
+        if let Some(hs) = self.tls_handshake.as_mut().filter(|_| ev.bytes > 0) {
+            hs.on_server(ev.t_ns, ev.head());
+        }
         if self.streams.is_some() {
             // Its frames come in the HTTP/2 events.
             return;
@@ -495,6 +512,8 @@ impl Connection {
                 http2: true,
                 stream_end: Some(end),
                 tls: false,
+                tls_handshake: None,
+                first_after_tls_handshake: false,
                 response_ended: true,
                 t_last_send: stream.t_last_send,
                 notes,
@@ -508,6 +527,12 @@ impl Connection {
     /// cover a first token.
     pub fn on_segment(&mut self, ev: &SegmentEvent, out: &mut Outbox) {
         self.last_event_ns = self.last_event_ns.max(ev.t_ns);
+        if let Some(hs) = self.tls_handshake.as_mut()
+            && ev.flags & SEGMENT_DATA != 0
+            && ev.data_len > 0
+        {
+            hs.on_client(ev.t_ns);
+        }
         let idle = self.current.as_ref().is_none_or(Request::answered);
         for (index, ack) in self.acks.on_segment(ev, idle) {
             // Absent: the request was reported already (it waited too long).
@@ -652,18 +677,34 @@ impl Connection {
     fn finish_current(&mut self, cause: Cause, out: &mut Outbox) {
         self.peer_closed = false;
         if let Some(req) = self.current.take() {
-            out.finish(req, cause);
+            self.finish(req, cause, out);
         }
     }
 
+    /// A request of this connection ends: it takes the connection's TLS
+    /// handshake as far as it went.
+    fn finish(&mut self, mut req: Request, cause: Cause, out: &mut Outbox) {
+        req.tls_handshake = self
+            .tls_handshake
+            .as_mut()
+            .and_then(|hs| hs.facts(req.first_after_tls_handshake));
+        out.finish(req, cause);
+    }
+
     fn start(&mut self, ev: &SockEvent, bytes: u64, pipelined: bool) {
+        let segment = self.acks.start_request(ev.t_ns);
+        let t_first = segment.map_or(ev.t_ns, |s| s.t_ns);
+        let first_after_tls_handshake = self
+            .tls_handshake
+            .as_mut()
+            .is_some_and(|hs| hs.take_first(t_first));
         self.current = Some(Request {
             conn: self.info,
             index: self.next_index,
             tgid: ev.tgid,
             tid: ev.tid,
             t_arrive: ev.t_ns,
-            segment: self.acks.start_request(ev.t_ns),
+            segment,
             bytes_in: bytes,
             bytes_out: 0,
             response: None,
@@ -671,6 +712,8 @@ impl Connection {
             http2: self.http2,
             stream_end: None,
             tls: self.tls,
+            tls_handshake: None,
+            first_after_tls_handshake,
             response_ended: false,
             t_last_send: None,
             notes: Vec::new(),

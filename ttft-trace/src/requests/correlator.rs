@@ -407,7 +407,8 @@ impl Correlator {
                 }
                 self.conns_opened += 1;
                 let info = ConnInfo::new(ev, self.conns_opened);
-                let mut conn = Connection::new(info, ev.t_ns, self.cfg.itl_cap);
+                let opened = ev.oldstate != TCP_ESTABLISHED;
+                let mut conn = Connection::new(info, ev.t_ns, self.cfg.itl_cap, opened);
                 if ev.snd_nxt_known == 1 && ev.oldstate != TCP_ESTABLISHED {
                     conn.handshake(ev.t_ns, ev.snd_nxt);
                 }

@@ -138,6 +138,7 @@ pub mod stream_end;
 pub mod stream_stalls;
 mod streams;
 mod summary;
+mod tls;
 
 pub use correlator::{Correlator, CorrelatorConfig, CorrelatorStats, ends_socket};
 pub(crate) use join::{EpisodeHistory, Join};
@@ -145,6 +146,7 @@ pub use outcome::Outcome;
 pub use record::{Figure, RequestRecord};
 pub use response::Framing;
 pub use summary::RequestRecorders;
+pub use tls::{TlsFacts, TlsVersion};
 
 #[cfg(test)]
 mod tests;

@@ -12,6 +12,7 @@ use super::{
     response::Framing,
     stream_end::Ending,
     streams::{Side, StreamEnd},
+    tls::TlsFacts,
 };
 
 /// The figures kept per request, for histograms and percentiles.
@@ -141,6 +142,10 @@ pub struct RequestRecord {
     pub http2_stream_id: Option<u32>,
     pub http2_error_code: Option<u32>,
     pub http2_ended_by: Option<&'static str>,
+    /// A TLS connection followed from its opening: the version, whether the
+    /// session was resumed, and the handshake's duration, as the wire shows
+    /// them (`requests/tls.rs`).
+    pub tls: Option<TlsFacts>,
     pub outcome: Outcome,
     /// Why figures are absent or may be off (see the module docs).
     pub notes: Vec<&'static str>,
@@ -275,6 +280,7 @@ impl RequestRecord {
                 Side::Client => "client",
                 Side::Server => "server",
             }),
+            tls: req.tls_handshake,
             outcome: f.outcome,
             notes,
         }

@@ -537,4 +537,44 @@ fn each_stall_is_an_event_with_its_cause_and_explained_time() {
         Some(Value::from("no_finish_reason"))
     );
     assert_eq!(get(attrs, "ttft_trace.finish_reason"), None);
+    assert_eq!(get(attrs, "tls.protocol.version"), None, "not TLS");
+}
+
+#[test]
+fn a_tls_connections_handshake_is_in_its_spans() {
+    use opentelemetry::{Key, Value};
+    use opentelemetry_sdk::trace::{IdGenerator as _, RandomIdGenerator};
+
+    use super::{Clock, spans};
+    use crate::requests::{TlsFacts, TlsVersion};
+
+    let mut j = judged(1);
+    j.record.tls = Some(TlsFacts {
+        version: TlsVersion::Tls13,
+        resumed: Some(true),
+        handshake_ns: Some(3 * MS),
+        hello_retry: false,
+        first_after_handshake: true,
+        counted: true,
+    });
+    let ids = RandomIdGenerator::default();
+    let out = spans(&j, &labels(), 7, Clock::now(), ids.new_trace_id(), &ids);
+    let attrs = &out[0].attributes;
+    let get = |key: &'static str| {
+        attrs
+            .iter()
+            .find(|kv| kv.key == Key::from_static_str(key))
+            .map(|kv| kv.value.clone())
+    };
+    assert_eq!(get("tls.protocol.name"), Some(Value::from("tls")));
+    assert_eq!(get("tls.protocol.version"), Some(Value::from("1.3")));
+    assert_eq!(get("tls.resumed"), Some(Value::Bool(true)));
+    assert_eq!(
+        get("ttft_trace.tls.handshake_ns"),
+        Some(Value::I64(3_000_000))
+    );
+    assert_eq!(
+        get("ttft_trace.tls.first_after_handshake"),
+        Some(Value::Bool(true))
+    );
 }

@@ -1,11 +1,12 @@
-//! Prometheus histograms of the per-request figures and the request count
-//! by outcome, per workload. Base units, low-cardinality labels (the
-//! workload's, `outcome`): never a request, connection or client port.
+//! Prometheus histograms of the per-request figures, the request count by
+//! outcome and the TLS handshakes of the connections, per workload. Base
+//! units, low-cardinality labels (the workload's, `outcome`, the TLS
+//! version and resumption): never a request, connection or client port.
 
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
 
 use super::with_label;
-use crate::requests::{Figure, Outcome, RequestRecord};
+use crate::requests::{Figure, Outcome, RequestRecord, TlsFacts, TlsVersion};
 
 /// TTFT and queue, seconds: 5 ms (a cached or tiny prompt) to 30 s (a long
 /// queue), dense from 50 to 500 ms where interactive service objectives
@@ -35,6 +36,16 @@ const GPU_BUCKETS: &[f64] = &[
 const EGRESS_BUCKETS: &[f64] = &[
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 ];
+
+/// A TLS handshake from the `ClientHello`'s arrival to its end, seconds:
+/// 250 µs (a resumed session on a local link) to 5 s (a slow client or a
+/// server out of CPU).
+const TLS_HANDSHAKE_BUCKETS: &[f64] = &[
+    0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
+];
+
+/// The `resumed` label of the TLS handshake histogram.
+const RESUMED: [&str; 3] = ["true", "false", "unknown"];
 
 /// Whole requests, seconds: 50 ms (a short completion) to 10 min (a long
 /// generation at a slow decode rate).
@@ -91,6 +102,7 @@ pub struct RequestMetrics {
     /// Indexed by `Figure as usize`.
     figures: Vec<HistogramVec>,
     requests: IntCounterVec,
+    tls_handshake: HistogramVec,
 }
 
 impl RequestMetrics {
@@ -116,7 +128,22 @@ impl RequestMetrics {
             &with_label(workload_labels, "outcome"),
         )?;
         registry.register(Box::new(requests.clone()))?;
-        Ok(Self { figures, requests })
+        let tls_handshake = HistogramVec::new(
+            HistogramOpts::new(
+                "ttft_trace_tls_handshake_seconds",
+                "TLS handshakes of the traced server's connections seen opening, from the \
+                 ClientHello's arrival to the handshake's end as the wire shows it, by version \
+                 and resumption",
+            )
+            .buckets(TLS_HANDSHAKE_BUCKETS.to_vec()),
+            &[workload_labels, &["version", "resumed"]].concat(),
+        )?;
+        registry.register(Box::new(tls_handshake.clone()))?;
+        Ok(Self {
+            figures,
+            requests,
+            tls_handshake,
+        })
     }
 
     /// Creates a workload's series at zero, so that rate() works from the
@@ -138,6 +165,13 @@ impl RequestMetrics {
         for o in Outcome::ALL {
             let _ = self.requests.remove_label_values(&with_label(w, o.name()));
         }
+        for v in TlsVersion::ALL {
+            for r in RESUMED {
+                let _ = self
+                    .tls_handshake
+                    .remove_label_values(&[w, &[v.as_str(), r]].concat());
+            }
+        }
     }
 
     /// A finished request of workload `w`.
@@ -148,6 +182,24 @@ impl RequestMetrics {
         for (figure, ns) in r.observations() {
             self.figures[figure as usize]
                 .with_label_values(w)
+                .observe(ns as f64 / 1e9);
+        }
+        // Once per connection: on the record that counts its handshake.
+        if let Some(TlsFacts {
+            version,
+            resumed,
+            handshake_ns: Some(ns),
+            counted: true,
+            ..
+        }) = r.tls
+        {
+            let resumed = match resumed {
+                Some(true) => RESUMED[0],
+                Some(false) => RESUMED[1],
+                None => RESUMED[2],
+            };
+            self.tls_handshake
+                .with_label_values(&[w, &[version.as_str(), resumed]].concat())
                 .observe(ns as f64 / 1e9);
         }
     }

@@ -110,7 +110,7 @@ fn each_stream_is_a_request_and_a_cancelled_one_is_reset() {
     );
     assert_eq!(three.ttft_ns, Some(ms(19)));
     let json = serde_json::to_string(three).expect("json");
-    assert!(json.contains(r#""http2_stream_id":3,"http2_error_code":8,"http2_ended_by":"client","outcome":"reset""#), "{json}");
+    assert!(json.contains(r#""http2_stream_id":3,"http2_error_code":8,"http2_ended_by":"client","tls":null,"outcome":"reset""#), "{json}");
 }
 
 #[test]

@@ -51,3 +51,97 @@ fn a_tls_connection_is_named_and_never_counted() {
     assert!(json.contains("\"framing\":\"tls\""), "{json}");
     assert!(json.contains("\"outcome\":\"tls_unsupported\""), "{json}");
 }
+
+/// The handshakes of real OpenSSL flights, through the correlator: timed
+/// from the `ClientHello`'s segment to the client's `Finished` (TLS 1.3) or
+/// the server's `Finished` (full TLS 1.2), on every request of the
+/// connection, the first request after it marked.
+#[test]
+fn a_connection_seen_opening_has_its_handshake_timed() {
+    use crate::requests::tls::{
+        TlsVersion,
+        tests::{TLS12_FULL, TLS12_FULL_SECOND, TLS13_FULL, TLS13_FULL_SECOND},
+    };
+    let us = |v: u64| v * 1000;
+    // (flights, handshake end, version)
+    let cases: [(&[&[u8]], u64, TlsVersion); 2] = [
+        (&[TLS13_FULL, TLS13_FULL_SECOND], ms(7), TlsVersion::Tls13),
+        (&[TLS12_FULL, TLS12_FULL_SECOND], ms(9), TlsVersion::Tls12),
+    ];
+    for (flights, end, version) in cases {
+        let mut w = Wire::new();
+        w.open_at_handshake(SK, T0 - ms(1), 1000);
+        w.segment(SK, T0, 517);
+        w.recv(SK, T0 + us(60), 517);
+        w.send(SK, T0 + ms(2), flights[0]);
+        // The client's second flight; the server's second.
+        w.segment(SK, T0 + ms(7), 80);
+        w.recv(SK, T0 + ms(7) + us(40), 80);
+        w.send(SK, T0 + ms(9), flights[1]);
+        // A request, its response.
+        w.segment(SK, T0 + ms(20), 300);
+        w.recv(SK, T0 + ms(20) + us(40), 300);
+        w.send(SK, T0 + ms(40), &records(23, 1, 400));
+        w.close(SK, T0 + ms(50));
+        let rs = w.drain(ms(10_000));
+        assert!(rs.len() >= 2, "{rs:#?}");
+        for r in &rs {
+            let tls = r.tls.expect("handshake facts");
+            assert_eq!((tls.version, tls.resumed), (version, Some(false)), "{r:#?}");
+            // Known from the first record finished after it ended on.
+            let known = r.t_done_ns.is_some_and(|t| t >= T0 + end) || tls.counted;
+            assert_eq!(tls.handshake_ns, known.then_some(end), "{r:#?}");
+        }
+        let counted = rs
+            .iter()
+            .filter(|r| r.tls.is_some_and(|t| t.counted))
+            .count();
+        assert_eq!(counted, 1, "{rs:#?}");
+        let first: Vec<_> = rs
+            .iter()
+            .filter(|r| r.tls.is_some_and(|t| t.first_after_handshake))
+            .map(|r| r.t_arrive_ns)
+            .collect();
+        assert_eq!(first.len(), 1, "{rs:#?}");
+        // The request, not the bytes that ended the handshake.
+        assert_eq!(first[0], T0 + ms(20) + us(40), "{rs:#?}");
+        let json = serde_json::to_string(&rs[0]).expect("json");
+        assert!(
+            json.contains(&format!(r#""tls":{{"version":"{}""#, version.as_str())),
+            "{json}"
+        );
+        // One handshake in the histogram, whatever the records.
+        let registry = prometheus::Registry::new();
+        let m =
+            crate::export::prometheus::RequestMetrics::new(&registry, &["comm"]).expect("register");
+        for r in &rs {
+            m.observe(r, &["srv"]);
+        }
+        let text = crate::export::prometheus::render(&registry);
+        let v = version.as_str();
+        for needle in [
+            format!(
+                r#"ttft_trace_tls_handshake_seconds_count{{comm="srv",resumed="false",version="{v}"}} 1"#
+            ),
+            format!(
+                r#"ttft_trace_tls_handshake_seconds_bucket{{comm="srv",resumed="false",version="{v}",le="0.005"}} 0"#
+            ),
+            format!(
+                r#"ttft_trace_tls_handshake_seconds_bucket{{comm="srv",resumed="false",version="{v}",le="0.01"}} 1"#
+            ),
+        ] {
+            assert!(text.contains(&needle), "missing {needle} in\n{text}");
+        }
+        m.retire_workload(&["srv"]);
+        assert!(!crate::export::prometheus::render(&registry).contains("srv"));
+    }
+    // Adopted mid-life: nothing to time.
+    let mut w = Wire::new();
+    let mut ev = super::conn(ttft_trace_common::CONN_OPEN, SK, T0);
+    ev.oldstate = crate::requests::connection::TCP_ESTABLISHED;
+    w.c.on_conn(&ev);
+    w.recv(SK, T0 + ms(1), 300);
+    w.send(SK, T0 + ms(2), &records(23, 1, 400));
+    w.close(SK, T0 + ms(50));
+    assert!(w.drain(ms(10_000)).iter().all(|r| r.tls.is_none()));
+}
