@@ -155,6 +155,14 @@ fn judge_handshakes(server: &str, pid: u32, port: u16) -> Result<()> {
     std::thread::sleep(Duration::from_millis(500));
     let out = tracer.interrupt(Duration::from_secs(30))?;
     ensure!(out.success, "{}", out.stderr);
+    // The server's TLS library named in the attach log.
+    ensure!(
+        out.stderr.lines().any(|l| l.contains(": TLS via OpenSSL (")
+            && l.contains("libssl.so")
+            && l.contains("not traced")),
+        "{server}: its OpenSSL not named: {}",
+        out.stderr
+    );
     let mut traced = HashMap::new();
     for r in out.requests() {
         if let Some(t) = r.tls.as_ref().filter(|t| t.handshake_ns.is_some()) {

@@ -39,6 +39,10 @@ enum Command {
         /// NVML library to try (default: libnvidia-ml.so.1 from the loader's path).
         #[arg(long, value_name = "PATH")]
         nvml_lib: Option<PathBuf>,
+        /// Also check one process as a target: the CUDA libraries the
+        /// tracer would probe in it, and the TLS libraries it maps.
+        #[arg(long, value_name = "PID")]
+        pid: Option<u32>,
     },
     /// Trace every process on the host that maps a CUDA library, as it
     /// appears; serve their metrics, labelled by workload.
@@ -82,8 +86,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         // No runtime: the report only reads files.
         Command::Report(args) => report::print(&args)?,
-        Command::Check { json, nvml_lib } => {
-            let report = check::run(&check::CheckConfig { nvml_lib });
+        Command::Check {
+            json,
+            nvml_lib,
+            pid,
+        } => {
+            let report = check::run(&check::CheckConfig { nvml_lib, pid });
             if json {
                 println!("{}", report.to_json());
             } else {

@@ -36,6 +36,9 @@ pub fn run(cfg: &CheckConfig) -> Report {
     items.push(sysctls());
     items.extend(load_and_fire(root.is_some(), &load));
     items.push(nvml(cfg));
+    if let Some(pid) = cfg.pid {
+        items.extend(super::target::items(pid));
+    }
     Report { items }
 }
 

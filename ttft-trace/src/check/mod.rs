@@ -7,6 +7,7 @@
 
 mod hooks;
 mod host;
+mod target;
 
 use std::path::PathBuf;
 
@@ -147,6 +148,8 @@ impl Report {
 pub struct CheckConfig {
     /// NVML library to try (default: libnvidia-ml.so.1 from the loader's path).
     pub nvml_lib: Option<PathBuf>,
+    /// A process to check as a target: what of it would be traced.
+    pub pid: Option<u32>,
 }
 
 /// A kernel release's (major, minor, patch) from `uname -r` text

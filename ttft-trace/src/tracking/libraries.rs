@@ -16,12 +16,16 @@ use ttft_trace_common::GpuCounters;
 use super::{Change, launch_layer::LaunchLayer};
 use crate::probes::{
     ProbeError, Probes, Reach, cuda,
-    libraries::{self, FileId, Library, LibraryError, ReadStats, Scan, Scanner},
+    libraries::{self, FileId, Library, LibraryError, ReadStats, Scan, Scanner, TlsLibrary},
 };
 
 /// A library no scan has found mapped for this long, and not probed, is
 /// forgotten (its file closed; see [`Scanner::forget_unused`]).
 const UNUSED_LIBRARY: Duration = Duration::from_secs(60);
+
+/// Most (process, file) pairs whose TLS library was logged; past it a new
+/// one is logged at debug level (the set is emptied of exited processes).
+const TLS_LOGGED_MAX: usize = 4_096;
 
 pub(super) struct Libraries {
     scanner: Scanner,
@@ -39,6 +43,8 @@ pub(super) struct Libraries {
     /// traced process.
     named_libs: Vec<Arc<Library>>,
     launches: LaunchLayer,
+    /// The traced processes' TLS libraries already logged.
+    tls_logged: HashSet<(u32, PathBuf)>,
 }
 
 impl Libraries {
@@ -51,6 +57,7 @@ impl Libraries {
             named: HashSet::new(),
             named_libs: Vec::new(),
             launches: LaunchLayer::default(),
+            tls_logged: HashSet::new(),
         }
     }
 
@@ -166,6 +173,25 @@ impl Libraries {
         for lib in scan.libraries.iter().chain(&named) {
             self.attach_found(probes, lib, pid, changes);
         }
+        self.log_tls(pid, scan.tls);
+    }
+
+    /// Says once per traced process and file which TLS library it maps:
+    /// none is read yet, so its connections show as `tls_unsupported`.
+    fn log_tls(&mut self, pid: u32, tls: Vec<(PathBuf, TlsLibrary)>) {
+        for (path, lib) in tls {
+            let line = format!(
+                "pid {pid}: TLS via {} ({}): not traced (its TLS connections are reported \
+                 tls_unsupported, their handshakes timed from the wire)",
+                lib.name(),
+                path.display()
+            );
+            if self.tls_logged.len() >= TLS_LOGGED_MAX {
+                log::debug!("{line}");
+            } else if self.tls_logged.insert((pid, path)) {
+                log::info!("{line}");
+            }
+        }
     }
 
     /// Detaches the probes bound to traced processes that exited, and (in
@@ -179,6 +205,7 @@ impl Libraries {
         changes: &mut Vec<Change>,
     ) {
         let alive: HashSet<u32> = live.iter().map(|(pid, _)| *pid).collect();
+        self.tls_logged.retain(|(pid, _)| alive.contains(pid));
         for a in probes.detach_processes(|pid| alive.contains(&pid)) {
             changes.push(Change::Detached(a));
         }

@@ -9,9 +9,14 @@ use std::{
     sync::Arc,
 };
 
-use object::{Object, ObjectSegment, ObjectSymbol, ReadCache, ReadCacheOps, SymbolKind};
+use object::{
+    Object, ObjectSegment, ObjectSymbol, ReadCache, ReadCacheOps, SymbolKind, SymbolScope,
+};
 
-use super::{FileId, Library, LibraryError};
+use super::{
+    FileId, Library, LibraryError,
+    tls::{TlsLibrary, TlsMarks},
+};
 use crate::host::deadline;
 use crate::probes::symbols::{self, FAMILIES, Family, ProbedSymbol};
 
@@ -76,8 +81,16 @@ impl ReadCacheOps for Budgeted<'_> {
     }
 }
 
+/// What an ELF file is to the tracer: a library to probe, and the TLS
+/// library it carries (either, both or neither).
+#[derive(Debug, Default)]
+pub(super) struct Inspected {
+    pub library: Option<Library>,
+    pub tls: Option<TlsLibrary>,
+}
+
 /// [`super::inspect`] of a file already open (and checked to be regular).
-pub(super) fn inspect_file(path: &Path, file: File) -> Result<Option<Library>, LibraryError> {
+pub(super) fn inspect_file(path: &Path, file: File) -> Result<Inspected, LibraryError> {
     inspect_budgeted(path, file, ELF_READ_MAX)
 }
 
@@ -85,7 +98,7 @@ pub(super) fn inspect_file(path: &Path, file: File) -> Result<Option<Library>, L
 type Found = (&'static Family, &'static ProbedSymbol, u64);
 
 /// [`inspect_file`], reading at most `budget` bytes.
-fn inspect_budgeted(path: &Path, file: File, budget: u64) -> Result<Option<Library>, LibraryError> {
+fn inspect_budgeted(path: &Path, file: File, budget: u64) -> Result<Inspected, LibraryError> {
     let len = file
         .metadata()
         .map_err(|e| LibraryError::Io(path.into(), e))?
@@ -98,23 +111,24 @@ fn inspect_budgeted(path: &Path, file: File, budget: u64) -> Result<Option<Libra
         exhausted: false,
     });
     let parsed = object::File::parse(&cache).map(|elf| probed_symbols(&elf, path));
-    let found = match parsed {
+    let (found, tls) = match parsed {
         Ok(found) => found?,
         // Section headers past the budget read as no ELF file.
         Err(_) if cache.into_inner().exhausted => return Err(LibraryError::TooLarge(path.into())),
-        Err(_) => return Ok(None),
+        Err(_) => return Ok(Inspected::default()),
     };
+    let tls = tls.library();
     // A symbol table cut short by the budget reads as an empty one: say so
     // rather than call the file no library to probe.
     if cache.into_inner().exhausted {
         return Err(LibraryError::TooLarge(path.into()));
     }
     if !found.iter().any(|(_, s, _)| symbols::is_marker(s.name)) {
-        return Ok(None);
+        return Ok(Inspected { library: None, tls });
     }
     let id = FileId::of(&file).map_err(|e| LibraryError::Io(path.into(), e))?;
     let open_path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
-    Ok(Some(Library {
+    let library = Some(Library {
         path: path.into(),
         file: Arc::new(file),
         open_path,
@@ -125,17 +139,21 @@ fn inspect_budgeted(path: &Path, file: File, budget: u64) -> Result<Option<Libra
             .filter(|f| found.iter().any(|(of, _, _)| of == f))
             .collect(),
         symbols: attach_order(found),
-    }))
+        tls,
+    });
+    Ok(Inspected { library, tls })
 }
 
 /// The probed functions an ELF file defines (both symbol tables), each name
 /// at one file offset: the first seen, the dynamic table's, which callers
-/// resolve to. Linear in the symbols read; a name with more than
-/// [`COPIES_MAX`] other addresses refuses the file.
+/// resolve to; and the marks of a TLS library among its functions. Linear
+/// in the symbols read; a name with more than [`COPIES_MAX`] other
+/// addresses refuses the file.
 fn probed_symbols<'d, R: object::ReadRef<'d>>(
     elf: &object::File<'d, R>,
     path: &Path,
-) -> Result<Vec<Found>, LibraryError> {
+) -> Result<(Vec<Found>, TlsMarks), LibraryError> {
+    let mut tls = TlsMarks::default();
     let mut first: HashMap<&'static str, Found> = HashMap::new();
     let mut seen: HashSet<(&'static str, u64)> = HashSet::new();
     let mut copies: HashMap<&'static str, usize> = HashMap::new();
@@ -146,7 +164,11 @@ fn probed_symbols<'d, R: object::ReadRef<'d>>(
         if !sym.is_definition() || sym.kind() != SymbolKind::Text {
             continue;
         }
-        let Some((family, probed)) = sym.name().ok().and_then(symbols::lookup) else {
+        let Ok(name) = sym.name() else {
+            continue;
+        };
+        tls.see(name, sym.scope() == SymbolScope::Dynamic);
+        let Some((family, probed)) = symbols::lookup(name) else {
             continue;
         };
         let Some(offset) = file_offset(elf, sym.address()) else {
@@ -168,7 +190,7 @@ fn probed_symbols<'d, R: object::ReadRef<'d>>(
         }
         first.insert(probed.name, (family, probed, offset));
     }
-    Ok(first.into_values().collect())
+    Ok((first.into_values().collect(), tls))
 }
 
 /// The order a file's probes are attached in: role by role

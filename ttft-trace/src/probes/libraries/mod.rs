@@ -22,12 +22,14 @@ mod file_id;
 mod maps;
 mod quarantine;
 mod scanner;
+mod tls;
 
 pub use attach::{Attached, Reach};
 pub(super) use attach::{Probed, uprobe, uprobe_error};
 pub use file_id::FileId;
 pub use maps::{MappedFile, mapped_files, parse_maps};
 pub use scanner::{ReadStats, Scan, Scanner};
+pub use tls::TlsLibrary;
 
 use std::{
     fs::File,
@@ -129,6 +131,8 @@ pub struct Library {
     /// than one offset when several versions are defined), in the order
     /// they are attached in ([`super::symbols::Role`]).
     pub symbols: Vec<(&'static ProbedSymbol, u64)>,
+    /// The TLS library it carries as well, if any.
+    pub tls: Option<TlsLibrary>,
 }
 
 /// Reads an ELF file of the daemon's own namespace (a library the user
@@ -137,7 +141,14 @@ pub struct Library {
 /// Files that are not ELF are None, not errors.
 pub fn inspect(path: &Path, open_path: &Path) -> Result<Option<Library>, LibraryError> {
     let file = rootfs::open_regular_file(open_path)?;
-    elf::inspect_file(path, file)
+    Ok(elf::inspect_file(path, file)?.library)
+}
+
+/// The TLS library a file of the daemon's own namespace carries (`check
+/// --pid` reads a target's through its `/proc/PID/map_files` links).
+pub fn tls_library(path: &Path) -> Result<Option<TlsLibrary>, LibraryError> {
+    let file = rootfs::open_regular_file(path)?;
+    Ok(elf::inspect_file(path, file)?.tls)
 }
 
 impl Library {

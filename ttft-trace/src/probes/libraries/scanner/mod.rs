@@ -15,7 +15,7 @@ use std::{
 };
 
 use super::{
-    FileId, Library, LibraryError, elf, maps,
+    FileId, Library, LibraryError, TlsLibrary, elf, maps,
     quarantine::{Quarantine, Target},
 };
 use crate::host::deadline::{self, Overdue, TargetWork, WorkStats};
@@ -49,12 +49,16 @@ pub struct Scan {
     pub searched: Vec<PathBuf>,
     /// Mapped files this process may not open (permission denied).
     pub denied: Vec<PathBuf>,
+    /// The TLS libraries it maps, by the file that carries each.
+    pub tls: Vec<(PathBuf, TlsLibrary)>,
 }
 
 /// What a file turned out to be.
 #[derive(Debug, Clone)]
 enum Seen {
     Library(Arc<Library>),
+    /// No library to probe, but a TLS library: not tried again.
+    Tls(TlsLibrary),
     /// No library to probe, or a file that cannot be inspected (not regular,
     /// not the mapped file, unreadable): not tried again.
     Other,
@@ -226,7 +230,13 @@ impl Scanner {
                 }
             };
             match seen {
-                Seen::Library(lib) => scan.libraries.push(lib),
+                Seen::Library(lib) => {
+                    if let Some(tls) = lib.tls {
+                        scan.tls.push((path, tls));
+                    }
+                    scan.libraries.push(lib);
+                }
+                Seen::Tls(tls) => scan.tls.push((path, tls)),
                 Seen::Denied => scan.denied.push(path),
                 Seen::Other | Seen::OverCap(_) => {}
             }
@@ -333,7 +343,9 @@ impl Scanner {
                     libraries += usize::from(!stays);
                     stays
                 }
-                Seen::Other | Seen::OverCap(_) | Seen::Denied => age < OTHER_FILE_AGE,
+                Seen::Tls(_) | Seen::Other | Seen::OverCap(_) | Seen::Denied => {
+                    age < OTHER_FILE_AGE
+                }
             }
         });
         libraries
@@ -406,8 +418,14 @@ fn inspect_mapped(mapped: &maps::MappedFile) -> Option<(Seen, Option<Stamp>)> {
         elf::inspect_file(&mapped.path, file)
     });
     let seen = match inspected {
-        Ok(Some(lib)) => Seen::Library(Arc::new(lib)),
-        Ok(None) => Seen::Other,
+        Ok(elf::Inspected {
+            library: Some(lib), ..
+        }) => Seen::Library(Arc::new(lib)),
+        Ok(elf::Inspected {
+            library: None,
+            tls: Some(tls),
+        }) => Seen::Tls(tls),
+        Ok(elf::Inspected { .. }) => Seen::Other,
         Err(e) if e.is_transient() => return None,
         Err(e) => {
             // A file over a cap is worth an operator's eye (a hostile or

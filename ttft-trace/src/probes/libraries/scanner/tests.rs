@@ -117,6 +117,7 @@ fn entries_not_found_lately_are_forgotten_libraries_unless_probed() {
             id: FileId::Inode { dev: 1, ino },
             apis: Vec::new(),
             symbols: Vec::new(),
+            tls: None,
         }))
     };
     let t0 = Instant::now();
