@@ -112,6 +112,10 @@ impl DemoServer {
             .arg(fixtures::existing_fixture(fixtures::STUB_CUDART)?)
             .arg("--truth")
             .arg(&truth)
+            // A 1 GB "model" (0.2 s) rather than the demo's 24 GB (2.5 s of
+            // copies before it listens, at every start of every test); a test
+            // about the load names its own size in `extra` (the last wins).
+            .args(["--load-gb", "1"])
             .args(extra)
             .env("PYTHONUNBUFFERED", "1")
             .stdout(Stdio::piped())
