@@ -11,10 +11,8 @@
 
 use std::{
     collections::HashMap,
-    net::TcpListener,
-    os::unix::process::CommandExt as _,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::Command,
     sync::RwLock,
     thread,
     time::{Duration, Instant},
@@ -27,9 +25,13 @@ use ttft_trace_tests::{
     container::{PodCgroup, place_in_root_cgroup},
     demo::{read_jsonl, server_stamps},
     faults::{self, PacketLoss},
-    fixtures::{self, cache_dir},
+    fixtures,
+    prometheus::free_port,
     server_clock::{Deviations, Tolerance, app_stamps, request_key},
-    stacks::{CLIENT_READ_P50_MS, CLIENT_READ_P99_MS, stacks_dir, wait_listening},
+    stacks::{
+        CLIENT_READ_P50_MS, CLIENT_READ_P99_MS, Group, stacks_dir, venv_python, venv_ready,
+        wait_listening,
+    },
     stalls::{StallMonitor, Stalls},
     tracer::{ATTACHED, Tracer, root_test},
 };
@@ -134,63 +136,6 @@ fn clock_tolerance(stack: &str) -> Tolerance {
             median_ms: 2.0,
         },
     }
-}
-
-fn venv_python() -> PathBuf {
-    cache_dir().join("stacks-venv/bin/python")
-}
-
-/// Whether `cargo xtask setup` installed tests/stacks/requirements.txt.
-fn venv_ready() -> Result<(), String> {
-    let stamp = cache_dir().join("stacks-venv/requirements.installed");
-    let want = std::fs::read_to_string(stacks_dir().join("requirements.txt"))
-        .map_err(|e| format!("tests/stacks/requirements.txt: {e}"))?;
-    match std::fs::read_to_string(&stamp) {
-        Ok(have) if have == want => Ok(()),
-        _ => Err(format!(
-            "the stacks' venv ({}) is missing or stale: run `cargo xtask setup`",
-            stamp.display()
-        )),
-    }
-}
-
-/// A server and all its processes (workers, nginx + the demo): one process
-/// group, stopped as a whole on drop.
-struct Group(Child);
-
-impl Group {
-    fn spawn(mut c: Command) -> Result<Self> {
-        c.process_group(0)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null());
-        Ok(Self(c.spawn().with_context(|| format!("starting {c:?}"))?))
-    }
-
-    fn pid(&self) -> u32 {
-        self.0.id()
-    }
-}
-
-impl Drop for Group {
-    fn drop(&mut self) {
-        let pgid = -(self.0.id() as i32);
-        // SAFETY: kill(2) on the process group this test started.
-        unsafe { libc::kill(pgid, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if matches!(self.0.try_wait(), Ok(Some(_))) {
-                break;
-            }
-            thread::sleep(Duration::from_millis(20));
-        }
-        // SAFETY: as above; whatever ignored SIGTERM.
-        unsafe { libc::kill(pgid, libc::SIGKILL) };
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 /// The command that serves `stack` on `port` (and `upstream`, behind a

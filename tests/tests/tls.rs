@@ -8,13 +8,7 @@
 //! stamps of its flights. The tracer binary is `target/debug/ttft-trace` as
 //! built: `cargo build -p ttft-trace` first after a change.
 
-use std::{
-    collections::HashMap,
-    os::unix::process::CommandExt as _,
-    path::Path,
-    process::{Child, Command, Stdio},
-    time::Duration,
-};
+use std::{collections::HashMap, path::Path, process::Command, time::Duration};
 
 use anyhow::{Context as _, Result, bail, ensure};
 use serde::Deserialize;
@@ -22,7 +16,7 @@ use ttft_trace_tests::{
     demo::DemoServer,
     fixtures::{self, temp_path},
     prometheus::free_port,
-    stacks::{stacks_dir, wait_listening},
+    stacks::{Group, stacks_dir, venv_python, venv_ready, wait_listening},
     tracer::{Tracer, root_test},
 };
 
@@ -211,19 +205,6 @@ fn judge_handshakes(server: &str, pid: u32, port: u16) -> Result<()> {
     Ok(())
 }
 
-/// The process group of a stack's script, killed when dropped.
-struct Group(Child);
-
-impl Drop for Group {
-    fn drop(&mut self) {
-        if let Ok(pid) = i32::try_from(self.0.id()) {
-            // SAFETY: kill(2) on the group this test started.
-            unsafe { libc::kill(-pid, libc::SIGTERM) };
-        }
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn each_tls_handshake_is_timed_from_the_wire() -> Result<()> {
     let Some(_g) = root_test("each_tls_handshake_is_timed_from_the_wire") else {
@@ -235,7 +216,8 @@ fn each_tls_handshake_is_timed_from_the_wire() -> Result<()> {
     let result = judge_handshakes("demo", demo.pid, demo.port);
     demo.stop()?;
     result?;
-    // nginx: OpenSSL on non-blocking sockets, a session cache and tickets.
+    // nginx: OpenSSL on non-blocking sockets (a socket BIO), a session
+    // cache and tickets.
     let cudart = fixtures::existing_fixture(fixtures::STUB_CUDART)?;
     let port = free_port()?;
     let upstream = free_port()?;
@@ -245,11 +227,27 @@ fn each_tls_handshake_is_timed_from_the_wire() -> Result<()> {
         .arg(upstream.to_string())
         .arg(&cudart)
         .env("STACK_TLS_CERT", &cert)
-        .env("STACK_TLS_KEY", &key)
-        .stdout(Stdio::null())
-        .process_group(0);
-    let mut group = Group(nginx.spawn().context("starting nginx_demo.sh")?);
+        .env("STACK_TLS_KEY", &key);
+    let mut group = Group::spawn(nginx)?;
     wait_listening(port, || group.0.try_wait())?;
     wait_listening(upstream, || group.0.try_wait())?;
-    judge_handshakes("nginx", group.0.id(), port)
+    judge_handshakes("nginx", group.pid(), port)?;
+    drop(group);
+    // uvicorn: CPython's ssl under asyncio, a memory BIO (the event loop
+    // sends the ciphertext after the SSL call).
+    if let Err(why) = venv_ready() {
+        ttft_trace_tests::skip_or_fail("uvicorn with TLS", &why);
+        return Ok(());
+    }
+    let port = free_port()?;
+    let mut uvicorn = Command::new(venv_python());
+    uvicorn
+        .args(["-m", "uvicorn", "apps:asgi", "--port", &port.to_string()])
+        .args(["--ssl-keyfile", &key, "--ssl-certfile", &cert])
+        .args(["--no-access-log", "--log-level", "warning"])
+        .current_dir(stacks_dir())
+        .env("STACK_CUDART", &cudart);
+    let mut group = Group::spawn(uvicorn)?;
+    wait_listening(port, || group.0.try_wait())?;
+    judge_handshakes("uvicorn", group.pid(), port)
 }
