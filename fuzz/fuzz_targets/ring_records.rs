@@ -9,16 +9,18 @@ use libfuzzer_sys::fuzz_target;
 use ttft_trace::{
     causes::CauseConfig,
     judging::{Judge, WorkloadSignals},
-    requests::stream_stalls::StallConfig,
+    requests::{CorrelatorConfig, stream_stalls::StallConfig},
     routing::{Routed, Router, Workload},
     workloads::WorkloadLabels,
 };
 
 fuzz_target!(|data: &[u8]| {
     let mut router = Router::default();
-    router
-        .workloads
-        .insert(Workload::new(10, WorkloadLabels::default()));
+    router.workloads.insert(Workload::new(
+        10,
+        WorkloadLabels::default(),
+        &CorrelatorConfig::default(),
+    ));
     let mut judge = Judge::new(CauseConfig::default(), StallConfig::default(), None);
     // Records: a length byte, then that many bytes (the decoder reads the
     // kind from the first four).

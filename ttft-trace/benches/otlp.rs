@@ -70,6 +70,8 @@ fn request(i: u64) -> JudgedRequest {
         http2_error_code: None,
         http2_ended_by: None,
         tls: None,
+        retry_of: None,
+        user_ttft_ns: None,
         outcome: Outcome::Ok,
         notes: vec![],
         chunk_bytes: vec![],

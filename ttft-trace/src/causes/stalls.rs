@@ -11,8 +11,6 @@
 //! | `network` | the request's connection retransmitted inside the stall or up to [`NETWORK_LOOKBACK_NS`] before it, and the stall from that retransmit on is ≥ the `network` threshold (100 ms, or half the SLO) | the stall from the first such retransmit (all of it when that came before) |
 //! | `queueing`, `batching`, `cpu`, `gpu_memory` | as for TTFT, on the stall as the TTFT window and its part before the step that ended it as the queue (the GPU's idle and busy time, steps completed, CPU-stage time, copies there; run-queue delay, NVML memory over the whole stall) | as for TTFT, capped at the stall |
 
-use serde::{Serialize, Serializer};
-
 use super::{
     attribution::{Cause, CauseClass},
     config::CauseConfig,
@@ -24,17 +22,7 @@ use super::{
 /// minimum RTO, the least a timeout-repaired loss holds the stream.
 pub const NETWORK_LOOKBACK_NS: u64 = 200_000_000;
 
-/// A request as the JSONL names it: its connection (`conn`, hex) and `request_index`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct RequestId {
-    #[serde(serialize_with = "hex")]
-    pub conn: u64,
-    pub request_index: u32,
-}
-
-fn hex<S: Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&format!("{v:#x}"))
-}
+pub use crate::requests::RequestId;
 
 /// Another request's prefill overlapping a stall.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -21,6 +21,9 @@ pub struct DaemonConfig {
     /// A gap between chunks longer than this is a stall; 0: the larger of
     /// 100 ms and 4 × the request's own median gap.
     pub stall_threshold_ms: u64,
+    /// A request after an interrupted one from the same client address to
+    /// the same port within this long is its retry.
+    pub retry_window_ms: u64,
     /// Scheduler intervals at least this long are kept for attribution.
     pub sched_min_us: u64,
     /// Where the scheduler intervals come from (see [`SchedSource`]).
@@ -215,6 +218,7 @@ impl Default for DaemonConfig {
             jsonl: None,
             slo_ms: 350,
             stall_threshold_ms: 0,
+            retry_window_ms: 10_000,
             sched_min_us: 1000,
             sched: SchedSource::Sampled,
             sched_sample_ms: 10,

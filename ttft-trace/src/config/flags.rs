@@ -166,6 +166,13 @@ pub struct CommonArgs {
     /// or the settings file's `stall_threshold_ms`).
     #[arg(long, value_name = "MS")]
     pub stall_threshold_ms: Option<u64>,
+    /// A request that follows an interrupted one (reset, or closed before
+    /// or during its response) from the same client address to the same
+    /// port within this long (ms) is its retry: `retry_of` and
+    /// `user_ttft_ns` in the JSONL (default 10000, or the settings file's
+    /// `retry_window_ms`; 0: off).
+    #[arg(long, value_name = "MS")]
+    pub retry_window_ms: Option<u64>,
     /// Do not sample GPU readings through NVML.
     #[arg(long)]
     pub no_nvml: bool,

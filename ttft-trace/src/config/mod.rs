@@ -71,6 +71,9 @@ pub struct TraceConfig {
     pub causes: CauseConfig,
     /// What a stall after the first token is.
     pub stalls: StallConfig,
+    /// A request after an interrupted one from the same client address to
+    /// the same port within this long is its retry (`requests/retries.rs`).
+    pub retry_window_ns: u64,
     /// NVML sampling; None: off.
     pub nvml: Option<NvmlConfig>,
     pub labels: LabelConfig,
@@ -163,6 +166,10 @@ fn trace_config(
             file.slo_ms,
         )?,
         stalls: stall_config(common.stall_threshold_ms.unwrap_or(file.stall_threshold_ms)),
+        retry_window_ns: common
+            .retry_window_ms
+            .unwrap_or(file.retry_window_ms)
+            .saturating_mul(1_000_000),
         nvml: (file.nvml.enabled && !common.no_nvml).then(|| NvmlConfig {
             period: Duration::from_millis(file.nvml.period_ms),
             library_path: common
@@ -325,6 +332,7 @@ mod tests {
             ports: vec![],
             causes_config: None,
             stall_threshold_ms: ms,
+            retry_window_ms: None,
             no_nvml: true,
             nvml_lib: None,
             otlp_endpoint: None,
@@ -346,6 +354,19 @@ mod tests {
         assert_eq!(fixed(&file, Some(0)), None);
         assert_eq!(fixed(&file, Some(150)), Some(150_000_000));
         assert_eq!(fixed(&DaemonConfig::default(), None), None);
+        // The retry window: 10 s unless the file or the flag says.
+        let window = |file: &DaemonConfig, ms| {
+            let mut c = common(None);
+            c.retry_window_ms = ms;
+            trace_config(file, &c).expect("valid").retry_window_ns
+        };
+        assert_eq!(window(&DaemonConfig::default(), None), 10_000_000_000);
+        let file = DaemonConfig {
+            retry_window_ms: 2_000,
+            ..DaemonConfig::default()
+        };
+        assert_eq!(window(&file, None), 2_000_000_000);
+        assert_eq!(window(&file, Some(0)), 0);
     }
 
     #[test]
@@ -355,6 +376,7 @@ mod tests {
             ports: vec![],
             causes_config: None,
             stall_threshold_ms: None,
+            retry_window_ms: None,
             no_nvml: true,
             nvml_lib: None,
             otlp_endpoint: endpoint.map(str::to_string),

@@ -338,7 +338,7 @@ mod tests {
         r#"3000000],"t_first_chunk_acked_ns":null,"chunk_ack_gaps_ns":[],"chunk_ack_gap_by_close":null,"#,
         r#""chunks":4,"tpot_ns":5000000,"e2e_ns":30000000,"bytes_in":100,"#,
         r#""bytes_out":200,"http_status":200,"content_type":null,"framing":null,"http2_stream_id":null,"#,
-        r#""http2_error_code":null,"http2_ended_by":null,"tls":null,"outcome":"ok","#,
+        r#""http2_error_code":null,"http2_ended_by":null,"tls":null,"retry_of":null,"user_ttft_ns":null,"outcome":"ok","#,
         r#""notes":["joined_running_batch"],"workload":{"comm":"vllm","container":"c0ffee","#,
         r#""pod":"vllm-0","namespace":"serving"},"workload_pid":7,"slow":true,"slo_violation":true,"#,
         r#""causes":[{"class":"network","explained_ns":6000000,"evidence":{"retransmits":2}}],"#,
@@ -378,7 +378,7 @@ mod tests {
         r#""connections_lost_in_kernel":0,"connections_refused":0,"connections_reopened":0,"#,
         r#""episodes_dropped":0,"episodes_held":0,"http2_frames_unseen":0,"#,
         r#""http2_streams_dropped":0,"late_events":0,"malformed_events":0,"#,
-        r#""pending_events":0,"pipelined":0,"reorder_overflow":0,"requests_dropped":0,"#,
+        r#""pending_events":0,"pipelined":0,"reorder_overflow":0,"requests_dropped":0,"retry_candidates_dropped":0,"#,
         r#""sends_without_request":0,"socket_errors":0,"unknown_conn_events":0},"workload_pid":7}],"#,
         r#""requests":1,"stop":"Signal","t_ns":44,"type":"totals","unrouted_events":3}"#,
     );

@@ -49,7 +49,7 @@ pub struct Sinks {
 }
 
 /// The correlators' tables that count what they dropped.
-const DROP_TABLES: usize = 7;
+const DROP_TABLES: usize = 8;
 
 /// What a request correlator drops to stay bounded, as the `table` label
 /// of `ttft_trace_table_evictions_total` names it.
@@ -62,6 +62,7 @@ fn correlator_drops(s: &CorrelatorStats) -> [(&'static str, u64); DROP_TABLES] {
         ("finished_requests", s.requests_dropped),
         ("chunk_acks", s.chunk_acks_evicted),
         ("http2_streams", s.http2_streams_dropped),
+        ("retry_candidates", s.retry_candidates_dropped),
     ]
 }
 

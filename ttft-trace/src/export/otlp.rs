@@ -607,6 +607,17 @@ fn request_attributes(j: &JudgedRequest, labels: &WorkloadLabels, root_pid: u32)
             t.first_after_handshake,
         ));
     }
+    if let Some(of) = r.retry_of {
+        a.push(KeyValue::new(
+            "ttft_trace.retry_of.connection",
+            format!("{:#x}", of.conn),
+        ));
+        a.push(int(
+            "ttft_trace.retry_of.request_index",
+            u64::from(of.request_index),
+        ));
+    }
+    a.extend(r.user_ttft_ns.map(|v| int("ttft_trace.user_ttft_ns", v)));
     let s = &j.stalls;
     a.push(int("ttft_trace.stalls.count", u64::from(s.count)));
     if s.count > 0 {

@@ -93,6 +93,11 @@ pub struct Request {
     /// A TLS connection's handshake (absent before tracers read it).
     #[serde(default)]
     pub tls: Option<Tls>,
+    /// The interrupted request this one retries, and the TTFT its user saw.
+    #[serde(default)]
+    pub retry_of: Option<RequestId>,
+    #[serde(default)]
+    pub user_ttft_ns: Option<u64>,
 }
 
 /// A request's TLS connection as read back (`requests::tls::TlsFacts`).

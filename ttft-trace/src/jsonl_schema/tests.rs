@@ -291,6 +291,8 @@ fn the_report_reads_back_the_request_the_writer_wrote() {
             finish_reason: Some("length".into()),
         },
         tls: None,
+        retry_of: None,
+        user_ttft_ns: None,
     };
     assert_eq!(requests, [want]);
 }

@@ -145,6 +145,8 @@ pub(crate) fn record(outcome: Outcome) -> RequestRecord {
         http2_error_code: None,
         http2_ended_by: None,
         tls: None,
+        retry_of: None,
+        user_ttft_ns: None,
         outcome,
         notes: vec![],
         chunk_bytes: vec![],

@@ -27,6 +27,7 @@ use super::{
     join::Join,
     outcome::Outcome,
     response::{self, End, Outgoing, Response},
+    retries::{Interruptions, Retry},
     streams::{Stream, StreamEnd, StreamTable},
     tls::{Handshake, TlsFacts},
 };
@@ -95,6 +96,8 @@ pub(crate) struct Request {
     pub tls_handshake: Option<TlsFacts>,
     /// The first request to arrive after its connection's TLS handshake.
     first_after_tls_handshake: bool,
+    /// The interrupted request this one retries (set when it finishes).
+    pub retry: Option<Retry>,
     /// For a pipelined request: whether the last send ended a response, so
     /// that the next receive starts a request that can be followed again.
     response_ended: bool,
@@ -107,6 +110,11 @@ pub(crate) struct Request {
 impl Request {
     pub fn t_first_token(&self) -> Option<u64> {
         self.response.as_ref().and_then(|r| r.t_first_token)
+    }
+
+    /// Its last send, if any.
+    pub fn t_last_send(&self) -> Option<u64> {
+        self.t_last_send
     }
 
     /// Whether the server has begun answering: bytes received from now on
@@ -224,6 +232,10 @@ pub(crate) struct Outbox {
     /// connection), and server frames on streams never seen opening.
     pub streams_dropped: u64,
     pub stream_frames_unseen: u64,
+    /// Interrupted requests whose retry may still come
+    /// (`requests/retries.rs`), within `retry_window_ns`.
+    pub interruptions: Interruptions,
+    pub retry_window_ns: u64,
 }
 
 impl Outbox {
@@ -262,6 +274,13 @@ impl Outbox {
             self.finished_dropped += 1;
         }
         let outcome = outcome(&request, cause);
+        // A window of 0 turns the linking off.
+        if self.retry_window_ns > 0 {
+            request.retry = self.interruptions.retry_of(&request, self.retry_window_ns);
+            if outcome.interrupted() {
+                self.interruptions.note(&request, self.retry_window_ns);
+            }
+        }
         self.finished.push_back(Finished { request, outcome });
     }
 }
@@ -514,6 +533,7 @@ impl Connection {
                 tls: false,
                 tls_handshake: None,
                 first_after_tls_handshake: false,
+                retry: None,
                 response_ended: true,
                 t_last_send: stream.t_last_send,
                 notes,
@@ -714,6 +734,7 @@ impl Connection {
             tls: self.tls,
             tls_handshake: None,
             first_after_tls_handshake,
+            retry: None,
             response_ended: false,
             t_last_send: None,
             notes: Vec::new(),

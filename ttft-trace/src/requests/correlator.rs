@@ -64,6 +64,10 @@ pub struct CorrelatorConfig {
     pub max_pending_events: usize,
     /// Finished requests waiting for their join; beyond it the oldest is dropped.
     pub max_finished: usize,
+    /// A request that follows an interrupted one from the same client
+    /// address to the same server port within this long is its retry
+    /// (`requests/retries.rs`).
+    pub retry_window_ns: u64,
 }
 
 impl Default for CorrelatorConfig {
@@ -81,6 +85,7 @@ impl Default for CorrelatorConfig {
             max_connections: 65_536,
             max_pending_events: 65_536,
             max_finished: 65_536,
+            retry_window_ns: 10 * S,
         }
     }
 }
@@ -129,6 +134,9 @@ pub struct CorrelatorStats {
     /// HTTP/2 streams not followed: `streams::MAX_STREAMS` were open on
     /// their connection.
     pub http2_streams_dropped: u64,
+    /// Interrupted requests forgotten before their window ended
+    /// (`retries::MAX_INTERRUPTIONS`).
+    pub retry_candidates_dropped: u64,
     /// HTTP/2 frames the server sent on streams never seen opening (opened
     /// before tracing began, or their client's segments not walked).
     pub http2_frames_unseen: u64,
@@ -244,6 +252,7 @@ impl Correlator {
         let episodes = EpisodeHistory::new(cfg.episode_history_ns, cfg.episode_cap);
         let out = Outbox {
             max_finished: cfg.max_finished,
+            retry_window_ns: cfg.retry_window_ns,
             ..Outbox::default()
         };
         Self {
@@ -344,6 +353,7 @@ impl Correlator {
             requests_dropped: self.out.finished_dropped,
             chunk_acks_evicted: self.out.chunk_acks_evicted,
             http2_streams_dropped: self.out.streams_dropped,
+            retry_candidates_dropped: self.out.interruptions.dropped,
             http2_frames_unseen: self.out.stream_frames_unseen,
             ..self.stats.clone()
         }

@@ -134,6 +134,7 @@ mod join;
 mod outcome;
 mod record;
 mod response;
+mod retries;
 pub mod stream_end;
 pub mod stream_stalls;
 mod streams;
@@ -145,6 +146,7 @@ pub(crate) use join::{EpisodeHistory, Join};
 pub use outcome::Outcome;
 pub use record::{Figure, RequestRecord};
 pub use response::Framing;
+pub use retries::RequestId;
 pub use summary::RequestRecorders;
 pub use tls::{TlsFacts, TlsVersion};
 

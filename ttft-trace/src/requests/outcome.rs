@@ -73,6 +73,16 @@ impl Outcome {
         }
     }
 
+    /// Whether the request ended without its whole response in a way its
+    /// client may retry (`requests/retries.rs`): reset, refused by a
+    /// GOAWAY, or its connection closed before or during the response.
+    pub(super) fn interrupted(self) -> bool {
+        matches!(
+            self,
+            Self::Reset | Self::GoAway | Self::ClosedMidResponse | Self::ClosedBeforeResponse
+        )
+    }
+
     /// Whether the time to the first token (and its breakdown and the gaps
     /// between chunks) is a real serving figure: the response started
     /// normally, whether or not it ended.

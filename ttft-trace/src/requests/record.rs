@@ -10,6 +10,7 @@ use super::{
     join::Join,
     outcome::Outcome,
     response::Framing,
+    retries::RequestId,
     stream_end::Ending,
     streams::{Side, StreamEnd},
     tls::TlsFacts,
@@ -146,6 +147,11 @@ pub struct RequestRecord {
     /// session was resumed, and the handshake's duration, as the wire shows
     /// them (`requests/tls.rs`).
     pub tls: Option<TlsFacts>,
+    /// The interrupted request this one retries (`requests/retries.rs`),
+    /// and the TTFT its user saw: from the first attempt's arrival to this
+    /// one's first token.
+    pub retry_of: Option<RequestId>,
+    pub user_ttft_ns: Option<u64>,
     pub outcome: Outcome,
     /// Why figures are absent or may be off (see the module docs).
     pub notes: Vec<&'static str>,
@@ -281,6 +287,11 @@ impl RequestRecord {
                 Side::Server => "server",
             }),
             tls: req.tls_handshake,
+            retry_of: req.retry.map(|r| r.of),
+            user_ttft_ns: req
+                .retry
+                .zip(t_first_token)
+                .map(|(r, t)| t.saturating_sub(r.t_first_arrive)),
             outcome: f.outcome,
             notes,
         }

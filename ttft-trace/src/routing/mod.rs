@@ -11,7 +11,7 @@ pub use workloads::{Unbound, Workload, Workloads};
 
 use crate::{
     decode::{Event, decode},
-    requests::{self, CorrelatorStats, RequestRecord},
+    requests::{self, CorrelatorConfig, CorrelatorStats, RequestRecord},
 };
 
 /// What routing hands on, in the order it happened.
@@ -33,12 +33,22 @@ pub enum Routed {
 #[derive(Default)]
 pub struct Router {
     pub workloads: Workloads,
+    /// The settings of each new workload's correlator.
+    pub correlator: CorrelatorConfig,
     out: Vec<Routed>,
     /// Records that could not be decoded.
     pub decode_errors: u64,
 }
 
 impl Router {
+    /// A router whose new workloads' correlators take `correlator`.
+    pub fn new(correlator: CorrelatorConfig) -> Self {
+        Self {
+            correlator,
+            ..Self::default()
+        }
+    }
+
     /// Routes one ring-buffer record. `lookup` asks the kernel for the
     /// workload of a process not seen before.
     pub fn route(&mut self, bytes: &[u8], lookup: impl Fn(u32) -> Option<u32>) {
@@ -176,8 +186,11 @@ mod tests {
 
     fn router() -> Router {
         let mut r = Router::default();
-        r.workloads
-            .insert(Workload::new(10, WorkloadLabels::default()));
+        r.workloads.insert(Workload::new(
+            10,
+            WorkloadLabels::default(),
+            &CorrelatorConfig::default(),
+        ));
         r
     }
 

@@ -56,12 +56,12 @@ pub struct Workload {
 }
 
 impl Workload {
-    pub fn new(root: u32, labels: WorkloadLabels) -> Self {
+    pub fn new(root: u32, labels: WorkloadLabels, cfg: &CorrelatorConfig) -> Self {
         Self {
             root,
             values: labels.values(),
             labels,
-            correlator: Correlator::new(CorrelatorConfig::default()),
+            correlator: Correlator::new(cfg.clone()),
             signals: SignalStore::default(),
         }
     }
@@ -271,6 +271,7 @@ mod tests {
                 comm: comm.into(),
                 ..WorkloadLabels::default()
             },
+            &CorrelatorConfig::default(),
         )
     }
 

@@ -111,7 +111,8 @@ impl Session {
             match change {
                 Change::Started { root, members } => {
                     let labels = self.sinks.workload_started(root);
-                    self.router.workloads.insert(Workload::new(root, labels));
+                    let w = Workload::new(root, labels, &self.router.correlator);
+                    self.router.workloads.insert(w);
                     for pid in members {
                         self.router.workloads.learn(pid, root);
                     }

@@ -13,6 +13,7 @@ use crate::{
     judging::Judge,
     nvml::{self, Sampler},
     probes::{LoadConfig, Probes},
+    requests::CorrelatorConfig,
     routing::Router,
     schedstat::{self, SchedSampler},
     tracking::{Discovery, Mode, Tracking, WaitFor},
@@ -101,7 +102,10 @@ impl Session {
         };
         let s = Session {
             tracking: Tracking::new(probes, mode, cfg.quotas),
-            router: Router::default(),
+            router: Router::new(CorrelatorConfig {
+                retry_window_ns: cfg.retry_window_ns,
+                ..CorrelatorConfig::default()
+            }),
             judge: Judge::new(cfg.causes.clone(), cfg.stalls, gpu),
             sinks,
             started: Instant::now(),

@@ -541,12 +541,12 @@ fn each_stall_is_an_event_with_its_cause_and_explained_time() {
 }
 
 #[test]
-fn a_tls_connections_handshake_is_in_its_spans() {
+fn tls_and_retry_facts_are_in_the_root_span() {
     use opentelemetry::{Key, Value};
     use opentelemetry_sdk::trace::{IdGenerator as _, RandomIdGenerator};
 
     use super::{Clock, spans};
-    use crate::requests::{TlsFacts, TlsVersion};
+    use crate::requests::{RequestId, TlsFacts, TlsVersion};
 
     let mut j = judged(1);
     j.record.tls = Some(TlsFacts {
@@ -557,6 +557,11 @@ fn a_tls_connections_handshake_is_in_its_spans() {
         first_after_handshake: true,
         counted: true,
     });
+    j.record.retry_of = Some(RequestId {
+        conn: 0xabc,
+        request_index: 2,
+    });
+    j.record.user_ttft_ns = Some(400 * MS);
     let ids = RandomIdGenerator::default();
     let out = spans(&j, &labels(), 7, Clock::now(), ids.new_trace_id(), &ids);
     let attrs = &out[0].attributes;
@@ -576,5 +581,17 @@ fn a_tls_connections_handshake_is_in_its_spans() {
     assert_eq!(
         get("ttft_trace.tls.first_after_handshake"),
         Some(Value::Bool(true))
+    );
+    assert_eq!(
+        get("ttft_trace.retry_of.connection"),
+        Some(Value::from("0xabc"))
+    );
+    assert_eq!(
+        get("ttft_trace.retry_of.request_index"),
+        Some(Value::I64(2))
+    );
+    assert_eq!(
+        get("ttft_trace.user_ttft_ns"),
+        Some(Value::I64(400_000_000))
     );
 }

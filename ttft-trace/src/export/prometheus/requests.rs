@@ -103,6 +103,7 @@ pub struct RequestMetrics {
     figures: Vec<HistogramVec>,
     requests: IntCounterVec,
     tls_handshake: HistogramVec,
+    retries: IntCounterVec,
 }
 
 impl RequestMetrics {
@@ -139,10 +140,21 @@ impl RequestMetrics {
             &[workload_labels, &["version", "resumed"]].concat(),
         )?;
         registry.register(Box::new(tls_handshake.clone()))?;
+        let retries = IntCounterVec::new(
+            Opts::new(
+                "ttft_trace_retried_requests_total",
+                "Requests that retried an interrupted one (reset, refused by a GOAWAY, or closed \
+                 before or during its response) from the same client address to the same port \
+                 within the retry window (retry_of in the JSONL)",
+            ),
+            workload_labels,
+        )?;
+        registry.register(Box::new(retries.clone()))?;
         Ok(Self {
             figures,
             requests,
             tls_handshake,
+            retries,
         })
     }
 
@@ -155,6 +167,7 @@ impl RequestMetrics {
         for o in Outcome::ALL {
             self.requests.with_label_values(&with_label(w, o.name()));
         }
+        self.retries.with_label_values(w);
     }
 
     /// Removes a retired workload's series.
@@ -165,6 +178,7 @@ impl RequestMetrics {
         for o in Outcome::ALL {
             let _ = self.requests.remove_label_values(&with_label(w, o.name()));
         }
+        let _ = self.retries.remove_label_values(w);
         for v in TlsVersion::ALL {
             for r in RESUMED {
                 let _ = self
@@ -183,6 +197,9 @@ impl RequestMetrics {
             self.figures[figure as usize]
                 .with_label_values(w)
                 .observe(ns as f64 / 1e9);
+        }
+        if r.retry_of.is_some() {
+            self.retries.with_label_values(w).inc();
         }
         // Once per connection: on the record that counts its handshake.
         if let Some(TlsFacts {

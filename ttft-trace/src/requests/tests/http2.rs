@@ -23,7 +23,7 @@ impl FrameBytes for Bytes<'_> {
     }
 }
 
-fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+pub(super) fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
     let len = payload.len() as u32;
     let mut f = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags];
     f.extend_from_slice(&stream.to_be_bytes());
@@ -32,7 +32,7 @@ fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
 }
 
 /// The event the kernel sends for one call of whole frames.
-fn walked(dir: u32, t: u64, bytes: &[u8]) -> Box<H2FramesEvent> {
+pub(super) fn walked(dir: u32, t: u64, bytes: &[u8]) -> Box<H2FramesEvent> {
     let mut ev = Box::new(H2FramesEvent {
         dir,
         sk: SK,
@@ -110,7 +110,7 @@ fn each_stream_is_a_request_and_a_cancelled_one_is_reset() {
     );
     assert_eq!(three.ttft_ns, Some(ms(19)));
     let json = serde_json::to_string(three).expect("json");
-    assert!(json.contains(r#""http2_stream_id":3,"http2_error_code":8,"http2_ended_by":"client","tls":null,"outcome":"reset""#), "{json}");
+    assert!(json.contains(r#""http2_stream_id":3,"http2_error_code":8,"http2_ended_by":"client","tls":null,"retry_of":null,"user_ttft_ns":null,"outcome":"reset""#), "{json}");
 }
 
 #[test]

@@ -9,6 +9,7 @@ mod http1;
 mod http2;
 mod join;
 mod output;
+mod retries;
 mod stream_end;
 mod stream_stalls;
 mod tls;
