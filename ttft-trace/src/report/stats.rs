@@ -90,6 +90,13 @@ pub struct Run {
     pub causes: BTreeMap<String, CauseTally>,
     /// The slowest requests by counted TTFT, slowest first.
     pub slowest: Vec<Request>,
+    /// Retries of interrupted requests: the TTFT their users saw (from the
+    /// first attempt's arrival).
+    pub retries: Stats,
+    /// TLS handshakes (one a connection: on its first request after it),
+    /// and their connections by version.
+    pub tls_handshakes: Stats,
+    pub tls_versions: BTreeMap<String, u64>,
 }
 
 /// Collects a run from its request lines.
@@ -104,6 +111,9 @@ pub struct Builder {
     unexplained: u64,
     causes: BTreeMap<String, CauseTally>,
     slowest: Vec<Request>,
+    user_ttfts: Vec<u64>,
+    handshakes: Vec<u64>,
+    tls_versions: BTreeMap<String, u64>,
 }
 
 impl Builder {
@@ -120,11 +130,20 @@ impl Builder {
             unexplained: 0,
             causes: BTreeMap::new(),
             slowest: Vec::new(),
+            user_ttfts: Vec::new(),
+            handshakes: Vec::new(),
+            tls_versions: BTreeMap::new(),
         }
     }
 
     pub fn add(&mut self, mut r: Request) {
         *self.outcomes.entry(r.outcome.clone()).or_default() += 1;
+        self.user_ttfts
+            .extend(r.user_ttft_ns.filter(|_| r.retry_of.is_some()));
+        if let Some(tls) = r.tls.as_ref().filter(|t| t.first_after_handshake) {
+            self.handshakes.extend(tls.handshake_ns);
+            *self.tls_versions.entry(tls.version.clone()).or_default() += 1;
+        }
         self.start_ns = self.start_ns.min(r.t_arrive_ns);
         let end = r.t_done_ns.or(r.t_first_token_ns).unwrap_or(r.t_arrive_ns);
         self.end_ns = self.end_ns.max(end);
@@ -222,6 +241,9 @@ impl Builder {
             unexplained: self.unexplained,
             causes: self.causes,
             slowest: self.slowest,
+            retries: Stats::of(&mut self.user_ttfts),
+            tls_handshakes: Stats::of(&mut self.handshakes),
+            tls_versions: self.tls_versions,
         }
     }
 }

@@ -61,6 +61,38 @@ pub fn single(run: &Run) -> String {
         .map(|(o, n)| format!("{o} {n}"))
         .collect();
     row(&mut out, "Outcomes:", outcomes.join(", "));
+    let r = &run.retries;
+    if r.count > 0 {
+        row(
+            &mut out,
+            "Retries of interrupted requests:",
+            format!(
+                "{}; the TTFT their users saw: median {} ms, P99 {} ms",
+                r.count,
+                ms(r.median),
+                ms(r.p99)
+            ),
+        );
+    }
+    let h = &run.tls_handshakes;
+    if h.count > 0 {
+        let versions: Vec<String> = run
+            .tls_versions
+            .iter()
+            .map(|(v, n)| format!("TLS {v} {n}"))
+            .collect();
+        row(
+            &mut out,
+            "TLS handshakes:",
+            format!(
+                "{} ({}): median {} ms, P99 {} ms",
+                h.count,
+                versions.join(", "),
+                ms(h.median),
+                ms(h.p99)
+            ),
+        );
+    }
     row(
         &mut out,
         &format!("Within objective (TTFT <= {} ms):", ms(run.slo_ns as f64)),

@@ -390,3 +390,41 @@ fn the_waterfall_shows_the_stalls() {
         page.contains("; 3 stalls, longest 500.00 ms; degrading; chunks growing; truncated (cut)")
     );
 }
+
+#[test]
+fn retries_and_tls_handshakes_are_summed_up() {
+    let mut retry = request(500, 30, "ok");
+    retry["retry_of"] = json!({"conn": "0xffff1", "request_index": 0});
+    retry["user_ttft_ns"] = json!(530 * MS);
+    let tls = |ms_: u64, first: bool| {
+        let mut r = request(600, 20, "tls_unsupported");
+        r["tls"] = json!({"version": "1.3", "resumed": false, "handshake_ns": ms_ * MS,
+                          "hello_retry": false, "first_after_handshake": first});
+        r.to_string()
+    };
+    let lines = vec![
+        request(0, 200, "closed_mid_response").to_string(),
+        retry.to_string(),
+        tls(4, true),
+        tls(4, false),
+        tls(8, true),
+    ];
+    let run = run_of(&lines, 350, 3);
+    assert_eq!((run.retries.count, run.retries.max), (1, 530.0 * MS as f64));
+    assert_eq!(run.tls_handshakes.count, 2, "one a connection");
+    assert_eq!(run.tls_versions.get("1.3"), Some(&2));
+    let text = table::single(&run);
+    for want in [
+        "1; the TTFT their users saw: median 530.00 ms",
+        "TLS handshakes:",
+        "2 (TLS 1.3 2): median 6.00 ms",
+    ] {
+        assert!(text.contains(want), "missing {want:?} in\n{text}");
+    }
+    // Neither line without such requests.
+    let text = table::single(&run_of(&sample(), 450, 3));
+    assert!(
+        !text.contains("Retries") && !text.contains("TLS handshakes"),
+        "{text}"
+    );
+}
