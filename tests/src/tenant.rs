@@ -81,6 +81,11 @@ impl GreedyTenant {
         Ok(tenant)
     }
 
+    /// The UID of its pod.
+    pub fn pod_uid(&self) -> &str {
+        &self._cgroup.pod_uid
+    }
+
     /// Sends `command` (`listen N`, `threads N`, `close`) and waits until
     /// it is done.
     pub fn order(&mut self, command: &str) -> Result<()> {

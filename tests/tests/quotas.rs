@@ -288,3 +288,63 @@ fn a_workload_with_more_threads_than_its_sampling_share_is_degraded_alone() -> R
     );
     Ok(())
 }
+
+/// `ttft-trace check` with the daemon's settings (`[quotas] threads = 64,
+/// listeners = 10`) beside a workload in a pod holding 101 threads and 20
+/// listening sockets: the shares are shown, and that pod named past its
+/// threads, sampled-threads (at the default 4096: no) and listeners shares.
+#[test]
+fn check_names_a_workload_past_its_share() -> Result<()> {
+    let Some(_g) = root_test("check_names_a_workload_past_its_share") else {
+        return Ok(());
+    };
+    let mut greedy = GreedyTenant::start(PodCgroup::new()?)?;
+    greedy.order("threads 100")?;
+    greedy.order("listen 20")?;
+    let config = temp_path("check-quotas", "toml");
+    std::fs::write(&config, "[quotas]\nthreads = 64\nlisteners = 10\n")?;
+    let out = std::process::Command::new(ttft_trace_tests::tracer::tracer_bin()?)
+        .args(["check", "--json", "--config"])
+        .arg(&config)
+        .output()?;
+    let _ = std::fs::remove_file(&config);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .with_context(|| String::from_utf8_lossy(&out.stderr).into_owned())?;
+    let items = report["items"].as_array().context("items")?;
+    let detail = |name: &str| -> Vec<String> {
+        items
+            .iter()
+            .filter(|i| i["name"] == name)
+            .map(|i| format!("{} {}", i["verdict"], i["detail"]))
+            .collect()
+    };
+    let pod = greedy.pod_uid().to_string();
+    let (shares, threads, listeners, sampled) = (
+        detail("quotas"),
+        detail("quota threads"),
+        detail("quota listeners"),
+        detail("quota sampled_threads"),
+    );
+    eprintln!("{shares:?}\n{threads:?}\n{listeners:?}\n{sampled:?}");
+    ensure!(
+        shares.len() == 1 && shares[0].contains("10 listeners, 64 threads, 4096 sampled threads"),
+        "{shares:?}"
+    );
+    let of_pod = |v: &[String]| v.iter().filter(|d| d.contains(&pod)).count();
+    ensure!(
+        of_pod(&threads) == 1
+            && threads
+                .iter()
+                .any(|d| d.contains("holds 101 threads now, 37 past")),
+        "{threads:?}"
+    );
+    ensure!(
+        of_pod(&listeners) == 1
+            && listeners
+                .iter()
+                .any(|d| d.contains("holds 20 listeners now, 10 past")),
+        "{listeners:?}"
+    );
+    ensure!(of_pod(&sampled) == 0, "{sampled:?}");
+    Ok(())
+}

@@ -6,7 +6,10 @@ use std::{path::PathBuf, process::ExitCode};
 use clap::{Parser, Subcommand};
 use ttft_trace::{
     check,
-    config::flags::{AttachArgs, DaemonArgs},
+    config::{
+        self,
+        flags::{AttachArgs, DaemonArgs},
+    },
     report::{self, ReportArgs},
     session,
 };
@@ -39,6 +42,10 @@ enum Command {
         /// NVML library to try (default: libnvidia-ml.so.1 from the loader's path).
         #[arg(long, value_name = "PATH")]
         nvml_lib: Option<PathBuf>,
+        /// The daemon's settings file: its per-workload shares (`[quotas]`)
+        /// are shown, and the workloads past one now.
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
     },
     /// Trace every process on the host that maps a CUDA library, as it
     /// appears; serve their metrics, labelled by workload.
@@ -82,8 +89,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         // No runtime: the report only reads files.
         Command::Report(args) => report::print(&args)?,
-        Command::Check { json, nvml_lib } => {
-            let report = check::run(&check::CheckConfig { nvml_lib });
+        Command::Check {
+            json,
+            nvml_lib,
+            config,
+        } => {
+            let shares = config::DaemonConfig::load(config.as_deref())?.quotas;
+            let report = check::run(&check::CheckConfig { nvml_lib, shares });
             if json {
                 println!("{}", report.to_json());
             } else {

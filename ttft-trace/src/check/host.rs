@@ -36,6 +36,10 @@ pub fn run(cfg: &CheckConfig) -> Report {
     items.push(sysctls());
     items.extend(load_and_fire(root.is_some(), &load));
     items.push(nvml(cfg));
+    items.extend(super::quotas::items(
+        &cfg.shares,
+        &super::quotas::read_holdings(),
+    ));
     Report { items }
 }
 

@@ -7,6 +7,7 @@
 
 mod hooks;
 mod host;
+mod quotas;
 
 use std::path::PathBuf;
 
@@ -147,6 +148,8 @@ impl Report {
 pub struct CheckConfig {
     /// NVML library to try (default: libnvidia-ml.so.1 from the loader's path).
     pub nvml_lib: Option<PathBuf>,
+    /// Each workload's shares, as the daemon's settings give them.
+    pub shares: crate::config::Quotas,
 }
 
 /// A kernel release's (major, minor, patch) from `uname -r` text
