@@ -39,10 +39,15 @@ pub fn items(shares: &Shares, holdings: &BTreeMap<Tenant, Holding>) -> Vec<Item>
         Quota::new(Resource::Threads, shares.threads),
         Quota::new(Resource::SampledThreads, shares.sampled_threads),
     ];
-    let described: Vec<String> = quotas
+    let mut described: Vec<String> = quotas
         .iter()
         .map(|q| format!("{} {}", q.share(), q.resource().name().replace('_', " ")))
         .collect();
+    // Not seen by `check`: the daemon's OTLP metrics count them.
+    described.push(format!(
+        "{} OTLP attribute sets",
+        shares.otlp_attribute_sets
+    ));
     let mut items = vec![Item::ok(
         "quotas",
         format!(
@@ -150,6 +155,7 @@ mod tests {
             listeners: 10,
             threads: 100,
             sampled_threads: 50,
+            otlp_attribute_sets: 5,
         };
         let pod = Tenant::Pod("0f1e2d3c-4b5a-4978-8695-a4b3c2d1e0f9".into());
         let other = Tenant::Cgroup("/system.slice/other.service".into());
@@ -176,7 +182,7 @@ mod tests {
         assert_eq!(
             got[0].detail,
             "each workload (pod, else cgroup) holds at most: 10 listeners, 100 threads, \
-             50 sampled threads"
+             50 sampled threads, 5 OTLP attribute sets"
         );
         let past: Vec<(&str, &str)> = got[1..]
             .iter()

@@ -195,6 +195,18 @@ impl Sinks {
         self.jsonl.detached(a);
     }
 
+    /// Retires the label sets idle for the grace period, and the OTLP
+    /// metrics' attribute sets of them.
+    pub fn retire(&mut self, now_ns: u64) {
+        let retired = self.series.retire(now_ns);
+        if let Some(o) = &mut self.otlp {
+            let (refused, kept) = o.attribute_sets(&retired);
+            let name = crate::workloads::quota::Resource::OtlpAttributeSets.name();
+            self.series.quota_exceeded(name, refused);
+            self.series.entries(name, kept);
+        }
+    }
+
     /// Ended workloads whose request statistics wait for the totals line.
     pub fn ended_stats(&self) -> usize {
         self.ended_stats.len()

@@ -138,7 +138,8 @@ impl Series {
     /// Removes the series of label sets unused past the grace period.
     /// Every series and the workloads gauge are updated before the log line
     /// says so (a scrape prompted by the line sees the change).
-    pub fn retire(&mut self, now_ns: u64) {
+    /// Returns the label sets retired.
+    pub fn retire(&mut self, now_ns: u64) -> Vec<WorkloadLabels> {
         let retired = self.label_sets.retire(now_ns);
         for labels in &retired {
             let values = labels.values();
@@ -156,6 +157,7 @@ impl Series {
         for labels in &retired {
             log::info!("retired the series of workload {}", labels.comm);
         }
+        retired
     }
 
     pub fn episode(&self, w: &[&str], rec: &EpisodeRecord) {

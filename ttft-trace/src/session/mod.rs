@@ -252,7 +252,7 @@ impl Session {
         self.tracking.forget_exited()?;
         self.tracking.forget_announced_exited()?;
         self.tracking.release_memory(!ended.is_empty());
-        self.sinks.series.retire(now);
+        self.sinks.retire(now);
         self.table_entries();
         Ok(self.tracking.workloads())
     }

@@ -22,6 +22,9 @@ pub enum Resource {
     Threads,
     /// Threads sampled for `--sched sampled` (one open file each).
     SampledThreads,
+    /// Attribute sets of the OTLP GenAI metrics (a cumulative histogram
+    /// each in the SDK).
+    OtlpAttributeSets,
 }
 
 impl Resource {
@@ -32,6 +35,7 @@ impl Resource {
             Self::Listeners => "listeners",
             Self::Threads => "threads",
             Self::SampledThreads => "sampled_threads",
+            Self::OtlpAttributeSets => "otlp_attribute_sets",
         }
     }
 
@@ -46,6 +50,10 @@ impl Resource {
             }
             Self::SampledThreads => {
                 "its other threads are not sampled (no scheduler spells of theirs)"
+            }
+            Self::OtlpAttributeSets => {
+                "its requests on new attribute sets are recorded in its own \
+                 ttft_trace.workload.comm=\"_other\" set of the OTLP metrics"
             }
         }
     }
