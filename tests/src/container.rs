@@ -337,6 +337,21 @@ impl PodCgroup {
         )
     }
 
+    /// A new, unique one, cgroupfs driver, best-effort QoS:
+    /// `kubepods/besteffort/pod<uid>/<64-hex id>`.
+    pub fn besteffort() -> Result<Self> {
+        let (pod_uid, container_id) = Self::ids();
+        let kubepods = cgroup2_root()?.join("kubepods");
+        let qos = kubepods.join("besteffort");
+        let pod = qos.join(format!("pod{pod_uid}"));
+        Self::make(
+            pod.join(&container_id),
+            vec![pod, qos, kubepods],
+            pod_uid,
+            container_id,
+        )
+    }
+
     /// A new, unique one, systemd driver, best-effort QoS:
     /// `kubepods.slice/kubepods-besteffort.slice/
     /// kubepods-besteffort-pod<uid, `-` as `_`>.slice/cri-containerd-<id>.scope`.

@@ -11,8 +11,39 @@ use anyhow::{Context as _, Result, ensure};
 
 use crate::{
     container::PodCgroup,
+    demo::{ClientRequest, DemoServer, loadgen_in},
     fixtures::{self, ChildGuard},
+    tracer::{TraceOutput, Tracer},
 };
+
+/// Eight requests (16 connections' worth, as `loadgen.py` counts them)
+/// to `server` in its network namespace, then 300 ms for the daemon to
+/// read their last events.
+pub fn eight_requests_in(server: &DemoServer) -> Result<Vec<ClientRequest>> {
+    let clients = loadgen_in(
+        server.pid,
+        server.port,
+        &["--requests", "8", "--output-tokens", "4"],
+    )?;
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    Ok(clients)
+}
+
+/// Stops `server`, then the daemon (`tracer`, by SIGINT, which must end
+/// well): what it wrote, and how many requests it traced on the server's
+/// port.
+pub fn stop_server_and_daemon(server: DemoServer, tracer: Tracer) -> Result<(TraceOutput, usize)> {
+    let port = server.port;
+    server.stop()?;
+    let out = tracer.interrupt(std::time::Duration::from_secs(30))?;
+    ensure!(out.success, "{}", out.stderr);
+    let traced = out
+        .lines
+        .iter()
+        .filter(|l| l["type"] == "request" && l["server_port"] == port)
+        .count();
+    Ok((out, traced))
+}
 
 pub struct GreedyTenant {
     pub pid: u32,
@@ -48,6 +79,11 @@ impl GreedyTenant {
         };
         tenant.answer("ready")?;
         Ok(tenant)
+    }
+
+    /// The UID of its pod.
+    pub fn pod_uid(&self) -> &str {
+        &self._cgroup.pod_uid
     }
 
     /// Sends `command` (`listen N`, `threads N`, `close`) and waits until

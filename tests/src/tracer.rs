@@ -293,24 +293,30 @@ impl Drop for Tracer {
     }
 }
 
+/// Daemon arguments for the tests' pods: /metrics on `listen`, a scan
+/// every 200 ms, no NVML, no interval report, and only the processes in
+/// cgroups under `cgroup_prefix` (the test's pods: not another test's
+/// servers on this host).
+pub fn pod_daemon_args(listen: std::net::SocketAddr, cgroup_prefix: &str) -> Vec<String> {
+    scan_args(listen, ["--cgroup-prefix", cgroup_prefix])
+}
+
 /// Daemon arguments for the fixture workloads: /metrics on `listen`, a
 /// /proc scan every 200 ms, no NVML, no interval report, and only processes
 /// named `workload` (other CUDA processes on the host stay out).
 pub fn workload_daemon_args(listen: std::net::SocketAddr) -> Vec<String> {
-    [
-        "--listen",
-        &listen.to_string(),
-        "--rescan-ms",
-        "200",
-        "--no-nvml",
-        "--interval",
-        "60",
-        "--comm",
-        "^workload$",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect()
+    scan_args(listen, ["--comm", "^workload$"])
+}
+
+/// /metrics on `listen`, a scan every 200 ms, no NVML, no interval report,
+/// and the `filter` flag with its value.
+fn scan_args(listen: std::net::SocketAddr, filter: [&str; 2]) -> Vec<String> {
+    let mut args: Vec<String> = ["--listen", &listen.to_string(), "--rescan-ms", "200"]
+        .map(String::from)
+        .into();
+    args.extend(["--no-nvml", "--interval", "60"].map(String::from));
+    args.extend(filter.map(String::from));
+    args
 }
 
 /// Spawns `c` with stdout and stderr piped; its stderr lines arrive on the

@@ -11,10 +11,10 @@ use std::{
 use anyhow::{Context as _, Result, ensure};
 use ttft_trace_tests::{
     container::PodCgroup,
-    demo::{DemoServer, loadgen, loadgen_in},
+    demo::{DemoServer, loadgen},
     fixtures::temp_path,
-    tenant::GreedyTenant,
-    tracer::{Tracer, http_get, metric_total, root_test},
+    tenant::{GreedyTenant, eight_requests_in, stop_server_and_daemon},
+    tracer::{Tracer, http_get, metric_total, pod_daemon_args, root_test},
 };
 
 /// The daemon with the settings `settings` and `extra` arguments, its
@@ -24,22 +24,8 @@ fn daemon(settings: &str, extra: &[&str]) -> Result<(Tracer, SocketAddr)> {
     let config = temp_path("quotas-config", "toml");
     std::fs::write(&config, settings)?;
     let addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
-    let mut args: Vec<String> = [
-        "--listen",
-        &addr.to_string(),
-        "--config",
-        &config.display().to_string(),
-        "--rescan-ms",
-        "200",
-        "--no-nvml",
-        "--interval",
-        "60",
-        "--cgroup-prefix",
-        "/kubepods",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let mut args = pod_daemon_args(addr, "/kubepods");
+    args.extend(["--config".into(), config.display().to_string()]);
     args.extend(extra.iter().map(|s| s.to_string()));
     let tracer = Tracer::start_daemon(&args);
     let _ = std::fs::remove_file(&config);
@@ -85,15 +71,7 @@ fn greedy_past_share(
 /// Stops `server` and the daemon, which must have traced every one of the
 /// `sent` requests on the server's port.
 fn all_traced(server: DemoServer, tracer: Tracer, sent: usize) -> Result<()> {
-    let port = server.port;
-    server.stop()?;
-    let out = tracer.interrupt(Duration::from_secs(30))?;
-    ensure!(out.success, "{}", out.stderr);
-    let traced = out
-        .lines
-        .iter()
-        .filter(|l| l["type"] == "request" && l["server_port"] == port)
-        .count();
+    let (_, traced) = stop_server_and_daemon(server, tracer)?;
     eprintln!("the new server: {traced} of {sent} requests traced");
     ensure!(sent > 0 && traced == sent, "{traced} of {sent} traced");
     Ok(())
@@ -144,12 +122,7 @@ fn thousands_of_listeners_leave_room_for_a_new_server_elsewhere() -> Result<()> 
         SHARE + 1,
         Duration::from_secs(5),
     )?;
-    let clients = loadgen_in(
-        server.pid,
-        server.port,
-        &["--requests", "8", "--output-tokens", "4"],
-    )?;
-    std::thread::sleep(Duration::from_millis(300));
+    let clients = eight_requests_in(&server)?;
     let (refused, map_full) = refusals(addr, "listeners", "LISTEN_NETNS")?;
     greedy.order("close")?;
     let t_close = Instant::now();
@@ -313,5 +286,65 @@ fn a_workload_with_more_threads_than_its_sampling_share_is_degraded_alone() -> R
         server_open == server_threads,
         "the server's threads are all sampled"
     );
+    Ok(())
+}
+
+/// `ttft-trace check` with the daemon's settings (`[quotas] threads = 64,
+/// listeners = 10`) beside a workload in a pod holding 101 threads and 20
+/// listening sockets: the shares are shown, and that pod named past its
+/// threads, sampled-threads (at the default 4096: no) and listeners shares.
+#[test]
+fn check_names_a_workload_past_its_share() -> Result<()> {
+    let Some(_g) = root_test("check_names_a_workload_past_its_share") else {
+        return Ok(());
+    };
+    let mut greedy = GreedyTenant::start(PodCgroup::new()?)?;
+    greedy.order("threads 100")?;
+    greedy.order("listen 20")?;
+    let config = temp_path("check-quotas", "toml");
+    std::fs::write(&config, "[quotas]\nthreads = 64\nlisteners = 10\n")?;
+    let out = std::process::Command::new(ttft_trace_tests::tracer::tracer_bin()?)
+        .args(["check", "--json", "--config"])
+        .arg(&config)
+        .output()?;
+    let _ = std::fs::remove_file(&config);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .with_context(|| String::from_utf8_lossy(&out.stderr).into_owned())?;
+    let items = report["items"].as_array().context("items")?;
+    let detail = |name: &str| -> Vec<String> {
+        items
+            .iter()
+            .filter(|i| i["name"] == name)
+            .map(|i| format!("{} {}", i["verdict"], i["detail"]))
+            .collect()
+    };
+    let pod = greedy.pod_uid().to_string();
+    let (shares, threads, listeners, sampled) = (
+        detail("quotas"),
+        detail("quota threads"),
+        detail("quota listeners"),
+        detail("quota sampled_threads"),
+    );
+    eprintln!("{shares:?}\n{threads:?}\n{listeners:?}\n{sampled:?}");
+    ensure!(
+        shares.len() == 1 && shares[0].contains("10 listeners, 64 threads, 4096 sampled threads"),
+        "{shares:?}"
+    );
+    let of_pod = |v: &[String]| v.iter().filter(|d| d.contains(&pod)).count();
+    ensure!(
+        of_pod(&threads) == 1
+            && threads
+                .iter()
+                .any(|d| d.contains("holds 101 threads now, 37 past")),
+        "{threads:?}"
+    );
+    ensure!(
+        of_pod(&listeners) == 1
+            && listeners
+                .iter()
+                .any(|d| d.contains("holds 20 listeners now, 10 past")),
+        "{listeners:?}"
+    );
+    ensure!(of_pod(&sampled) == 0, "{sampled:?}");
     Ok(())
 }

@@ -6,7 +6,10 @@ use std::{path::PathBuf, process::ExitCode};
 use clap::{Parser, Subcommand};
 use ttft_trace::{
     check,
-    config::flags::{AttachArgs, DaemonArgs},
+    config::{
+        self,
+        flags::{AttachArgs, DaemonArgs},
+    },
     report::{self, ReportArgs},
     session,
 };
@@ -43,6 +46,10 @@ enum Command {
         /// tracer would probe in it, and the TLS libraries it maps.
         #[arg(long, value_name = "PID")]
         pid: Option<u32>,
+        /// The daemon's settings file: its per-workload shares (`[quotas]`)
+        /// are shown, and the workloads past one now.
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
     },
     /// Trace every process on the host that maps a CUDA library, as it
     /// appears; serve their metrics, labelled by workload.
@@ -90,8 +97,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             json,
             nvml_lib,
             pid,
+            config,
         } => {
-            let report = check::run(&check::CheckConfig { nvml_lib, pid });
+            let shares = config::DaemonConfig::load(config.as_deref())?.quotas;
+            let report = check::run(&check::CheckConfig {
+                nvml_lib,
+                pid,
+                shares,
+            });
             if json {
                 println!("{}", report.to_json());
             } else {

@@ -39,6 +39,10 @@ pub fn run(cfg: &CheckConfig) -> Report {
     if let Some(pid) = cfg.pid {
         items.extend(super::target::items(pid));
     }
+    items.extend(super::quotas::items(
+        &cfg.shares,
+        &super::quotas::read_holdings(),
+    ));
     Report { items }
 }
 

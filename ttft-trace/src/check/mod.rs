@@ -7,6 +7,7 @@
 
 mod hooks;
 mod host;
+mod quotas;
 mod target;
 
 use std::path::PathBuf;
@@ -150,6 +151,8 @@ pub struct CheckConfig {
     pub nvml_lib: Option<PathBuf>,
     /// A process to check as a target: what of it would be traced.
     pub pid: Option<u32>,
+    /// Each workload's shares, as the daemon's settings give them.
+    pub shares: crate::config::Quotas,
 }
 
 /// A kernel release's (major, minor, patch) from `uname -r` text

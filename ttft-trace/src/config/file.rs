@@ -62,6 +62,9 @@ pub struct Quotas {
     /// Threads sampled for `sched = "sampled"` (one open file each); past
     /// it, its other threads are not sampled.
     pub sampled_threads: usize,
+    /// Attribute sets of the OTLP GenAI metrics; past it, the workload's
+    /// requests on new sets are recorded in its own overflow set.
+    pub otlp_attribute_sets: usize,
 }
 
 impl Default for Quotas {
@@ -71,6 +74,7 @@ impl Default for Quotas {
             listeners: 1024,
             threads: 4096,
             sampled_threads: 4096,
+            otlp_attribute_sets: 250,
         }
     }
 }
@@ -342,6 +346,7 @@ period_ms = 100
 listeners = 256
 threads = 512
 sampled_threads = 128
+otlp_attribute_sets = 64
 [causes]
 queueing_min_ns = 2000000000
 "#;
@@ -351,6 +356,7 @@ queueing_min_ns = 2000000000
         assert_eq!(cfg.quotas.listeners, 256);
         assert_eq!(cfg.quotas.threads, 512);
         assert_eq!(cfg.quotas.sampled_threads, 128);
+        assert_eq!(cfg.quotas.otlp_attribute_sets, 64);
         assert_eq!(
             cfg.listen_addr().expect("addr"),
             Some("0.0.0.0:9464".parse().expect("a"))

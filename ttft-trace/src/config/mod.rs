@@ -191,7 +191,10 @@ fn trace_config(
             pod_log_dir: file.labels.pod_log_dir.clone(),
         },
         quotas: file.quotas,
-        otlp: otlp_config(&file.otlp, common, |v| std::env::var_os(v))?,
+        otlp: otlp_config(&file.otlp, common, |v| std::env::var_os(v))?.map(|o| OtlpConfig {
+            attribute_sets_per_workload: file.quotas.otlp_attribute_sets,
+            ..o
+        }),
     })
 }
 

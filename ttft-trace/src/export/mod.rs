@@ -25,7 +25,7 @@ use crate::{
     episodes::EpisodeRecord,
     judging::JudgedRequest,
     requests::CorrelatorStats,
-    workloads::{ClaimVerdict, WorkloadLabels},
+    workloads::{ClaimVerdict, ProcessSeen, WorkloadLabels},
 };
 use jsonl::{Jsonl, RunTotals};
 use otlp::{Otlp, OtlpConfig};
@@ -113,8 +113,8 @@ impl Sinks {
 
     /// Names a new workload, creates its series and writes its JSONL
     /// line (with what it claims of its pod).
-    pub fn workload_started(&mut self, root: u32) -> WorkloadLabels {
-        let naming = self.series.admit(root);
+    pub fn workload_started(&mut self, root: u32, seen: &ProcessSeen) -> WorkloadLabels {
+        let naming = self.series.admit(root, seen);
         let labels = &naming.labels;
         log::info!(
             "tracing workload pid {root} ({}){}",
@@ -139,6 +139,13 @@ impl Sinks {
     /// the totals.
     pub fn workload_ended(&mut self, w: WorkloadView, stats: CorrelatorStats, now_ns: u64) {
         log::info!("workload pid {} ({}) has exited", w.root, w.labels.comm);
+        self.series.release(w.labels, now_ns);
+        // A workload that served nothing has nothing for the totals line:
+        // pod churn (jobs, probes, crash loops) would otherwise push the
+        // servers' statistics out of the table.
+        if stats.is_quiet() && stats.connections == 0 {
+            return;
+        }
         if self.ended_stats.len() >= MAX_ENDED_STATS {
             self.ended_stats.pop_front();
             self.ended_stats_dropped += 1;
@@ -149,7 +156,6 @@ impl Sinks {
             *sum += n;
         }
         self.ended_stats.push_back((w.root, stats));
-        self.series.release(w.labels, now_ns);
     }
 
     pub fn episode(&mut self, w: WorkloadView, rec: &EpisodeRecord) {
@@ -188,6 +194,23 @@ impl Sinks {
             a.path.display()
         );
         self.jsonl.detached(a);
+    }
+
+    /// Retires the label sets idle for the grace period, and the OTLP
+    /// metrics' attribute sets of them.
+    pub fn retire(&mut self, now_ns: u64) {
+        let retired = self.series.retire(now_ns);
+        if let Some(o) = &mut self.otlp {
+            let (refused, kept) = o.attribute_sets(&retired);
+            let name = crate::workloads::quota::Resource::OtlpAttributeSets.name();
+            self.series.quota_exceeded(name, refused);
+            self.series.entries(name, kept);
+        }
+    }
+
+    /// Ended workloads whose request statistics wait for the totals line.
+    pub fn ended_stats(&self) -> usize {
+        self.ended_stats.len()
     }
 
     /// Exports what the correlators dropped so far: those of ended

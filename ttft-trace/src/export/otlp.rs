@@ -98,6 +98,9 @@ pub struct OtlpConfig {
     /// `gen_ai.operation.name` on the metrics: the daemon does not read
     /// request paths, so it cannot tell chat from text completion.
     pub gen_ai_operation_name: String,
+    /// Attribute sets of the GenAI metrics one workload (pod, else label
+    /// set) may hold (`[quotas] otlp_attribute_sets`).
+    pub attribute_sets_per_workload: usize,
 }
 
 impl Default for OtlpConfig {
@@ -111,6 +114,7 @@ impl Default for OtlpConfig {
             flush_every: Duration::from_secs(1),
             metrics_every: None,
             gen_ai_operation_name: "chat".into(),
+            attribute_sets_per_workload: 250,
         }
     }
 }
@@ -267,6 +271,14 @@ impl Otlp {
                     .inc_by(n);
             }
         }
+    }
+
+    /// The GenAI metrics' attribute sets: those of `retired` label sets
+    /// forgotten; (refused past a workload's share since the start, kept
+    /// now).
+    pub fn attribute_sets(&mut self, retired: &[WorkloadLabels]) -> (u64, usize) {
+        self.metrics.retire(retired);
+        (self.metrics.sets_refused(), self.metrics.sets_kept())
     }
 
     /// Sends what is queued and stops the thread, waiting a bounded time

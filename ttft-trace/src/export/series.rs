@@ -20,7 +20,7 @@ use crate::{
     },
     judging::JudgedRequest,
     probes::libraries::ReadStats,
-    workloads::{ClaimVerdict, LabelSets, Naming, WorkloadLabels},
+    workloads::{ClaimVerdict, LabelSets, Naming, ProcessSeen, WorkloadLabels},
 };
 
 /// How workloads are named in the metrics.
@@ -111,9 +111,9 @@ impl Series {
     /// own, or the overflow set past the cap), with every series created at
     /// zero so that rate() works from the first scrape; a claim the host's
     /// record contradicts is counted.
-    pub fn admit(&mut self, root: u32) -> Naming {
+    pub fn admit(&mut self, root: u32, seen: &ProcessSeen) -> Naming {
         let mut naming =
-            WorkloadLabels::of_process(root, self.with_pid, &mut self.pods, &mut self.claims);
+            WorkloadLabels::of_process(root, seen, self.with_pid, &mut self.pods, &mut self.claims);
         self.evictions("pod_log_dir_entries", self.pods.entries_dropped);
         self.evictions("pod_records", self.pods.records_dropped);
         if naming.verdict == Some(ClaimVerdict::Differs) {
@@ -138,7 +138,8 @@ impl Series {
     /// Removes the series of label sets unused past the grace period.
     /// Every series and the workloads gauge are updated before the log line
     /// says so (a scrape prompted by the line sees the change).
-    pub fn retire(&mut self, now_ns: u64) {
+    /// Returns the label sets retired.
+    pub fn retire(&mut self, now_ns: u64) -> Vec<WorkloadLabels> {
         let retired = self.label_sets.retire(now_ns);
         for labels in &retired {
             let values = labels.values();
@@ -156,6 +157,7 @@ impl Series {
         for labels in &retired {
             log::info!("retired the series of workload {}", labels.comm);
         }
+        retired
     }
 
     pub fn episode(&self, w: &[&str], rec: &EpisodeRecord) {
@@ -202,6 +204,12 @@ impl Series {
     /// Sets the eviction total of a bounded table.
     pub fn evictions(&self, table: &str, total: u64) {
         self.core.set_evictions(table, total);
+    }
+
+    /// The entries a per-target table holds now
+    /// (`ttft_trace_table_entries{table}`).
+    pub fn entries(&self, table: &str, n: usize) {
+        self.core.set_table_entries(table, n);
     }
 
     /// The library scan's given-up reads, and the claims'.

@@ -103,6 +103,11 @@ impl Judge {
     }
 
     /// Forgets an ended workload's prefill windows.
+    /// Workloads whose prefill windows are kept.
+    pub fn prefill_workloads(&self) -> usize {
+        self.prefills.workloads()
+    }
+
     pub fn forget_workload(&mut self, root: u32) {
         self.prefills.forget(root);
     }

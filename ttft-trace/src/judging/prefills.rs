@@ -99,6 +99,11 @@ impl Prefills {
     }
 
     /// Forgets an ended workload.
+    /// Workloads with prefill windows kept.
+    pub fn workloads(&self) -> usize {
+        self.by_root.len()
+    }
+
     pub fn forget(&mut self, root: u32) {
         self.by_root.remove(&root);
     }

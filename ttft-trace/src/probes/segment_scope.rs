@@ -185,6 +185,11 @@ impl Probes {
         }
     }
 
+    /// Cgroups the segment program is attached to now.
+    pub fn segment_cgroups(&self) -> usize {
+        self.scope.links.len()
+    }
+
     /// Whether segments are seen on cgroups (some, or none yet), not
     /// host-wide.
     pub fn segments_scoped(&self) -> bool {

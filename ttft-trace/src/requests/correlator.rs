@@ -142,6 +142,20 @@ pub struct CorrelatorStats {
     pub http2_frames_unseen: u64,
 }
 
+impl CorrelatorStats {
+    /// Whether nothing was counted but what is held now (connections,
+    /// episodes, events): a workload that served nothing.
+    pub fn is_quiet(&self) -> bool {
+        *self
+            == Self {
+                connections: self.connections,
+                episodes_held: self.episodes_held,
+                pending_events: self.pending_events,
+                ..Self::default()
+            }
+    }
+}
+
 #[derive(Debug)]
 enum Pending {
     Conn(ConnEvent),

@@ -244,6 +244,16 @@ impl Workloads {
         }
     }
 
+    /// Entries of its tables: (table, entries).
+    pub fn table_entries(&self) -> [(&'static str, usize); 4] {
+        [
+            ("routed_workloads", self.by_root.len()),
+            ("routed_processes", self.member.len()),
+            ("bound_sockets", self.conns.len()),
+            ("pending_connection_opens", self.pending.len()),
+        ]
+    }
+
     /// Removes a workload that ended, with its processes and sockets.
     pub fn remove(&mut self, root: u32) -> Option<Workload> {
         self.member.retain(|_, r| *r != root);

@@ -109,8 +109,12 @@ impl Session {
     fn apply_changes(&mut self) {
         for change in self.tracking.take_changes() {
             match change {
-                Change::Started { root, members } => {
-                    let labels = self.sinks.workload_started(root);
+                Change::Started {
+                    root,
+                    members,
+                    seen,
+                } => {
+                    let labels = self.sinks.workload_started(root, &seen);
                     let w = Workload::new(root, labels, &self.router.correlator);
                     self.router.workloads.insert(w);
                     for pid in members {
@@ -249,8 +253,27 @@ impl Session {
         self.tracking.forget_exited()?;
         self.tracking.forget_announced_exited()?;
         self.tracking.release_memory(!ended.is_empty());
-        self.sinks.series.retire(now);
+        self.sinks.retire(now);
+        self.table_entries();
         Ok(self.tracking.workloads())
+    }
+
+    /// Every per-target table's entries into `ttft_trace_table_entries`.
+    fn table_entries(&self) {
+        let series = &self.sinks.series;
+        let tables = self
+            .tracking
+            .table_entries()
+            .into_iter()
+            .chain(self.router.workloads.table_entries());
+        for (table, n) in tables {
+            series.entries(table, n);
+        }
+        series.entries("prefill_workloads", self.judge.prefill_workloads());
+        series.entries("ended_workload_stats", self.sinks.ended_stats());
+        if let Some(Sampling { sampler, .. }) = &self.sched_sampler {
+            series.entries("sampled_threads", sampler.threads());
+        }
     }
 
     /// The kernel's counters into each workload's series.

@@ -61,6 +61,14 @@ impl Libraries {
         }
     }
 
+    /// Entries of its per-target tables: (table, entries).
+    pub fn table_entries(&self) -> [(&'static str, usize); 2] {
+        [
+            ("library_files", self.scanner.files_seen()),
+            ("probed_libraries", self.last_mapped.len()),
+        ]
+    }
+
     /// What the scanner gave up reading so far.
     pub fn read_stats(&self) -> ReadStats {
         self.scanner.read_stats()

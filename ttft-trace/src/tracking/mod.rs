@@ -34,6 +34,7 @@ use crate::{
         Attached, Probes,
         libraries::{Library, ReadStats},
     },
+    workloads::ProcessSeen,
 };
 use counters::KernelCounters;
 use libraries::Libraries;
@@ -55,7 +56,12 @@ pub enum Mode {
 #[derive(Debug)]
 pub enum Change {
     /// A new workload: its root and the members known now.
-    Started { root: u32, members: Vec<u32> },
+    Started {
+        root: u32,
+        members: Vec<u32>,
+        /// The root as read when it was found.
+        seen: ProcessSeen,
+    },
     /// A process joined a workload already traced.
     Joined { pid: u32, root: u32 },
     /// Probes were attached to a library.
@@ -136,6 +142,20 @@ impl Tracking {
 
     pub fn workloads(&self) -> usize {
         self.workloads.count()
+    }
+
+    /// The entries each per-target table of tracking holds now: (table,
+    /// entries), for `ttft_trace_table_entries{table}`.
+    pub fn table_entries(&self) -> Vec<(&'static str, usize)> {
+        let mut t = vec![
+            ("traced_workloads", self.workloads.count()),
+            ("exited_processes", self.workloads.exited_seen()),
+            ("segment_cgroups", self.probes.segment_cgroups()),
+        ];
+        t.extend(self.quotas.table_entries());
+        t.extend(self.ports.table_entries());
+        t.extend(self.libraries.table_entries());
+        t
     }
 
     /// What the library scanner gave up reading so far.

@@ -61,6 +61,15 @@ struct ListenerCgroups {
 }
 
 impl Ports {
+    /// Entries of its per-target tables: (table, entries).
+    pub fn table_entries(&self) -> [(&'static str, usize); 3] {
+        [
+            ("listen_ports", self.listen_ports.len()),
+            ("listener_cgroups", self.listeners.by_inode.len()),
+            ("listen_pairs_unheld", self.unheld.len()),
+        ]
+    }
+
     /// Follows connections accepted on the ports the `live` traced
     /// processes (pid, workload) listen on now (later `listen()` calls are
     /// seen in the kernel), within their workloads' `quotas`, and on

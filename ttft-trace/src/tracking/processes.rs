@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use anyhow::Result;
 
 use super::Change;
-use crate::{host::targets, probes::Probes};
+use crate::{host::targets, probes::Probes, workloads::ProcessSeen};
 
 /// Announced processes kept per turn of the event loop (see
 /// [`Workloads::announce`]).
@@ -39,6 +39,12 @@ impl Workloads {
         self.roots.len()
     }
 
+    /// Exited processes the kernel kept a workload for, at the last
+    /// [`Workloads::forget_exited`].
+    pub fn exited_seen(&self) -> usize {
+        self.exited_seen.len()
+    }
+
     /// Whether `root` is the root of a workload traced now.
     pub fn is_traced(&self, root: u32) -> bool {
         self.roots.contains(&root)
@@ -54,12 +60,18 @@ impl Workloads {
         if !probes.track(root, root)? {
             return Ok(());
         }
+        // Alive now: what names it is read before it may exit.
+        let seen = ProcessSeen::read(root);
         let members = targets::descendants(root);
         for child in &members {
             probes.track(*child, root)?;
         }
         self.roots.insert(root);
-        changes.push(Change::Started { root, members });
+        changes.push(Change::Started {
+            root,
+            members,
+            seen,
+        });
         Ok(())
     }
 

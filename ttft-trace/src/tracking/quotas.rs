@@ -148,6 +148,15 @@ impl Quotas {
         false
     }
 
+    /// Entries of its per-target tables: (table, entries).
+    pub fn table_entries(&self) -> [(&'static str, usize); 3] {
+        [
+            ("quota_tenants", self.tenants.len()),
+            ("quota_refused_processes", self.refused_processes.len()),
+            ("over_share_workloads", self.written.len()),
+        ]
+    }
+
     /// The tenant of the traced workload rooted at `root`, as found at the
     /// last scan.
     pub fn tenant_of(&self, root: u32) -> Option<&Tenant> {

@@ -37,6 +37,24 @@ pub fn clean_comm(comm: &str) -> String {
         .collect()
 }
 
+/// What was read of a workload's root when it was found, alive: its labels
+/// are named from it when the root has exited by the time they are (a
+/// short-lived pod, a loaded host), so that its pod is still its own.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProcessSeen {
+    pub cgroup: Option<String>,
+    pub comm: Option<String>,
+}
+
+impl ProcessSeen {
+    pub fn read(pid: u32) -> Self {
+        Self {
+            cgroup: cgroups::cgroup_path(pid),
+            comm: crate::host::targets::comm(pid),
+        }
+    }
+}
+
 /// What names a workload. Empty values are absent labels to Prometheus.
 #[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub struct WorkloadLabels {
@@ -55,14 +73,18 @@ impl WorkloadLabels {
     /// name are those the host records for that UID (`pods`), else the pod
     /// label is the UID and the namespace empty. What the process claims of
     /// its pod is read (inside a pod only) and judged against the host's
-    /// record, never used as a label.
+    /// record, never used as a label. What the root has exited since it was
+    /// `seen` is named from that.
     pub fn of_process(
         pid: u32,
+        seen: &ProcessSeen,
         with_pid: bool,
         pods: &mut PodRecords,
         claims: &mut TargetWork,
     ) -> Naming {
-        let path = cgroups::cgroup_path(pid).unwrap_or_default();
+        let path = cgroups::cgroup_path(pid)
+            .or_else(|| seen.cgroup.clone())
+            .unwrap_or_default();
         let pod_uid = cgroups::pod_uid(&path);
         let host = pod_uid
             .as_deref()
@@ -87,7 +109,11 @@ impl WorkloadLabels {
         };
         Naming {
             labels: Self {
-                comm: clean_comm(&crate::host::targets::comm(pid).unwrap_or_default()),
+                comm: clean_comm(
+                    &crate::host::targets::comm(pid)
+                        .or_else(|| seen.comm.clone())
+                        .unwrap_or_default(),
+                ),
                 container: cgroups::container_id(&path).unwrap_or_default(),
                 pod,
                 namespace,
@@ -403,6 +429,31 @@ mod tests {
     }
 
     #[test]
+    fn a_root_gone_before_it_is_named_is_named_from_what_was_seen() {
+        let mut pods = PodRecords::new(std::path::Path::new("/nonexistent"));
+        let mut claims = TargetWork::new(std::time::Duration::from_secs(5), 1);
+        let uid = "0f1e2d3c-4b5a-4978-8695-a4b3c2d1e0f9";
+        let seen = ProcessSeen {
+            cgroup: Some(format!("/kubepods/besteffort/pod{uid}/{}", "ab".repeat(32))),
+            comm: Some("vllm\tserve".into()),
+        };
+        // No such process (above any pid_max).
+        let n = WorkloadLabels::of_process(u32::MAX, &seen, false, &mut pods, &mut claims);
+        assert_eq!(n.pod_uid.as_deref(), Some(uid));
+        assert_eq!(n.labels.pod, uid, "no record: the UID");
+        assert_eq!(n.labels.container, "abababababab");
+        assert_eq!(n.labels.comm, "vllm?serve");
+        let none = WorkloadLabels::of_process(
+            u32::MAX,
+            &ProcessSeen::default(),
+            false,
+            &mut pods,
+            &mut claims,
+        );
+        assert_eq!(none.labels, WorkloadLabels::default());
+    }
+
+    #[test]
     fn retires_a_set_only_after_its_last_workload_and_the_grace() {
         let mut sets = LabelSets::new(8, 8, 100, false);
         let a = sets.admit(named("a"));
@@ -485,8 +536,14 @@ mod tests {
         assert_eq!(WorkloadLabels::names(false), LABEL_NAMES.to_vec());
         let mut pods = PodRecords::new(std::path::Path::new("/nonexistent"));
         let mut claims = TargetWork::new(std::time::Duration::from_secs(5), 1);
-        let own =
-            WorkloadLabels::of_process(std::process::id(), false, &mut pods, &mut claims).labels;
+        let own = WorkloadLabels::of_process(
+            std::process::id(),
+            &ProcessSeen::default(),
+            false,
+            &mut pods,
+            &mut claims,
+        )
+        .labels;
         assert_eq!(
             own.comm,
             crate::host::targets::comm(std::process::id()).unwrap_or_default()

@@ -8,4 +8,4 @@ pub mod labels;
 pub mod quota;
 
 pub use discover::Filters;
-pub use labels::{ClaimVerdict, LabelSets, Naming, PodClaim, WorkloadLabels};
+pub use labels::{ClaimVerdict, LabelSets, Naming, PodClaim, ProcessSeen, WorkloadLabels};

@@ -22,6 +22,9 @@ pub enum Resource {
     Threads,
     /// Threads sampled for `--sched sampled` (one open file each).
     SampledThreads,
+    /// Attribute sets of the OTLP GenAI metrics (a cumulative histogram
+    /// each in the SDK).
+    OtlpAttributeSets,
 }
 
 impl Resource {
@@ -32,11 +35,12 @@ impl Resource {
             Self::Listeners => "listeners",
             Self::Threads => "threads",
             Self::SampledThreads => "sampled_threads",
+            Self::OtlpAttributeSets => "otlp_attribute_sets",
         }
     }
 
-    /// What a tenant past its share loses, for the warning.
-    const fn consequence(self) -> &'static str {
+    /// What a tenant past its share loses, for the warning and `check`.
+    pub const fn consequence(self) -> &'static str {
         match self {
             Self::LabelSets => "its later workloads are reported under its own comm=\"_other\" set",
             Self::Listeners => "its further listening sockets are not followed",
@@ -46,6 +50,10 @@ impl Resource {
             }
             Self::SampledThreads => {
                 "its other threads are not sampled (no scheduler spells of theirs)"
+            }
+            Self::OtlpAttributeSets => {
+                "its requests on new attribute sets are recorded in its own \
+                 ttft_trace.workload.comm=\"_other\" set of the OTLP metrics"
             }
         }
     }
@@ -135,12 +143,18 @@ impl<T: Ord + Clone + fmt::Display> Quota<T> {
         }
     }
 
+    /// How many of `held` units are past the share: what a tenant holding
+    /// them would be refused.
+    pub fn past(&self, held: usize) -> usize {
+        held.saturating_sub(self.share)
+    }
+
     /// Splits `units`, one tenant's in order of preference, into those
     /// within its share, of which it holds `held` already, and those past
     /// it (not counted here: the caller knows which are new).
     pub fn split<U>(&self, held: usize, mut units: Vec<U>) -> (Vec<U>, Vec<U>) {
-        let room = self.share.saturating_sub(held);
-        let past = units.split_off(room.min(units.len()));
+        let past = self.past(held + units.len()).min(units.len());
+        let past = units.split_off(units.len() - past);
         (units, past)
     }
 
@@ -178,6 +192,7 @@ mod tests {
         assert_eq!(q.split(0, vec![1]), (vec![1], vec![]));
         assert_eq!(q.split(1, vec![1, 2]), (vec![1], vec![2]));
         assert_eq!(q.split(3, vec![1]), (vec![], vec![1]));
+        assert_eq!((q.past(1), q.past(2), q.past(5)), (0, 0, 3));
     }
 
     #[test]

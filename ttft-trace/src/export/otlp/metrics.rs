@@ -12,7 +12,11 @@
 //! `ttft_trace_otlp_metric_exports_total{result="failed"}` and forgotten
 //! (the next one carries the same cumulative totals).
 
-use std::{future::Future, time::Duration};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    future::Future,
+    time::Duration,
+};
 
 use opentelemetry::{
     KeyValue,
@@ -32,7 +36,11 @@ use prometheus::{IntCounterVec, Opts, Registry};
 use super::{OtlpConfig, OtlpError, Protocol, http_signal_url, scope, workload_place};
 use crate::{
     requests::{Figure, Outcome, RequestRecord},
-    workloads::WorkloadLabels,
+    workloads::{
+        WorkloadLabels,
+        labels::OVERFLOW_COMM,
+        quota::{Quota, Resource as QuotaResource},
+    },
 };
 
 /// Bucket boundaries, in seconds, from the OpenTelemetry semantic
@@ -66,6 +74,101 @@ pub struct GenAiMetrics {
     tpot: Histogram<f64>,
     duration: Histogram<f64>,
     operation: String,
+    sets: AttributeSets,
+}
+
+/// What tells two attribute sets of one workload apart: the server port
+/// and the `error.type` (the operation name is the same for all).
+type SetKey = (u16, Option<String>);
+
+/// The attribute sets handed to the SDK, by workload: one workload (its
+/// pod, else its label set) holds at most a share of them; a request that
+/// would open a new set past it is recorded in the workload's overflow set
+/// instead (`ttft_trace.workload.comm="_other"`, its pod and namespace
+/// kept, no port or error type), counted in
+/// `ttft_trace_quota_exceeded_total{resource="otlp_attribute_sets"}`.
+/// The sets of a workload whose label set retired are forgotten here, so
+/// that it holds no share for good.
+#[derive(Debug)]
+pub struct AttributeSets {
+    quota: Quota<String>,
+    by_workload: BTreeMap<WorkloadLabels, BTreeSet<SetKey>>,
+    held: BTreeMap<String, usize>,
+}
+
+impl AttributeSets {
+    pub fn new(share: usize) -> Self {
+        Self {
+            quota: Quota::new(QuotaResource::OtlpAttributeSets, share),
+            by_workload: BTreeMap::new(),
+            held: BTreeMap::new(),
+        }
+    }
+
+    /// Who a workload's sets are counted for: its pod, else its label set.
+    fn tenant(labels: &WorkloadLabels) -> String {
+        if labels.pod.is_empty() {
+            format!("workload {}/{}", labels.comm, labels.container)
+        } else {
+            format!("pod {}/{}", labels.namespace, labels.pod)
+        }
+    }
+
+    /// Whether the set (`labels`, `key`) may be recorded: it exists, or its
+    /// workload is under its share (then it is kept); past it, refused and
+    /// counted.
+    pub fn admit(&mut self, labels: &WorkloadLabels, key: SetKey) -> bool {
+        if self
+            .by_workload
+            .get(labels)
+            .is_some_and(|s| s.contains(&key))
+        {
+            return true;
+        }
+        let tenant = Self::tenant(labels);
+        let held = self.held.get(&tenant).copied().unwrap_or(0);
+        if !self.quota.admit(&tenant, held) {
+            return false;
+        }
+        self.by_workload
+            .entry(labels.clone())
+            .or_default()
+            .insert(key);
+        *self.held.entry(tenant).or_default() += 1;
+        true
+    }
+
+    /// Forgets the sets of the workloads reported under `labels` (their
+    /// label set retired).
+    pub fn retire(&mut self, labels: &WorkloadLabels) {
+        let Some(sets) = self.by_workload.remove(labels) else {
+            return;
+        };
+        let tenant = Self::tenant(labels);
+        if let Some(n) = self.held.get_mut(&tenant) {
+            *n = n.saturating_sub(sets.len());
+            if *n == 0 {
+                self.held.remove(&tenant);
+            }
+        }
+        let (held, share) = (&self.held, self.quota.share());
+        self.quota
+            .settle(|t| held.get(t).is_some_and(|&n| n >= share));
+    }
+
+    /// Sets refused past a share since the start.
+    pub fn exceeded(&self) -> u64 {
+        self.quota.exceeded
+    }
+
+    /// Sets kept now.
+    pub fn len(&self) -> usize {
+        self.held.values().sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.held.is_empty()
+    }
 }
 
 impl GenAiMetrics {
@@ -109,13 +212,19 @@ impl GenAiMetrics {
             ),
             provider,
             operation: cfg.gen_ai_operation_name.clone(),
+            sets: AttributeSets::new(cfg.attribute_sets_per_workload),
         })
     }
 
     /// Records the request's figures: the same TTFT and TPOT the Prometheus
     /// histograms take, and its duration when it has an end.
-    pub fn request(&self, labels: &WorkloadLabels, r: &RequestRecord) {
-        let mut attrs = attributes(&self.operation, labels, r);
+    pub fn request(&mut self, labels: &WorkloadLabels, r: &RequestRecord) {
+        let own = self.sets.admit(labels, (r.server_port, None));
+        let mut attrs = if own {
+            attributes(&self.operation, labels, r)
+        } else {
+            overflow_attributes(&self.operation, labels)
+        };
         for (figure, ns) in r.observations() {
             match figure {
                 Figure::Ttft => self.ttft.record(seconds(ns), &attrs),
@@ -124,9 +233,34 @@ impl GenAiMetrics {
             }
         }
         if let Some(ns) = duration_ns(r) {
-            attrs.extend(error_type(r).map(|e| KeyValue::new("error.type", e)));
+            let error = error_type(r);
+            if let Some(e) = error.clone() {
+                if own && self.sets.admit(labels, (r.server_port, Some(e.clone()))) {
+                    attrs.push(KeyValue::new("error.type", e));
+                } else {
+                    attrs = overflow_attributes(&self.operation, labels);
+                }
+            }
             self.duration.record(seconds(ns), &attrs);
         }
+    }
+
+    /// Forgets the attribute sets of retired label sets.
+    pub fn retire(&mut self, retired: &[WorkloadLabels]) {
+        for labels in retired {
+            self.sets.retire(labels);
+        }
+    }
+
+    /// Attribute sets refused past a workload's share since the start.
+    pub fn sets_refused(&self) -> u64 {
+        self.sets.exceeded()
+    }
+
+    /// Attribute sets kept now (the SDK's may be more: see
+    /// [`MAX_ATTRIBUTE_SETS`]).
+    pub fn sets_kept(&self) -> usize {
+        self.sets.len()
     }
 
     /// Exports the totals one last time and stops the reader (bounded: the
@@ -179,6 +313,23 @@ fn attributes(operation: &str, labels: &WorkloadLabels, r: &RequestRecord) -> Ve
             .pid
             .map(|p| KeyValue::new("process.pid", i64::from(p))),
     );
+    a
+}
+
+/// A workload's overflow set: the operation, `comm="_other"`, its pod and
+/// namespace (what it costs stays its pod's).
+fn overflow_attributes(operation: &str, labels: &WorkloadLabels) -> Vec<KeyValue> {
+    let overflow = WorkloadLabels {
+        comm: OVERFLOW_COMM.into(),
+        pod: labels.pod.clone(),
+        namespace: labels.namespace.clone(),
+        ..WorkloadLabels::default()
+    };
+    let mut a = vec![
+        KeyValue::new("gen_ai.operation.name", operation.to_string()),
+        KeyValue::new("ttft_trace.workload.comm", overflow.comm.clone()),
+    ];
+    a.extend(workload_place(&overflow));
     a
 }
 

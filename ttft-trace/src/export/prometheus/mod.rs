@@ -83,6 +83,7 @@ pub struct Metrics {
     target_reads_stuck: IntGauge,
     targets_set_aside: IntGauge,
     listeners_followed: IntGauge,
+    table_entries: IntGaugeVec,
 }
 
 impl Metrics {
@@ -234,6 +235,15 @@ impl Metrics {
             "(network namespace, port) pairs of listening sockets followed in the kernel \
              (LISTEN_NETNS), at the last scan",
         )?;
+        let table_entries = IntGaugeVec::new(
+            Opts::new(
+                "ttft_trace_table_entries",
+                "Entries held now in a table the daemon keeps per target (workload, process, \
+                 socket, cgroup, library), at the last scan: each goes when its target goes \
+                 (docs/hostile-input.md: the bounds table)",
+            ),
+            &["table"],
+        )?;
         let build_info = IntGaugeVec::new(
             Opts::new("ttft_trace_build_info", "Build information; always 1"),
             &["version"],
@@ -265,6 +275,7 @@ impl Metrics {
             Box::new(target_reads_stuck.clone()),
             Box::new(targets_set_aside.clone()),
             Box::new(listeners_followed.clone()),
+            Box::new(table_entries.clone()),
             Box::new(build_info),
         ] {
             registry.register(c)?;
@@ -294,6 +305,7 @@ impl Metrics {
             target_reads_stuck,
             targets_set_aside,
             listeners_followed,
+            table_entries,
         })
     }
 
@@ -403,6 +415,13 @@ impl Metrics {
     pub fn set_map_full(&self, map: &str, total: u64) {
         let c = self.map_full.with_label_values(&[map]);
         c.inc_by(total.saturating_sub(c.get()));
+    }
+
+    /// Sets the gauge of the entries table `table` holds now.
+    pub fn set_table_entries(&self, table: &str, n: usize) {
+        self.table_entries
+            .with_label_values(&[table])
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
     /// Sets table `table`'s eviction counter to its total so far.

@@ -10,7 +10,9 @@ use opentelemetry_proto::tonic::{
 };
 use prometheus::Registry;
 
-use super::{DURATION_BOUNDARIES, MAX_ATTRIBUTE_SETS, TPOT_BOUNDARIES, TTFT_BOUNDARIES};
+use super::{
+    AttributeSets, DURATION_BOUNDARIES, MAX_ATTRIBUTE_SETS, TPOT_BOUNDARIES, TTFT_BOUNDARIES,
+};
 use crate::{
     export::otlp::{
         Otlp, OtlpConfig, Protocol,
@@ -272,8 +274,13 @@ fn attribute_sets_past_the_cap_fold_into_the_overflow_set() {
     let collector = Collector::default();
     let _receiver = serve(addr, &collector).expect("receiver");
     let registry = Registry::new();
-    let mut otlp = Otlp::start(&config(addr), &registry).expect("starts");
     let n = MAX_ATTRIBUTE_SETS + 50;
+    // No workload share below the SDK's cap: the cap is what is tested.
+    let cfg = OtlpConfig {
+        attribute_sets_per_workload: n,
+        ..config(addr)
+    };
+    let mut otlp = Otlp::start(&cfg, &registry).expect("starts");
     for port in 0..n {
         let mut j = judged(1);
         j.record.server_port = port as u16;
@@ -303,4 +310,94 @@ fn attribute_sets_past_the_cap_fold_into_the_overflow_set() {
         n as u64,
         "every request counted, in its own set or the overflow one"
     );
+}
+
+/// The attribute sets of one workload whose pod is `pod`, under `comm`.
+fn in_pod(comm: &str, pod: &str) -> crate::workloads::WorkloadLabels {
+    crate::workloads::WorkloadLabels {
+        comm: comm.into(),
+        pod: pod.into(),
+        ..labels()
+    }
+}
+
+#[test]
+fn a_workload_holds_its_share_of_attribute_sets_until_it_retires() {
+    let mut sets = AttributeSets::new(2);
+    let (a, a2, b) = (in_pod("a", "p"), in_pod("a2", "p"), in_pod("b", "q"));
+    assert!(sets.admit(&a, (80, None)));
+    assert!(sets.admit(&a, (80, Some("503".into()))));
+    assert!(sets.admit(&a, (80, None)), "a set it holds");
+    assert!(!sets.admit(&a, (81, None)), "past its pod's share");
+    assert!(!sets.admit(&a2, (80, None)), "the share is the pod's");
+    assert!(sets.admit(&b, (80, None)), "another pod is untouched");
+    assert_eq!((sets.exceeded(), sets.len()), (2, 3));
+    // Its label set retired: its sets are forgotten, its pod has room.
+    sets.retire(&a);
+    assert_eq!(sets.len(), 1);
+    assert!(sets.admit(&a2, (80, None)));
+    sets.retire(&a2);
+    sets.retire(&b);
+    assert!(sets.is_empty());
+    // Outside a pod, a workload is its own tenant.
+    let mut sets = AttributeSets::new(1);
+    let (x, y) = (in_pod("x", ""), in_pod("y", ""));
+    assert!(sets.admit(&x, (1, None)) && sets.admit(&y, (1, None)));
+    assert!(!sets.admit(&x, (2, None)));
+}
+
+/// Against a real receiver: a workload with a share of 10 sets, on 30
+/// ports, gets 10 sets of its own and one overflow set of its pod
+/// (`comm="_other"`) with its 20 other requests; another pod's 5 sets are
+/// its own; once its label set retired, its next request gets a set of its
+/// own again.
+#[test]
+fn past_its_share_a_workload_records_in_its_own_overflow_set() {
+    let addr = free_addr().expect("a free port");
+    let collector = Collector::default();
+    let _receiver = serve(addr, &collector).expect("receiver");
+    let registry = Registry::new();
+    let cfg = OtlpConfig {
+        attribute_sets_per_workload: 10,
+        ..config(addr)
+    };
+    let mut otlp = Otlp::start(&cfg, &registry).expect("starts");
+    let (greedy, other) = (in_pod("greedy", "greedy-0"), in_pod("vllm", "vllm-0"));
+    let send = |otlp: &mut Otlp, l: &crate::workloads::WorkloadLabels, port: u16| {
+        let mut j = judged(1);
+        j.record.server_port = port;
+        otlp.request(l, 42, &j);
+    };
+    for port in 0..30 {
+        send(&mut otlp, &greedy, 1000 + port);
+    }
+    for port in 0..5 {
+        send(&mut otlp, &other, 2000 + port);
+    }
+    assert_eq!(otlp.attribute_sets(&[]), (20, 15));
+    assert_eq!(otlp.attribute_sets(std::slice::from_ref(&greedy)), (20, 5));
+    send(&mut otlp, &greedy, 3000);
+    assert_eq!(otlp.attribute_sets(&[]), (20, 6));
+    otlp.shutdown();
+    let r = received(&collector, TTFT).expect("received");
+    let of = |comm: &str, pod: &str| -> Vec<&HistogramDataPoint> {
+        r.points
+            .values()
+            .filter(|p| {
+                string_attr(p, "ttft_trace.workload.comm") == Some(comm)
+                    && string_attr(p, "k8s.pod.name") == Some(pod)
+            })
+            .collect()
+    };
+    assert_eq!(
+        of("greedy", "greedy-0").len(),
+        11,
+        "10, then one after it retired"
+    );
+    let overflow = of("_other", "greedy-0");
+    assert_eq!(overflow.len(), 1);
+    assert_eq!(overflow[0].count, 20);
+    assert!(int_attr(overflow[0], "server.port").is_none());
+    assert_eq!(of("vllm", "vllm-0").len(), 5);
+    assert!(of("_other", "vllm-0").is_empty());
 }
