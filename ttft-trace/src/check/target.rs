@@ -3,10 +3,8 @@
 //! libraries it would probe, and the TLS libraries it maps, each named with
 //! what is read of its connections.
 
-use std::path::PathBuf;
-
 use super::Item;
-use crate::probes::libraries::{LibraryError, Scan, Scanner, TlsLibrary};
+use crate::probes::libraries::{LibraryError, Scan, Scanner};
 
 /// The items for process `pid`.
 pub fn items(pid: u32) -> Vec<Item> {
@@ -51,51 +49,83 @@ fn judge(pid: u32, comm: &str, scan: &Scan) -> Vec<Item> {
     } else {
         Item::ok("target CUDA", format!("{name} maps {}", libs.join("; ")))
     };
-    vec![cuda, tls_item(&name, &scan.tls)]
+    vec![cuda, tls_item(&name, scan)]
 }
 
-/// The TLS libraries a process maps: none is read yet, so each is a
-/// warning that says what its connections will show.
-fn tls_item(name: &str, tls: &[(PathBuf, TlsLibrary)]) -> Item {
-    if tls.is_empty() {
-        return Item::ok(
-            "target TLS",
-            format!("{name} maps no TLS library: its connections are read in clear text"),
-        );
-    }
-    let found: Vec<String> = tls
+/// The TLS libraries a process maps. Mapping one is not serving TLS (every
+/// Python server maps OpenSSL through its `ssl` module): said as what would
+/// happen if it did, since no TLS library's plaintext is read yet. Files it
+/// could not open are a warning: a library among them would go unseen.
+fn tls_item(name: &str, scan: &Scan) -> Item {
+    let found: Vec<String> = scan
+        .tls
         .iter()
         .map(|(path, lib)| format!("TLS via {} ({}): not traced", lib.name(), path.display()))
         .collect();
-    Item::warn(
+    if !scan.denied.is_empty() {
+        return Item::warn(
+            "target TLS",
+            format!(
+                "{name}: {} of its mapped files could not be opened, so a TLS library among them \
+                 would go unseen{}",
+                scan.denied.len(),
+                if found.is_empty() {
+                    String::new()
+                } else {
+                    format!("; {}", found.join("; "))
+                }
+            ),
+            "run check as root (the mapped files are opened through /proc/PID/map_files)",
+        );
+    }
+    if found.is_empty() {
+        return Item::ok(
+            "target TLS",
+            format!(
+                "{name}: no TLS library found in its {} mapped files (one linked in and \
+                 stripped would not show): its connections are read in clear text",
+                scan.searched.len()
+            ),
+        );
+    }
+    Item::ok(
         "target TLS",
         format!(
-            "{name}: {}; a TLS connection's requests are reported tls_unsupported, its \
-             handshake timed from the wire",
+            "{name}: {}; if it serves TLS itself, those connections are reported \
+             tls_unsupported and only their handshakes are timed (from the wire)",
             found.join("; ")
         ),
-        "terminate TLS in front of the server (a proxy outside the traced tree), or trace \
-         the plaintext hop behind it",
     )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::check::Verdict;
+    use crate::{check::Verdict, probes::libraries::TlsLibrary};
 
     #[test]
     fn tls_libraries_are_named_with_what_is_read() {
-        let none = tls_item("pid 1 (srv)", &[]);
+        let none = tls_item("pid 1 (srv)", &Scan::default());
         assert_eq!(none.verdict, Verdict::Ok);
-        let item = tls_item(
-            "pid 1 (srv)",
-            &[
+        assert!(
+            none.detail.contains("no TLS library found"),
+            "{}",
+            none.detail
+        );
+        let scan = Scan {
+            tls: vec![
                 ("/usr/lib/libssl.so.3".into(), TlsLibrary::OpenSsl),
                 ("/usr/lib/libgnutls.so.30".into(), TlsLibrary::GnuTls),
             ],
+            ..Scan::default()
+        };
+        let item = tls_item("pid 1 (srv)", &scan);
+        assert_eq!(item.verdict, Verdict::Ok);
+        assert!(
+            item.detail.contains("if it serves TLS itself"),
+            "{}",
+            item.detail
         );
-        assert_eq!(item.verdict, Verdict::Warn);
         assert!(
             item.detail
                 .contains("TLS via OpenSSL (/usr/lib/libssl.so.3): not traced"),
@@ -103,6 +133,12 @@ mod tests {
             item.detail
         );
         assert!(item.detail.contains("TLS via GnuTLS"), "{}", item.detail);
+        // Files it could not open: nothing can be said of them.
+        let denied = Scan {
+            denied: vec!["/opt/srv/libssl.so".into()],
+            ..Scan::default()
+        };
+        assert_eq!(tls_item("pid 1 (srv)", &denied).verdict, Verdict::Warn);
     }
 
     #[test]

@@ -614,10 +614,7 @@ fn request_attributes(j: &JudgedRequest, labels: &WorkloadLabels, root_pid: u32)
                 .map(|ns| int("ttft_trace.tls.handshake_ns", ns)),
         );
         a.push(KeyValue::new("ttft_trace.tls.hello_retry", t.hello_retry));
-        a.push(KeyValue::new(
-            "ttft_trace.tls.first_after_handshake",
-            t.first_after_handshake,
-        ));
+        a.push(KeyValue::new("ttft_trace.tls.handshake_counted", t.counted));
     }
     if let Some(of) = r.retry_of {
         a.push(KeyValue::new(

@@ -107,7 +107,8 @@ pub struct Tls {
     pub resumed: Option<bool>,
     pub handshake_ns: Option<u64>,
     pub hello_retry: bool,
-    pub first_after_handshake: bool,
+    /// The connection's one record that counts its handshake.
+    pub handshake_counted: bool,
 }
 
 /// A request's stalls after the first token as read back

@@ -93,7 +93,7 @@ pub struct Run {
     /// Retries of interrupted requests: the TTFT their users saw (from the
     /// first attempt's arrival).
     pub retries: Stats,
-    /// TLS handshakes (one a connection: on its first request after it),
+    /// TLS handshakes (one a connection: on the record that counts it),
     /// and their connections by version.
     pub tls_handshakes: Stats,
     pub tls_versions: BTreeMap<String, u64>,
@@ -140,7 +140,7 @@ impl Builder {
         *self.outcomes.entry(r.outcome.clone()).or_default() += 1;
         self.user_ttfts
             .extend(r.user_ttft_ns.filter(|_| r.retry_of.is_some()));
-        if let Some(tls) = r.tls.as_ref().filter(|t| t.first_after_handshake) {
+        if let Some(tls) = r.tls.as_ref().filter(|t| t.handshake_counted) {
             self.handshakes.extend(tls.handshake_ns);
             *self.tls_versions.entry(tls.version.clone()).or_default() += 1;
         }

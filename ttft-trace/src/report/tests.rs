@@ -399,7 +399,7 @@ fn retries_and_tls_handshakes_are_summed_up() {
     let tls = |ms_: u64, first: bool| {
         let mut r = request(600, 20, "tls_unsupported");
         r["tls"] = json!({"version": "1.3", "resumed": false, "handshake_ns": ms_ * MS,
-                          "hello_retry": false, "first_after_handshake": first});
+                          "hello_retry": false, "handshake_counted": first});
         r.to_string()
     };
     let lines = vec![

@@ -94,8 +94,6 @@ pub(crate) struct Request {
     /// Its connection's TLS handshake as the wire showed it, when followed
     /// from the opening (set when the request finishes).
     pub tls_handshake: Option<TlsFacts>,
-    /// The first request to arrive after its connection's TLS handshake.
-    first_after_tls_handshake: bool,
     /// The interrupted request this one retries (set when it finishes).
     pub retry: Option<Retry>,
     /// For a pipelined request: whether the last send ended a response, so
@@ -317,6 +315,9 @@ pub(crate) struct Connection {
     /// Its TLS handshake, followed on a connection seen from its opening
     /// (`requests/tls.rs`); it gives up on one that is not TLS.
     tls_handshake: Option<Handshake>,
+    /// The first and last client data segments since the last receive:
+    /// when the bytes a receive takes arrived.
+    segments_since_recv: Option<(u64, u64)>,
 }
 
 impl Connection {
@@ -336,6 +337,7 @@ impl Connection {
             closed_at: None,
             streams: None,
             tls_handshake: opened.then(Handshake::new),
+            segments_since_recv: None,
         }
     }
 
@@ -346,8 +348,10 @@ impl Connection {
 
     pub fn on_recv(&mut self, ev: &SockEvent, out: &mut Outbox) {
         self.last_event_ns = self.last_event_ns.max(ev.t_ns);
+        let segments = self.segments_since_recv.take();
         if let Some(hs) = self.tls_handshake.as_mut().filter(|_| ev.bytes > 0) {
-            hs.on_client(ev.t_ns);
+            let (first, last) = segments.unwrap_or((ev.t_ns, ev.t_ns));
+            hs.on_client(first, last);
         }
         if let Some(streams) = self.streams.as_mut() {
             match ev.bytes {
@@ -532,7 +536,6 @@ impl Connection {
                 stream_end: Some(end),
                 tls: false,
                 tls_handshake: None,
-                first_after_tls_handshake: false,
                 retry: None,
                 response_ended: true,
                 t_last_send: stream.t_last_send,
@@ -547,11 +550,9 @@ impl Connection {
     /// cover a first token.
     pub fn on_segment(&mut self, ev: &SegmentEvent, out: &mut Outbox) {
         self.last_event_ns = self.last_event_ns.max(ev.t_ns);
-        if let Some(hs) = self.tls_handshake.as_mut()
-            && ev.flags & SEGMENT_DATA != 0
-            && ev.data_len > 0
-        {
-            hs.on_client(ev.t_ns);
+        if self.tls_handshake.is_some() && ev.flags & SEGMENT_DATA != 0 && ev.data_len > 0 {
+            let first = self.segments_since_recv.map_or(ev.t_ns, |(f, _)| f);
+            self.segments_since_recv = Some((first, ev.t_ns));
         }
         let idle = self.current.as_ref().is_none_or(Request::answered);
         for (index, ack) in self.acks.on_segment(ev, idle) {
@@ -704,27 +705,18 @@ impl Connection {
     /// A request of this connection ends: it takes the connection's TLS
     /// handshake as far as it went.
     fn finish(&mut self, mut req: Request, cause: Cause, out: &mut Outbox) {
-        req.tls_handshake = self
-            .tls_handshake
-            .as_mut()
-            .and_then(|hs| hs.facts(req.first_after_tls_handshake));
+        req.tls_handshake = self.tls_handshake.as_mut().and_then(Handshake::facts);
         out.finish(req, cause);
     }
 
     fn start(&mut self, ev: &SockEvent, bytes: u64, pipelined: bool) {
-        let segment = self.acks.start_request(ev.t_ns);
-        let t_first = segment.map_or(ev.t_ns, |s| s.t_ns);
-        let first_after_tls_handshake = self
-            .tls_handshake
-            .as_mut()
-            .is_some_and(|hs| hs.take_first(t_first));
         self.current = Some(Request {
             conn: self.info,
             index: self.next_index,
             tgid: ev.tgid,
             tid: ev.tid,
             t_arrive: ev.t_ns,
-            segment,
+            segment: self.acks.start_request(ev.t_ns),
             bytes_in: bytes,
             bytes_out: 0,
             response: None,
@@ -733,7 +725,6 @@ impl Connection {
             stream_end: None,
             tls: self.tls,
             tls_handshake: None,
-            first_after_tls_handshake,
             retry: None,
             response_ended: false,
             t_last_send: None,

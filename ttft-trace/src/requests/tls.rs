@@ -118,6 +118,10 @@ pub(crate) fn server_hello(head: &[u8]) -> Option<ServerHello> {
     };
     let version = match walk {
         Some(w) if w.version.is_some() => w.version,
+        // Only a TLS 1.3 ServerHello carries a key share: rustls writes it
+        // before supported_versions, which a post-quantum share pushes past
+        // the capture.
+        Some(w) if w.key_share => Some(0x0304),
         // No supported_versions: the legacy field is the version, unless
         // the extension may lie beyond the capture.
         Some(w) if !w.complete => None,
@@ -191,14 +195,23 @@ impl Extensions {
     /// `pre_shared_key` (OpenSSL writes it last, after a key share that a
     /// post-quantum group makes over a kilobyte).
     fn resumed(self) -> Option<bool> {
-        if self.pre_shared_key {
-            Some(true)
-        } else if self.complete {
-            Some(false)
-        } else if self.version.is_some() && self.key_share {
-            Some(self.unseen > 0)
-        } else {
-            None
+        // Each of the two other extensions is 6 bytes (its header, a
+        // version or an identity index).
+        match (
+            self.pre_shared_key,
+            self.complete,
+            self.key_share,
+            self.version,
+        ) {
+            (true, _, _, _) => Some(true),
+            (false, true, _, _) => Some(false),
+            (false, false, true, Some(_)) => Some(self.unseen > 0),
+            (false, false, true, None) => match self.unseen {
+                6 => Some(false),
+                12 => Some(true),
+                _ => None,
+            },
+            _ => None,
         }
     }
 }
@@ -263,8 +276,6 @@ pub(crate) struct Handshake {
     t_hello: u64,
     hello: Option<ServerHello>,
     retried: bool,
-    /// A request was marked as the first after the handshake.
-    first_marked: bool,
     /// A record carried the handshake's duration into the histogram.
     counted: bool,
 }
@@ -279,13 +290,12 @@ pub struct TlsFacts {
     /// ended.
     pub handshake_ns: Option<u64>,
     pub hello_retry: bool,
-    /// The first request whose bytes arrived after its connection's
-    /// handshake ended: what its client waited for includes the handshake.
-    pub first_after_handshake: bool,
     /// The first record of the connection finished after the handshake
-    /// ended: the one whose `handshake_ns` enters the histogram (once per
-    /// connection).
-    #[serde(skip)]
+    /// ended: the one whose `handshake_ns` the histogram and the report
+    /// count (once per connection). Which request's wait includes the
+    /// handshake needs the plaintext: its bytes and the `Finished`'s can
+    /// share a receive.
+    #[serde(rename = "handshake_counted")]
     pub counted: bool,
 }
 
@@ -301,22 +311,24 @@ impl Handshake {
             t_hello: 0,
             hello: None,
             retried: false,
-            first_marked: false,
             counted: false,
         }
     }
 
-    /// Client bytes arrived at `t_ns` (a segment's arrival, or a receive
-    /// where no segment was seen: the first of a flight counts).
-    pub fn on_client(&mut self, t_ns: u64) {
+    /// The server received client bytes, whose segments arrived from
+    /// `t_first` to `t_last` (both the receive's time where no segment was
+    /// seen). A flight is timed by its first segment when it opens the
+    /// handshake and by its last when it ends it: a retransmitted copy of an
+    /// earlier flight arrives as a segment too, but is never received.
+    pub fn on_client(&mut self, t_first: u64, t_last: u64) {
         self.phase = match self.phase {
             Phase::AwaitClientHello => {
-                self.t_hello = t_ns;
+                self.t_hello = t_first;
                 Phase::AwaitServerHello
             }
             Phase::AwaitSecondHello => Phase::AwaitServerHello,
-            Phase::AwaitClientFinished => Phase::Done { t_end: t_ns },
-            Phase::AwaitClientKeyExchange => Phase::AwaitServerFinished { t_client: t_ns },
+            Phase::AwaitClientFinished => Phase::Done { t_end: t_last },
+            Phase::AwaitClientKeyExchange => Phase::AwaitServerFinished { t_client: t_last },
             p => p,
         };
     }
@@ -363,20 +375,10 @@ impl Handshake {
         }
     }
 
-    /// Whether a request whose first bytes arrived at `t_first` is the
-    /// first to arrive after the handshake ended (once). The client bytes
-    /// that ended it (a `Finished`) begin no request of their own.
-    pub fn take_first(&mut self, t_first: u64) -> bool {
-        let first =
-            matches!(self.phase, Phase::Done { t_end } if t_first > t_end) && !self.first_marked;
-        self.first_marked |= first;
-        first
-    }
-
     /// What a request finishing now reports; `None` when the wire showed
     /// no `ServerHello`. The first one after the handshake ended is the one
     /// counted.
-    pub(crate) fn facts(&mut self, first_after_handshake: bool) -> Option<TlsFacts> {
+    pub(crate) fn facts(&mut self) -> Option<TlsFacts> {
         let hello = self.hello?;
         let done = matches!(self.phase, Phase::Done { .. });
         let counted = done && !self.counted;
@@ -389,7 +391,6 @@ impl Handshake {
                 _ => None,
             },
             hello_retry: self.retried,
-            first_after_handshake,
             counted,
         })
     }

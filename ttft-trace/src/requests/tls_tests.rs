@@ -294,21 +294,17 @@ fn every_flight_shape_times_its_handshake() {
         for (t, send) in steps {
             match send {
                 Some(head) => h.on_server(t, head),
-                None => h.on_client(t),
+                None => h.on_client(t, t),
             }
         }
-        let f = h.facts(false).expect(name);
+        let f = h.facts().expect(name);
         assert_eq!(
             (f.handshake_ns, f.version, f.resumed),
             (Some(ns), version, resumed),
             "{name}"
         );
         assert!(f.counted, "{name}");
-        assert!(!h.facts(false).expect(name).counted, "{name}: counted once");
-        // The bytes that ended it begin no request; the next ones do.
-        assert!(!h.take_first(100 + ns), "{name}");
-        assert!(h.take_first(100 + ns + 1), "{name}");
-        assert!(!h.take_first(100 + ns + 2), "{name}: once");
+        assert!(!h.facts().expect(name).counted, "{name}: counted once");
     }
 }
 
@@ -317,17 +313,18 @@ fn a_hello_retry_takes_another_round() {
     let mut hrr = TLS13_FULL.to_vec();
     hrr[11..43].copy_from_slice(&HELLO_RETRY_RANDOM);
     let mut h = Handshake::new();
-    h.on_client(100);
+    h.on_client(100, 100);
     h.on_server(120, &hrr);
-    h.on_client(200);
-    assert!(!h.take_first(u64::MAX), "not over after the retry");
-    h.on_server(220, TLS13_FULL);
-    h.on_client(400);
-    let f = h.facts(true).expect("facts");
+    h.on_client(200, 200);
     assert_eq!(
-        (f.handshake_ns, f.hello_retry, f.first_after_handshake),
-        (Some(300), true, true)
+        h.facts().and_then(|f| f.handshake_ns),
+        None,
+        "not over after the retry"
     );
+    h.on_server(220, TLS13_FULL);
+    h.on_client(400, 400);
+    let f = h.facts().expect("facts");
+    assert_eq!((f.handshake_ns, f.hello_retry), (Some(300), true));
     // A second retry is not TLS 1.3: nothing timed.
     let mut h = Handshake::new();
     for (t, client) in [
@@ -338,12 +335,12 @@ fn a_hello_retry_takes_another_round() {
         (400, true),
     ] {
         if client {
-            h.on_client(t)
+            h.on_client(t, t)
         } else {
             h.on_server(t, &hrr)
         }
     }
-    assert_eq!(h.facts(false).and_then(|f| f.handshake_ns), None);
+    assert_eq!(h.facts().and_then(|f| f.handshake_ns), None);
 }
 
 #[test]
@@ -351,19 +348,49 @@ fn no_handshake_is_made_up() {
     // A server that speaks first, and a plaintext server.
     let mut h = Handshake::new();
     h.on_server(50, TLS13_FULL);
-    h.on_client(100);
-    assert_eq!(h.facts(false), None);
-    assert!(!h.take_first(u64::MAX));
+    h.on_client(100, 100);
+    assert_eq!(h.facts(), None);
     let mut h = Handshake::new();
-    h.on_client(100);
+    h.on_client(100, 100);
     h.on_server(150, b"HTTP/1.1 200 OK\r\n\r\n");
-    h.on_client(300);
-    assert_eq!(h.facts(false), None);
+    h.on_client(300, 300);
+    assert_eq!(h.facts(), None);
     // Not over yet: no duration.
     let mut h = Handshake::new();
-    h.on_client(100);
+    h.on_client(100, 100);
     h.on_server(150, TLS13_FULL);
-    let f = h.facts(false).expect("a hello");
+    let f = h.facts().expect("a hello");
     assert_eq!((f.handshake_ns, f.counted), (None, false));
-    assert!(!h.take_first(u64::MAX));
+}
+
+/// rustls's order: the key share first, then `supported_versions` (and a
+/// `pre_shared_key`), all past the capture behind a post-quantum share.
+#[test]
+fn a_key_share_before_the_version_still_tells_tls_13() {
+    let mut hello = tls13_hello(1120, false);
+    // Move supported_versions (the first 6 extension bytes) after the key
+    // share: the extensions start after the 2-byte length at 5 + 4 + 70.
+    let at = 5 + 4 + 70 + 2;
+    let mut full = hello.clone();
+    full.truncate(at);
+    let mut exts = vec![0x00, 0x33];
+    exts.extend_from_slice(&1124u16.to_be_bytes());
+    exts.extend_from_slice(&[0x11, 0xec]);
+    exts.extend_from_slice(&1120u16.to_be_bytes());
+    exts.extend(std::iter::repeat_n(0xaa, 256));
+    full.extend_from_slice(&exts);
+    full.truncate(256);
+    hello.clone_from(&full);
+    // The extensions' length says what follows the share: 6 bytes
+    // (supported_versions alone), or 12 (and a pre_shared_key).
+    for (len, resumed) in [(1128 + 6, Some(false)), (1128 + 12, Some(true))] {
+        let mut h = hello.clone();
+        h[at - 2..at].copy_from_slice(&u16::try_from(len).expect("short").to_be_bytes());
+        let got = server_hello(&h).expect("a ServerHello");
+        assert_eq!(
+            (got.version, got.resumed),
+            (TlsVersion::Tls13, resumed),
+            "{len}"
+        );
+    }
 }

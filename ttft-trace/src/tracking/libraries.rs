@@ -185,19 +185,25 @@ impl Libraries {
     }
 
     /// Says once per traced process and file which TLS library it maps:
-    /// none is read yet, so its connections show as `tls_unsupported`.
+    /// none is read yet, so its TLS connections (if it serves any itself)
+    /// show as `tls_unsupported`.
     fn log_tls(&mut self, pid: u32, tls: Vec<(PathBuf, TlsLibrary)>) {
         for (path, lib) in tls {
+            let key = (pid, path);
+            if self.tls_logged.contains(&key) {
+                continue;
+            }
             let line = format!(
-                "pid {pid}: TLS via {} ({}): not traced (its TLS connections are reported \
-                 tls_unsupported, their handshakes timed from the wire)",
+                "pid {pid}: TLS via {} ({}): not traced (if it serves TLS itself, those \
+                 connections are reported tls_unsupported, their handshakes timed from the wire)",
                 lib.name(),
-                path.display()
+                key.1.display()
             );
             if self.tls_logged.len() >= TLS_LOGGED_MAX {
                 log::debug!("{line}");
-            } else if self.tls_logged.insert((pid, path)) {
+            } else {
                 log::info!("{line}");
+                self.tls_logged.insert(key);
             }
         }
     }

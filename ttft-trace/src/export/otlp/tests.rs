@@ -554,7 +554,6 @@ fn tls_and_retry_facts_are_in_the_root_span() {
         resumed: Some(true),
         handshake_ns: Some(3 * MS),
         hello_retry: false,
-        first_after_handshake: true,
         counted: true,
     });
     j.record.retry_of = Some(RequestId {
@@ -579,7 +578,7 @@ fn tls_and_retry_facts_are_in_the_root_span() {
         Some(Value::I64(3_000_000))
     );
     assert_eq!(
-        get("ttft_trace.tls.first_after_handshake"),
+        get("ttft_trace.tls.handshake_counted"),
         Some(Value::Bool(true))
     );
     assert_eq!(

@@ -65,6 +65,14 @@ pub(super) struct TlsMarks {
     go: bool,
 }
 
+/// Whether a v0-mangled name has `ident` (its decimal length, then its
+/// characters) as an identifier of its own: the length is all of the
+/// digits, not the tail of a longer one's (`16rustls_pki_types`).
+fn v0_crate(name: &str, ident: &str) -> bool {
+    name.match_indices(ident)
+        .any(|(i, _)| i > 0 && !name.as_bytes()[i - 1].is_ascii_digit())
+}
+
 impl TlsMarks {
     /// One defined function of the file; `exported`: visible to other
     /// objects (not hidden, not local).
@@ -82,7 +90,7 @@ impl TlsMarks {
             // Legacy mangling begins with the crate's name; v0 mangling has
             // it after the crate's hash.
             _ if base.starts_with("_ZN6rustls") => self.rustls = true,
-            _ if base.starts_with("_R") && base.contains("6rustls") => self.rustls = true,
+            _ if base.starts_with("_R") && v0_crate(base, "6rustls") => self.rustls = true,
             _ => {}
         }
     }
@@ -165,6 +173,7 @@ mod tests {
                 ("SSL_writer", true),
                 ("my_SSL_write", true),
                 ("_ZN9notrustls3foo", false),
+                ("_RNvCs1a2b_16rustls_pki_types3foo", false),
                 ("gnutls_record_send_file", true),
                 ("crypto/tlsx.Foo", false),
                 ("cudaLaunchKernel", true),
