@@ -1,10 +1,12 @@
 //! Root-only: interrupted retries on the demo server under the tracer. A
 //! client closes a streamed completion after its first token and sends the
-//! same request again on a new connection (`tests/stacks/retry_client.py`);
-//! the retry's record must name the attempt it repeats (`retry_of`) and
-//! give the TTFT its user saw (`user_ttft_ns`: from the first attempt's
-//! arrival to the retry's first token) against the client's own, from its
-//! first send to its read of the retry's first token. The tracer binary
+//! same request again on a new connection (`tests/stacks/retry_client.py`),
+//! beside the same request sent while the first was still open and a
+//! request of another size: the retry's record must name the attempt it
+//! repeats (`retry_of`, with its client port) and give the TTFT its user
+//! saw (`user_ttft_ns`: from the first attempt's arrival to the retry's
+//! first token) against the client's own, from its first send to its read
+//! of the retry's first token; the other two are no retries. The tracer binary
 //! is `target/debug/ttft-trace` as built: `cargo build -p ttft-trace`
 //! first after a change.
 
@@ -21,6 +23,8 @@ use ttft_trace_tests::{
 #[derive(Debug, Deserialize)]
 struct Round {
     first_port: u16,
+    concurrent_port: u16,
+    other_port: u16,
     retry_port: u16,
     user_ttft_ns: u64,
 }
@@ -40,8 +44,6 @@ fn a_retry_after_a_cut_names_its_first_attempt_and_the_users_ttft() -> Result<()
         .output()
         .context("running retry_client.py")?;
     ensure!(out.status.success(), "retry_client.py: {out:?}");
-    // Whole clean requests of the same size after the rounds: no retries.
-    ttft_trace_tests::demo::loadgen(server.port, &["--requests", "4", "--concurrency", "1"])?;
     std::thread::sleep(Duration::from_millis(500));
     let trace = tracer.interrupt(Duration::from_secs(30))?;
     server.stop()?;
@@ -62,9 +64,15 @@ fn a_retry_after_a_cut_names_its_first_attempt_and_the_users_ttft() -> Result<()
         ensure!(first.outcome == "closed_mid_response", "{first:?}");
         let of = retry.retry_of.as_ref().context("retry_of")?;
         ensure!(
-            of.conn == first.conn && of.request_index == first.request_index,
+            of.conn == first.conn
+                && of.request_index == first.request_index
+                && of.client_port == round.first_port,
             "{retry:?} names {of:?}, not {first:?}"
         );
+        for port in [round.concurrent_port, round.other_port] {
+            let r = by_port.get(&port).context("other request traced")?;
+            ensure!(r.retry_of.is_none(), "no retry: {r:?}");
+        }
         let traced = retry.user_ttft_ns.context("user_ttft_ns")?;
         // The client's span starts at its send, before the arrival, and
         // ends at its read, after the first token: it is the longer, by a

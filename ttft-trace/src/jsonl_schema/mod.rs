@@ -20,7 +20,7 @@ mod run;
 pub(crate) mod tests;
 
 pub use request::{
-    Cause, Evidence, Request, RequestId, RequestLine, StallWindow, Stalls, Tls, Workload,
+    Attempt, Cause, Evidence, Request, RequestId, RequestLine, StallWindow, Stalls, Tls, Workload,
 };
 pub use run::{Attach, Detach, Episode, Totals, WorkloadLine, WorkloadStats};
 

@@ -95,7 +95,7 @@ pub struct Request {
     pub tls: Option<Tls>,
     /// The interrupted request this one retries, and the TTFT its user saw.
     #[serde(default)]
-    pub retry_of: Option<RequestId>,
+    pub retry_of: Option<Attempt>,
     #[serde(default)]
     pub user_ttft_ns: Option<u64>,
 }
@@ -157,6 +157,14 @@ fn seen_at_send() -> String {
 pub struct RequestId {
     pub conn: String,
     pub request_index: u32,
+}
+
+/// The attempt a retry repeats, as read back (`requests::AttemptId`).
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+pub struct Attempt {
+    pub conn: String,
+    pub request_index: u32,
+    pub client_port: u16,
 }
 
 /// The workload's labels as read back (`workloads::WorkloadLabels`).

@@ -90,8 +90,9 @@ pub struct Run {
     pub causes: BTreeMap<String, CauseTally>,
     /// The slowest requests by counted TTFT, slowest first.
     pub slowest: Vec<Request>,
-    /// Retries of interrupted requests: the TTFT their users saw (from the
-    /// first attempt's arrival).
+    /// Retries of interrupted requests, and the TTFT their users saw (from
+    /// the first attempt's arrival; those with a first token).
+    pub retried: u64,
     pub retries: Stats,
     /// TLS handshakes (one a connection: on the record that counts it),
     /// and their connections by version.
@@ -111,6 +112,7 @@ pub struct Builder {
     unexplained: u64,
     causes: BTreeMap<String, CauseTally>,
     slowest: Vec<Request>,
+    retried: u64,
     user_ttfts: Vec<u64>,
     handshakes: Vec<u64>,
     tls_versions: BTreeMap<String, u64>,
@@ -130,6 +132,7 @@ impl Builder {
             unexplained: 0,
             causes: BTreeMap::new(),
             slowest: Vec::new(),
+            retried: 0,
             user_ttfts: Vec::new(),
             handshakes: Vec::new(),
             tls_versions: BTreeMap::new(),
@@ -138,8 +141,10 @@ impl Builder {
 
     pub fn add(&mut self, mut r: Request) {
         *self.outcomes.entry(r.outcome.clone()).or_default() += 1;
-        self.user_ttfts
-            .extend(r.user_ttft_ns.filter(|_| r.retry_of.is_some()));
+        if r.retry_of.is_some() {
+            self.retried += 1;
+            self.user_ttfts.extend(r.user_ttft_ns);
+        }
         if let Some(tls) = r.tls.as_ref().filter(|t| t.handshake_counted) {
             self.handshakes.extend(tls.handshake_ns);
             *self.tls_versions.entry(tls.version.clone()).or_default() += 1;
@@ -241,6 +246,7 @@ impl Builder {
             unexplained: self.unexplained,
             causes: self.causes,
             slowest: self.slowest,
+            retried: self.retried,
             retries: Stats::of(&mut self.user_ttfts),
             tls_handshakes: Stats::of(&mut self.handshakes),
             tls_versions: self.tls_versions,

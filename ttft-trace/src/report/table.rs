@@ -62,16 +62,20 @@ pub fn single(run: &Run) -> String {
         .collect();
     row(&mut out, "Outcomes:", outcomes.join(", "));
     let r = &run.retries;
-    if r.count > 0 {
+    if run.retried > 0 {
+        let seen = if r.count > 0 {
+            format!(
+                "; the TTFT their users saw: median {} ms, P99 {} ms",
+                ms(r.median),
+                ms(r.p99)
+            )
+        } else {
+            String::new()
+        };
         row(
             &mut out,
             "Retries of interrupted requests:",
-            format!(
-                "{}; the TTFT their users saw: median {} ms, P99 {} ms",
-                r.count,
-                ms(r.median),
-                ms(r.p99)
-            ),
+            format!("{}{seen}", run.retried),
         );
     }
     let h = &run.tls_handshakes;

@@ -394,7 +394,7 @@ fn the_waterfall_shows_the_stalls() {
 #[test]
 fn retries_and_tls_handshakes_are_summed_up() {
     let mut retry = request(500, 30, "ok");
-    retry["retry_of"] = json!({"conn": "0xffff1", "request_index": 0});
+    retry["retry_of"] = json!({"conn": "0xffff1", "request_index": 0, "client_port": 40000});
     retry["user_ttft_ns"] = json!(530 * MS);
     let tls = |ms_: u64, first: bool| {
         let mut r = request(600, 20, "tls_unsupported");

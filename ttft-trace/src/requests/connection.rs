@@ -27,7 +27,7 @@ use super::{
     join::Join,
     outcome::Outcome,
     response::{self, End, Outgoing, Response},
-    retries::{Interruptions, Retry},
+    retries::{Interruption, Interruptions, Retry},
     streams::{Stream, StreamEnd, StreamTable},
     tls::{Handshake, TlsFacts},
 };
@@ -96,6 +96,9 @@ pub(crate) struct Request {
     pub tls_handshake: Option<TlsFacts>,
     /// The interrupted request this one retries (set when it finishes).
     pub retry: Option<Retry>,
+    /// When the event that ended it happened: the client's close when it
+    /// left first, else the event that finished it (0 until then).
+    pub t_ended: u64,
     /// For a pipelined request: whether the last send ended a response, so
     /// that the next receive starts a request that can be followed again.
     response_ended: bool,
@@ -273,10 +276,23 @@ impl Outbox {
         }
         let outcome = outcome(&request, cause);
         // A window of 0 turns the linking off.
-        if self.retry_window_ns > 0 {
-            request.retry = self.interruptions.retry_of(&request, self.retry_window_ns);
+        let window = self.retry_window_ns;
+        if window > 0 {
+            request.retry = self.interruptions.retry_of(&request, window);
             if outcome.interrupted() {
-                self.interruptions.note(&request, self.retry_window_ns);
+                let i = Interruption::of(&request, outcome == Outcome::GoAway);
+                // Its retry may have finished already (a client that left
+                // while the server kept it open): the earliest such one,
+                // while its record waits, takes the link.
+                let later = self
+                    .finished
+                    .iter_mut()
+                    .filter(|f| f.request.retry.is_none() && i.retried_by(&f.request, window))
+                    .min_by_key(|f| f.request.t_arrive);
+                match later {
+                    Some(f) => f.request.retry = Some(i.retry()),
+                    None => self.interruptions.note(i, window),
+                }
             }
         }
         self.finished.push_back(Finished { request, outcome });
@@ -537,6 +553,7 @@ impl Connection {
                 tls: false,
                 tls_handshake: None,
                 retry: None,
+                t_ended: self.last_event_ns,
                 response_ended: true,
                 t_last_send: stream.t_last_send,
                 notes,
@@ -685,6 +702,10 @@ impl Connection {
         });
         if unfinished {
             self.peer_closed = true;
+            // The client left now, whenever the server finishes.
+            if let Some(r) = self.current.as_mut() {
+                r.t_ended = self.last_event_ns;
+            }
         } else {
             self.finish_current(Cause::PeerClosed, out);
         }
@@ -705,6 +726,9 @@ impl Connection {
     /// A request of this connection ends: it takes the connection's TLS
     /// handshake as far as it went.
     fn finish(&mut self, mut req: Request, cause: Cause, out: &mut Outbox) {
+        if req.t_ended == 0 {
+            req.t_ended = self.last_event_ns;
+        }
         req.tls_handshake = self.tls_handshake.as_mut().and_then(Handshake::facts);
         out.finish(req, cause);
     }
@@ -726,6 +750,7 @@ impl Connection {
             tls: self.tls,
             tls_handshake: None,
             retry: None,
+            t_ended: 0,
             response_ended: false,
             t_last_send: None,
             notes: Vec::new(),

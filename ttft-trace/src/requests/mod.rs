@@ -146,7 +146,7 @@ pub(crate) use join::{EpisodeHistory, Join};
 pub use outcome::Outcome;
 pub use record::{Figure, RequestRecord};
 pub use response::Framing;
-pub use retries::RequestId;
+pub use retries::{AttemptId, RequestId};
 pub use summary::RequestRecorders;
 pub use tls::{TlsFacts, TlsVersion};
 

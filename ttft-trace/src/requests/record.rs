@@ -10,7 +10,7 @@ use super::{
     join::Join,
     outcome::Outcome,
     response::Framing,
-    retries::RequestId,
+    retries::AttemptId,
     stream_end::Ending,
     streams::{Side, StreamEnd},
     tls::TlsFacts,
@@ -150,7 +150,7 @@ pub struct RequestRecord {
     /// The interrupted request this one retries (`requests/retries.rs`),
     /// and the TTFT its user saw: from the first attempt's arrival to this
     /// one's first token.
-    pub retry_of: Option<RequestId>,
+    pub retry_of: Option<AttemptId>,
     pub user_ttft_ns: Option<u64>,
     pub outcome: Outcome,
     /// Why figures are absent or may be off (see the module docs).

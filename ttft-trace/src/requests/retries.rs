@@ -39,30 +39,94 @@ fn hex<S: serde::Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(&format!("{v:#x}"))
 }
 
+/// The attempt a retry repeats, as its JSONL line names it: its connection
+/// (`conn`, hex; the kernel gives a freed socket's address to the next
+/// one, often the retry's own), its index, and its client port, which
+/// tells it from the retry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct AttemptId {
+    #[serde(serialize_with = "hex")]
+    pub conn: u64,
+    pub request_index: u32,
+    pub client_port: u16,
+}
+
 /// What a retry's record says of the attempt it repeats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Retry {
-    pub of: RequestId,
+    pub of: AttemptId,
     /// The arrival of the first attempt of the chain.
     pub t_first_arrive: u64,
 }
 
 /// A request that ended interrupted, while its retry may still come.
 #[derive(Debug, Clone, Copy)]
-struct Interruption {
-    id: RequestId,
+pub(crate) struct Interruption {
+    id: AttemptId,
     client: IpAddr,
     server_port: u16,
     /// The connection's serial: an HTTP/1.1 retry comes on another one.
     serial: u64,
     http2: bool,
+    /// Refused by a GOAWAY: its HTTP/2 retry may come on another connection.
+    goaway: bool,
     bytes_in: u64,
     t_first_arrive: u64,
-    /// Its last sign of life (its last send, or its arrival).
+    /// When it ended: the event that ended it (the client's close or reset,
+    /// the server's), or its last send if later.
     t_end: u64,
 }
 
-/// The interruptions of the last window.
+impl Interruption {
+    /// `req` ended interrupted (its own retry link already made).
+    pub fn of(req: &Request, goaway: bool) -> Self {
+        Self {
+            id: AttemptId {
+                conn: req.conn.sk,
+                request_index: req.index,
+                client_port: req.conn.client.port(),
+            },
+            client: req.conn.client.ip(),
+            server_port: req.conn.server.port(),
+            serial: req.conn.serial,
+            http2: req.http2,
+            goaway,
+            bytes_in: req.bytes_in,
+            t_first_arrive: req.retry.map_or(req.t_arrive, |r| r.t_first_arrive),
+            t_end: req
+                .t_ended
+                .max(req.t_last_send().unwrap_or(0))
+                .max(req.t_arrive),
+        }
+    }
+
+    /// Whether `req` is its retry: from the same client address to the same
+    /// server port, arrived after it ended and within `window_ns`; on
+    /// HTTP/1.1 the same request again on another connection; on HTTP/2 a
+    /// stream of the same connection (of any, after a GOAWAY).
+    pub fn retried_by(&self, req: &Request, window_ns: u64) -> bool {
+        let same_request = if self.http2 {
+            req.http2 && (self.goaway || self.serial == req.conn.serial)
+        } else {
+            !req.http2 && self.serial != req.conn.serial && self.bytes_in == req.bytes_in
+        };
+        self.client == req.conn.client.ip()
+            && self.server_port == req.conn.server.port()
+            && self.t_end <= req.t_arrive
+            && req.t_arrive - self.t_end <= window_ns
+            && same_request
+    }
+
+    /// The link a retry of it carries.
+    pub fn retry(&self) -> Retry {
+        Retry {
+            of: self.id,
+            t_first_arrive: self.t_first_arrive,
+        }
+    }
+}
+
+/// The interruptions of the last window, in the order they ended.
 #[derive(Debug, Default)]
 pub(crate) struct Interruptions {
     recent: VecDeque<Interruption>,
@@ -72,34 +136,23 @@ pub(crate) struct Interruptions {
 
 impl Interruptions {
     /// The interruption `req` (arrived, not yet noted) retries, if any,
-    /// taken out: the first one before its arrival, within `window_ns`, of
-    /// its client address and server port.
+    /// taken out: the first one it retries.
     pub fn retry_of(&mut self, req: &Request, window_ns: u64) -> Option<Retry> {
-        let client = req.conn.client.ip();
-        let port = req.conn.server.port();
-        let at = self.recent.iter().position(|i| {
-            i.client == client
-                && i.server_port == port
-                && i.t_end <= req.t_arrive
-                && req.t_arrive - i.t_end <= window_ns
-                && (i.http2 && req.http2
-                    || i.serial != req.conn.serial && i.bytes_in == req.bytes_in)
-        })?;
-        let i = self.recent.remove(at)?;
-        Some(Retry {
-            of: i.id,
-            t_first_arrive: i.t_first_arrive,
-        })
+        let at = self
+            .recent
+            .iter()
+            .position(|i| i.retried_by(req, window_ns))?;
+        Some(self.recent.remove(at)?.retry())
     }
 
-    /// `req` ended interrupted (its retry link already made): a later
-    /// request may retry it. Those older than `window_ns` before it go.
-    pub fn note(&mut self, req: &Request, window_ns: u64) {
-        let t_end = req.t_last_send().unwrap_or(req.t_arrive).max(req.t_arrive);
+    /// Remembers `i` for a later retry. Those ended more than `window_ns`
+    /// before it go (they end in order: requests are finished in the
+    /// order of the events that end them).
+    pub fn note(&mut self, i: Interruption, window_ns: u64) {
         while self
             .recent
             .front()
-            .is_some_and(|i| i.t_end.saturating_add(window_ns) < t_end)
+            .is_some_and(|old| old.t_end.saturating_add(window_ns) < i.t_end)
         {
             self.recent.pop_front();
         }
@@ -107,18 +160,6 @@ impl Interruptions {
             self.recent.pop_front();
             self.dropped += 1;
         }
-        self.recent.push_back(Interruption {
-            id: RequestId {
-                conn: req.conn.sk,
-                request_index: req.index,
-            },
-            client: req.conn.client.ip(),
-            server_port: req.conn.server.port(),
-            serial: req.conn.serial,
-            http2: req.http2,
-            bytes_in: req.bytes_in,
-            t_first_arrive: req.retry.map_or(req.t_arrive, |r| r.t_first_arrive),
-            t_end,
-        });
+        self.recent.push_back(i);
     }
 }

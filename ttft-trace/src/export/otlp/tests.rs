@@ -546,7 +546,7 @@ fn tls_and_retry_facts_are_in_the_root_span() {
     use opentelemetry_sdk::trace::{IdGenerator as _, RandomIdGenerator};
 
     use super::{Clock, spans};
-    use crate::requests::{RequestId, TlsFacts, TlsVersion};
+    use crate::requests::{AttemptId, TlsFacts, TlsVersion};
 
     let mut j = judged(1);
     j.record.tls = Some(TlsFacts {
@@ -556,9 +556,10 @@ fn tls_and_retry_facts_are_in_the_root_span() {
         hello_retry: false,
         counted: true,
     });
-    j.record.retry_of = Some(RequestId {
+    j.record.retry_of = Some(AttemptId {
         conn: 0xabc,
         request_index: 2,
+        client_port: 41_000,
     });
     j.record.user_ttft_ns = Some(400 * MS);
     let ids = RandomIdGenerator::default();

@@ -3,7 +3,7 @@
 //! its retry with the TTFT the user saw.
 
 use super::{SSE_HEADERS, Wire, ms, sse_chunk, sse_done};
-use crate::requests::{Outcome, RequestId, RequestRecord};
+use crate::requests::{AttemptId, Outcome, RequestRecord};
 
 const T0: u64 = ms(1000);
 
@@ -43,9 +43,10 @@ fn a_cut_request_retried_is_linked_with_the_users_ttft() {
     let retry = of(&rs, 2);
     assert_eq!(
         retry.retry_of,
-        Some(RequestId {
+        Some(AttemptId {
             conn: 1,
-            request_index: 0
+            request_index: 0,
+            client_port: 40_001,
         })
     );
     assert_eq!(retry.ttft_ns, Some(ms(30)));
@@ -70,7 +71,7 @@ fn a_cut_request_retried_is_linked_with_the_users_ttft() {
     );
     let json = serde_json::to_string(retry).expect("json");
     assert!(
-        json.contains(r#""retry_of":{"conn":"0x1","request_index":0},"user_ttft_ns":350000000"#),
+        json.contains(r#""retry_of":{"conn":"0x1","request_index":0,"client_port":40001},"user_ttft_ns":350000000"#),
         "{json}"
     );
 }
@@ -162,4 +163,44 @@ fn a_reset_stream_retried_on_the_same_connection_is_linked() {
     assert_eq!(stream(3).retry_of.map(|r| r.request_index), Some(1));
     // From stream 1's arrival (its receive, T0 + 1 ms).
     assert_eq!(stream(3).user_ttft_ns, Some(ms(339)), "{rs:#?}");
+}
+
+/// A client that times out on a request with no response: its retry is
+/// timed from the client's close, however long it waited, and a request of
+/// the same size that came while it waited is no retry of it.
+#[test]
+fn a_timed_out_request_is_timed_from_the_close() {
+    let mut w = Wire::new();
+    w.open(1, T0);
+    w.recv(1, T0, 300);
+    request(&mut w, 2, T0 + ms(1_000), 300, 30, false);
+    // The client gives up after 20 s (longer than the 10 s window).
+    w.close(1, T0 + ms(20_000));
+    request(&mut w, 3, T0 + ms(20_050), 300, 30, false);
+    let rs = w.drain(ms(60_000));
+    assert_eq!(of(&rs, 1).outcome, Outcome::ClosedBeforeResponse);
+    assert_eq!(of(&rs, 2).retry_of, None, "arrived while it waited");
+    assert_eq!(of(&rs, 3).retry_of.map(|r| r.conn), Some(1));
+    assert_eq!(of(&rs, 3).user_ttft_ns, Some(ms(20_080)));
+}
+
+/// A client that closes its side mid-response: the server may still end
+/// the response, so the request is finished only at the server's close,
+/// after the retry has finished; the retry, still waiting for its record,
+/// takes the link.
+#[test]
+fn a_retry_finished_before_its_interruption_is_linked() {
+    let mut w = Wire::new();
+    w.open(1, T0);
+    w.recv(1, T0, 300);
+    w.send(1, T0 + ms(10), SSE_HEADERS);
+    w.send(1, T0 + ms(200), &sse_chunk("a"));
+    // The client's FIN (a receive of 0 bytes), its retry at once.
+    w.recv(1, T0 + ms(220), 0);
+    request(&mut w, 2, T0 + ms(250), 300, 30, false);
+    w.close(1, T0 + ms(1_000));
+    let rs = w.drain(ms(60_000));
+    assert_eq!(of(&rs, 1).outcome, Outcome::ClosedMidResponse);
+    assert_eq!(of(&rs, 2).retry_of.map(|r| r.conn), Some(1), "{rs:#?}");
+    assert_eq!(of(&rs, 2).user_ttft_ns, Some(ms(280)));
 }
