@@ -1,7 +1,9 @@
 //! Root-only: a gRPC server-streaming service on `grpcio` (C core, installed
-//! by `cargo xtask setup` into the gRPC venv) under `ttft-trace attach`,
-//! each message after a step of the stub CUDA runtime (tests/stacks/gpu.py),
-//! in a cgroup of its own (the client's frames are read at its ingress).
+//! by `cargo xtask setup` into the gRPC venv), and the same method on
+//! `tonic` (tests/stacks/tonic.rs, bin stack-tonic), under `ttft-trace
+//! attach`, each message after a step of the stub CUDA runtime
+//! (tests/stacks/gpu.py; tests/src/stub_gpu.rs), in a cgroup of its own
+//! (the client's frames are read at its ingress).
 //! One client opens several concurrent calls on one channel
 //! (tests/stacks/grpc_stream.py) and stamps CLOCK_MONOTONIC when it reads
 //! each call's first message; one call is cancelled after its first
@@ -55,7 +57,24 @@ fn grpc_python() -> PathBuf {
 
 #[test]
 fn grpc_streams_are_one_request_each() -> Result<()> {
-    let Some(records) = traced_grpc_calls("grpc_streams_are_one_request_each", |port, out| {
+    grpcio_client_on(
+        "grpc_streams_are_one_request_each",
+        Server::Grpcio,
+        "grpcio",
+    )
+}
+
+/// The same client and checks against tonic (Rust, hyper's HTTP/2): it
+/// writes each message in a send of its own from its connection task, its
+/// own SETTINGS, WINDOW_UPDATE and trailers.
+#[test]
+fn tonic_streams_are_one_request_each() -> Result<()> {
+    grpcio_client_on("tonic_streams_are_one_request_each", Server::Tonic, "tonic")
+}
+
+/// grpc_stream.py's client (grpcio) against `server`, checked.
+fn grpcio_client_on(name: &str, server: Server, label: &str) -> Result<()> {
+    let Some((calls, records)) = traced_grpc_calls(name, server, |port, out| {
         Command::new(grpc_python())
             .current_dir(stacks_dir())
             .args(["grpc_stream.py", "client", &port.to_string()])
@@ -66,9 +85,8 @@ fn grpc_streams_are_one_request_each() -> Result<()> {
     else {
         return Ok(());
     };
-    let (calls, records) = records;
     let records: Vec<&Value> = records.iter().collect();
-    check("grpcio", &calls, &records)
+    check(label, &calls, &records)
 }
 
 /// A raw h2c client (tests/stacks/h2_cut_client.py) that cuts every
@@ -80,15 +98,18 @@ fn grpc_streams_are_one_request_each() -> Result<()> {
 /// the segment with the header's first byte.
 #[test]
 fn grpc_frame_headers_cut_between_segments() -> Result<()> {
-    let Some((calls, records)) =
-        traced_grpc_calls("grpc_frame_headers_cut_between_segments", |port, out| {
+    let Some((calls, records)) = traced_grpc_calls(
+        "grpc_frame_headers_cut_between_segments",
+        Server::Grpcio,
+        |port, out| {
             Command::new(grpc_python())
                 .current_dir(stacks_dir())
                 .args(["h2_cut_client.py", &port.to_string()])
                 .arg(out)
                 .status()
                 .context("running the raw h2c client")
-        })?
+        },
+    )?
     else {
         return Ok(());
     };
@@ -110,12 +131,23 @@ fn grpc_frame_headers_cut_between_segments() -> Result<()> {
     Ok(())
 }
 
-/// The grpcio server (grpc_stream.py) in a cgroup of its own under the
-/// tracer, and `client(port, out)` run against it: the calls the client
+/// The gRPC servers of the method `/ttft.Gen/Stream`, bytes in and out,
+/// each message after a step of the stub CUDA runtime.
+#[derive(Clone, Copy)]
+enum Server {
+    /// tests/stacks/grpc_stream.py (grpcio, C core).
+    Grpcio,
+    /// tests/stacks/tonic.rs (bin stack-tonic: tonic on hyper's HTTP/2).
+    Tonic,
+}
+
+/// `server` in a cgroup of its own under the tracer, and
+/// `client(port, out)` run against it: the calls the client
 /// wrote to `out`, and the tracer's records of the server's port. `None`
 /// where the test is skipped.
 fn traced_grpc_calls(
     name: &str,
+    server: Server,
     client: impl FnOnce(u16, &std::path::Path) -> Result<std::process::ExitStatus>,
 ) -> Result<Option<(Vec<Call>, Vec<Value>)>> {
     let Some(_guard) = root_test(name) else {
@@ -128,12 +160,22 @@ fn traced_grpc_calls(
     let cudart = fixtures::existing_fixture(fixtures::STUB_CUDART)?;
     let port = free_port()?;
     let cgroup = PodCgroup::new()?;
-    let mut cmd = Command::new(grpc_python());
+    let mut cmd = match server {
+        Server::Grpcio => {
+            let mut c = Command::new(grpc_python());
+            c.args(["grpc_stream.py", "serve", &port.to_string()])
+                .env("STACK_CUDART", &cudart)
+                .env("PYTHONUNBUFFERED", "1")
+                .env("PYTHONDONTWRITEBYTECODE", "1");
+            c
+        }
+        Server::Tonic => {
+            let mut c = Command::new(env!("CARGO_BIN_EXE_stack-tonic"));
+            c.arg(port.to_string()).arg(&cudart);
+            c
+        }
+    };
     cmd.current_dir(stacks_dir())
-        .args(["grpc_stream.py", "serve", &port.to_string()])
-        .env("STACK_CUDART", &cudart)
-        .env("PYTHONUNBUFFERED", "1")
-        .env("PYTHONDONTWRITEBYTECODE", "1")
         .stdin(Stdio::null())
         .stdout(Stdio::null());
     cgroup.place(&mut cmd)?;
