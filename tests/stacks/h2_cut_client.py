@@ -19,26 +19,15 @@ import sys
 import threading
 import time
 
+from h2raw import DATA, END_HEADERS, END_STREAM, GOAWAY, HEADERS, PREFACE, RST_STREAM, SETTINGS
+from h2raw import frame, grpc_message, literal, read_frame
+
 CALLS = 6
 CANCEL = 2
 GAP_S = 0.02
 METHOD = b"/ttft.Gen/Stream"
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY = 0, 1, 3, 4, 6, 7
-END_STREAM, ACK, END_HEADERS = 1, 1, 4
-
-
 def now() -> int:
     return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-
-
-def frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
-    return struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) + struct.pack(">I", stream) + payload
-
-
-def literal(name: bytes, value: bytes) -> bytes:
-    # HPACK literal without indexing, new name, no Huffman (lengths < 127).
-    return b"\x00" + bytes([len(name)]) + name + bytes([len(value)]) + value
 
 
 class Conn:
@@ -74,16 +63,6 @@ class Conn:
         return out["t_cut"]
 
 
-def read_exact(sock: socket.socket, n: int) -> bytes:
-    buf = b""
-    while len(buf) < n:
-        got = sock.recv(n - len(buf))
-        if not got:
-            raise EOFError("connection closed")
-        buf += got
-    return buf
-
-
 def main(port: int, out: str) -> None:
     c = Conn(port)
     c.write(PREFACE + frame(SETTINGS, 0, 0, b""))
@@ -94,16 +73,9 @@ def main(port: int, out: str) -> None:
     def reader() -> None:
         try:
             while open_streams:
-                head = read_exact(c.sock, 9)
-                length = int.from_bytes(head[:3], "big")
-                kind, flags = head[3], head[4]
-                stream = int.from_bytes(head[5:9], "big") & 0x7FFFFFFF
-                payload = read_exact(c.sock, length)
-                if kind == SETTINGS and not flags & ACK:
-                    c.send(frame(SETTINGS, ACK, 0, b""))
-                elif kind == PING and not flags & ACK:
-                    c.send(frame(PING, ACK, 0, payload))
-                elif kind == GOAWAY:
+                kind, flags, stream, payload = read_frame(c.sock, c.send)
+                length = len(payload)
+                if kind == GOAWAY:
                     break
                 row = rows.get(stream)
                 if row is None or stream not in open_streams:
@@ -141,7 +113,7 @@ def main(port: int, out: str) -> None:
         stream = 2 * k + 1
         row = rows[stream]
         headers = frame(HEADERS, END_HEADERS, stream, block)
-        data = frame(DATA, END_STREAM, stream, b"\x00" + struct.pack(">I", len(msg)) + msg)
+        data = frame(DATA, END_STREAM, stream, grpc_message(msg))
         row["t_start"] = now()
         cut = 1 + k % 8
         # HEADERS header cut, then its block and the DATA header cut too.

@@ -72,6 +72,20 @@ fn tonic_streams_are_one_request_each() -> Result<()> {
     grpcio_client_on("tonic_streams_are_one_request_each", Server::Tonic, "tonic")
 }
 
+/// The same client and checks against a server that cuts every frame
+/// header it sends between two sends (after 1 to 8 bytes, in turn), as
+/// grpc-go and Go's `net/http2` do where a frame straddles their write
+/// buffer: the kernel completes each header with the next send, so the
+/// first token is still the send with the first message's bytes.
+#[test]
+fn grpc_server_frame_headers_cut_between_sends() -> Result<()> {
+    grpcio_client_on(
+        "grpc_server_frame_headers_cut_between_sends",
+        Server::CutHeaders,
+        "h2c server, headers cut",
+    )
+}
+
 /// grpc_stream.py's client (grpcio) against `server`, checked.
 fn grpcio_client_on(name: &str, server: Server, label: &str) -> Result<()> {
     let Some((calls, records)) = traced_grpc_calls(name, server, |port, out| {
@@ -139,6 +153,9 @@ enum Server {
     Grpcio,
     /// tests/stacks/tonic.rs (bin stack-tonic: tonic on hyper's HTTP/2).
     Tonic,
+    /// tests/stacks/h2_cut_server.py: a raw h2c server that cuts every
+    /// frame header it sends between two sends.
+    CutHeaders,
 }
 
 /// `server` in a cgroup of its own under the tracer, and
@@ -161,9 +178,14 @@ fn traced_grpc_calls(
     let port = free_port()?;
     let cgroup = PodCgroup::new()?;
     let mut cmd = match server {
-        Server::Grpcio => {
+        Server::Grpcio | Server::CutHeaders => {
+            let script = match server {
+                Server::Grpcio => "grpc_stream.py serve",
+                _ => "h2_cut_server.py",
+            };
             let mut c = Command::new(grpc_python());
-            c.args(["grpc_stream.py", "serve", &port.to_string()])
+            c.args(script.split(' '))
+                .arg(port.to_string())
                 .env("STACK_CUDART", &cudart)
                 .env("PYTHONUNBUFFERED", "1")
                 .env("PYTHONDONTWRITEBYTECODE", "1");
