@@ -1,7 +1,9 @@
 //! Root-only: a gRPC server-streaming service on `grpcio` (C core, installed
-//! by `cargo xtask setup` into the gRPC venv) under `ttft-trace attach`,
-//! each message after a step of the stub CUDA runtime (tests/stacks/gpu.py),
-//! in a cgroup of its own (the client's frames are read at its ingress).
+//! by `cargo xtask setup` into the gRPC venv), and the same method on
+//! `tonic` (tests/stacks/tonic.rs, bin stack-tonic), under `ttft-trace
+//! attach`, each message after a step of the stub CUDA runtime
+//! (tests/stacks/gpu.py; tests/src/stub_gpu.rs), in a cgroup of its own
+//! (the client's frames are read at its ingress).
 //! One client opens several concurrent calls on one channel
 //! (tests/stacks/grpc_stream.py) and stamps CLOCK_MONOTONIC when it reads
 //! each call's first message; one call is cancelled after its first
@@ -43,6 +45,10 @@ struct Call {
     t_start: u64,
     t_first: Option<u64>,
     msgs: u32,
+    /// h2_cut_client.py: after the first piece of the HEADERS frame's
+    /// header was written.
+    #[serde(default)]
+    t_cut: Option<u64>,
 }
 
 fn grpc_python() -> PathBuf {
@@ -51,22 +57,147 @@ fn grpc_python() -> PathBuf {
 
 #[test]
 fn grpc_streams_are_one_request_each() -> Result<()> {
-    let Some(_guard) = root_test("grpc_streams_are_one_request_each") else {
+    grpcio_client_on(
+        "grpc_streams_are_one_request_each",
+        Server::Grpcio,
+        "grpcio",
+    )
+}
+
+/// The same client and checks against tonic (Rust, hyper's HTTP/2): it
+/// writes each message in a send of its own from its connection task, its
+/// own SETTINGS, WINDOW_UPDATE and trailers.
+#[test]
+fn tonic_streams_are_one_request_each() -> Result<()> {
+    grpcio_client_on("tonic_streams_are_one_request_each", Server::Tonic, "tonic")
+}
+
+/// The same client and checks against a server that cuts every frame
+/// header it sends between two sends (after 1 to 8 bytes, in turn), as
+/// grpc-go and Go's `net/http2` do where a frame straddles their write
+/// buffer: the kernel completes each header with the next send, so the
+/// first token is still the send with the first message's bytes.
+#[test]
+fn grpc_server_frame_headers_cut_between_sends() -> Result<()> {
+    grpcio_client_on(
+        "grpc_server_frame_headers_cut_between_sends",
+        Server::CutHeaders,
+        "h2c server, headers cut",
+    )
+}
+
+/// grpc_stream.py's client (grpcio) against `server`, checked.
+fn grpcio_client_on(name: &str, server: Server, label: &str) -> Result<()> {
+    let Some((calls, records)) = traced_grpc_calls(name, server, |port, out| {
+        Command::new(grpc_python())
+            .current_dir(stacks_dir())
+            .args(["grpc_stream.py", "client", &port.to_string()])
+            .arg(out)
+            .status()
+            .context("running the gRPC client")
+    })?
+    else {
         return Ok(());
     };
-    if !grpc_python().is_file() {
-        ttft_trace_tests::skip_or_fail("grpc", "no gRPC venv: run `cargo xtask setup`");
+    let records: Vec<&Value> = records.iter().collect();
+    check(label, &calls, &records)
+}
+
+/// A raw h2c client (tests/stacks/h2_cut_client.py) that cuts every
+/// request's HEADERS and DATA frame headers, and the cancel's RST_STREAM
+/// header, between two segments 20 ms apart (at each byte 1 to 8 over
+/// the calls), against the same grpcio server: the kernel's walk carries
+/// the cut header's first bytes to the next segment, so every call is
+/// still its stream's record, as in the test above, and its arrival is
+/// the segment with the header's first byte.
+#[test]
+fn grpc_frame_headers_cut_between_segments() -> Result<()> {
+    let Some((calls, records)) = traced_grpc_calls(
+        "grpc_frame_headers_cut_between_segments",
+        Server::Grpcio,
+        |port, out| {
+            Command::new(grpc_python())
+                .current_dir(stacks_dir())
+                .args(["h2_cut_client.py", &port.to_string()])
+                .arg(out)
+                .status()
+                .context("running the raw h2c client")
+        },
+    )?
+    else {
         return Ok(());
+    };
+    let records: Vec<&Value> = records.iter().collect();
+    check("h2c, headers cut", &calls, &records)?;
+    for c in &calls {
+        let t_cut = c.t_cut.context("no t_cut")?;
+        let r = records
+            .iter()
+            .find(|r| r["http2_stream_id"].as_u64() == Some(c.stream))
+            .context("checked above")?;
+        let segment = r["t_request_segment_ns"].as_u64().unwrap_or(0);
+        ensure!(
+            segment <= t_cut,
+            "stream {}: arrival {segment} is not the segment with the header's first byte (sent before {t_cut})",
+            c.stream
+        );
+    }
+    Ok(())
+}
+
+/// The gRPC servers of the method `/ttft.Gen/Stream`, bytes in and out,
+/// each message after a step of the stub CUDA runtime.
+#[derive(Clone, Copy)]
+enum Server {
+    /// tests/stacks/grpc_stream.py (grpcio, C core).
+    Grpcio,
+    /// tests/stacks/tonic.rs (bin stack-tonic: tonic on hyper's HTTP/2).
+    Tonic,
+    /// tests/stacks/h2_cut_server.py: a raw h2c server that cuts every
+    /// frame header it sends between two sends.
+    CutHeaders,
+}
+
+/// `server` in a cgroup of its own under the tracer, and
+/// `client(port, out)` run against it: the calls the client
+/// wrote to `out`, and the tracer's records of the server's port. `None`
+/// where the test is skipped.
+fn traced_grpc_calls(
+    name: &str,
+    server: Server,
+    client: impl FnOnce(u16, &std::path::Path) -> Result<std::process::ExitStatus>,
+) -> Result<Option<(Vec<Call>, Vec<Value>)>> {
+    let Some(_guard) = root_test(name) else {
+        return Ok(None);
+    };
+    if !grpc_python().is_file() {
+        ttft_trace_tests::skip_or_fail(name, "no gRPC venv: run `cargo xtask setup`");
+        return Ok(None);
     }
     let cudart = fixtures::existing_fixture(fixtures::STUB_CUDART)?;
     let port = free_port()?;
     let cgroup = PodCgroup::new()?;
-    let mut cmd = Command::new(grpc_python());
+    let mut cmd = match server {
+        Server::Grpcio | Server::CutHeaders => {
+            let script = match server {
+                Server::Grpcio => "grpc_stream.py serve",
+                _ => "h2_cut_server.py",
+            };
+            let mut c = Command::new(grpc_python());
+            c.args(script.split(' '))
+                .arg(port.to_string())
+                .env("STACK_CUDART", &cudart)
+                .env("PYTHONUNBUFFERED", "1")
+                .env("PYTHONDONTWRITEBYTECODE", "1");
+            c
+        }
+        Server::Tonic => {
+            let mut c = Command::new(env!("CARGO_BIN_EXE_stack-tonic"));
+            c.arg(port.to_string()).arg(&cudart);
+            c
+        }
+    };
     cmd.current_dir(stacks_dir())
-        .args(["grpc_stream.py", "serve", &port.to_string()])
-        .env("STACK_CUDART", &cudart)
-        .env("PYTHONUNBUFFERED", "1")
-        .env("PYTHONDONTWRITEBYTECODE", "1")
         .stdin(Stdio::null())
         .stdout(Stdio::null());
     cgroup.place(&mut cmd)?;
@@ -90,12 +221,7 @@ fn grpc_streams_are_one_request_each() -> Result<()> {
     // The stub runtime and its driver.
     tracer.wait_for_stderr(ATTACHED, 2, Duration::from_secs(30))?;
     let out = fixtures::temp_path("grpc-client", "jsonl");
-    let status = Command::new(grpc_python())
-        .current_dir(stacks_dir())
-        .args(["grpc_stream.py", "client", &port.to_string()])
-        .arg(&out)
-        .status()
-        .context("running the gRPC client")?;
+    let status = client(port, &out)?;
     ensure!(status.success(), "client failed: {status}");
     let calls: Vec<Call> = ttft_trace_tests::demo::read_jsonl(&out)?;
     let _ = std::fs::remove_file(&out);
@@ -111,16 +237,16 @@ fn grpc_streams_are_one_request_each() -> Result<()> {
         "segments not seen at the server's cgroup:\n{}",
         trace.stderr
     );
-    let records: Vec<&Value> = trace
+    let records: Vec<Value> = trace
         .lines
-        .iter()
+        .into_iter()
         .filter(|l| l["type"] == "request" && l["server_port"].as_u64() == Some(port.into()))
         .collect();
-    check(&calls, &records)
+    Ok(Some((calls, records)))
 }
 
 /// Every call one record, matched by its stream id on the one connection.
-fn check(calls: &[Call], records: &[&Value]) -> Result<()> {
+fn check(client: &str, calls: &[Call], records: &[&Value]) -> Result<()> {
     ensure!(calls.len() == CALLS, "client wrote {} calls", calls.len());
     ensure!(
         records.len() == CALLS,
@@ -186,7 +312,7 @@ fn check(calls: &[Call], records: &[&Value]) -> Result<()> {
     let p50 = reads_ms[reads_ms.len() / 2];
     let max = reads_ms[reads_ms.len() - 1];
     println!(
-        "grpcio: {CALLS} streams matched, client read after the traced first token: P50 {p50:.2} ms, max {max:.2} ms"
+        "{client}: {CALLS} streams matched, client read after the traced first token: P50 {p50:.2} ms, max {max:.2} ms"
     );
     ensure!(
         p50 <= CLIENT_READ_P50_MS && max <= CLIENT_READ_P99_MS,

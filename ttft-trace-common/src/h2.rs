@@ -6,9 +6,9 @@
 /// Tag of [`H2FramesEvent`] (after the signals' 4 to 6 and the segment's 7).
 pub const EVENT_H2: u32 = 8;
 
-/// Frame summaries in one event: the walk stops there (the rest of the
-/// call's frames are counted in `Stat::H2FramesDropped`, and the
-/// direction's walk loses its place until a later call starts on a frame).
+/// Frame summaries in one event: past it the call's frames are only
+/// counted (`Stat::H2FramesDropped`, [`H2_TRUNCATED`]), up to
+/// [`H2_WALK_MAX`] frame headers a call.
 pub const H2_MAX_FRAMES: usize = 16;
 /// Payload bytes kept per frame: enough for a HEADERS frame's pad length
 /// and priority fields (6) and the first byte of its header block (an
@@ -32,9 +32,11 @@ pub const H2_TRUNCATED: u32 = 1;
 /// call's first bytes read as a plausible frame header: the walk starts
 /// there again. Its first frame is a guess, however plausible.
 pub const H2_RESYNCED: u32 = 2;
-/// [`H2FramesEvent::flags`]: the walk lost its place in this call (a frame
-/// header split across calls, an implausible header, a segment out of
-/// order): later calls are not walked until one resyncs.
+/// [`H2FramesEvent::flags`]: the walk lost its place in this call (an
+/// unreadable or implausible header, more than [`H2_WALK_MAX`] frames, a
+/// segment past a gap): later calls are not walked until one resyncs. (A
+/// frame header cut by a call's end is not lost: its first bytes are
+/// carried to the next call, [`CutHeader`].)
 pub const H2_LOST: u32 = 4;
 /// [`H2FramesEvent::flags`]: the client's connection preface starts this
 /// segment (the walk begins after it).
@@ -66,7 +68,9 @@ pub const H2_MAX_FRAME_LEN: u32 = (1 << 24) - 1;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct H2Frame {
-    /// Offset of the frame header from [`H2FramesEvent::seq`].
+    /// Offset of the frame header from [`H2FramesEvent::seq`]; below 0
+    /// (wrapped) for a header begun in an earlier call, cut by its end
+    /// ([`H2FramesEvent::t_cut_ns`]).
     pub offset: u32,
     /// Payload length (24 bits).
     pub len: u32,
@@ -114,6 +118,10 @@ pub struct H2FramesEvent {
     /// [`H2_TRUNCATED`] | [`H2_RESYNCED`] | [`H2_LOST`] | [`H2_PREFACE_SEEN`].
     pub flags: u32,
     pub _pad: u32,
+    /// Where the first frame's header began in an earlier call of the
+    /// direction (cut by that call's end, [`CutHeader`]): when that call
+    /// was seen. 0 otherwise.
+    pub t_cut_ns: u64,
     pub frames: [H2Frame; H2_MAX_FRAMES],
 }
 
@@ -132,6 +140,7 @@ impl Default for H2FramesEvent {
             n_frames: 0,
             flags: 0,
             _pad: 0,
+            t_cut_ns: 0,
             frames: [H2Frame::default(); H2_MAX_FRAMES],
         }
     }
@@ -150,13 +159,33 @@ impl H2FramesEvent {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct H2State {
     /// Sends: bytes of the frame in progress that the next send starts
-    /// with (0: it starts on a frame header).
+    /// with (0: it starts on a frame header, or on the rest of `tx_cut`).
     pub tx_carry: u32,
-    /// Receives: sequence number of the next frame header.
+    /// Receives: sequence number of the next byte to walk (a frame
+    /// header, the rest of `rx_cut`'s, or a frame's payload).
     pub rx_next: u32,
     /// [`H2_TX_SYNC`] | [`H2_RX_SYNC`]: whether the direction knows where
     /// its next frame starts.
     pub sync: u32,
+    pub _pad: u32,
+    /// Each direction's frame header cut by its last call's end.
+    pub tx_cut: CutHeader,
+    pub rx_cut: CutHeader,
+}
+
+/// The first bytes of a frame header that a call's end cut (fewer than 9
+/// of them in the call: a client's frames cut at the MSS, a writer that
+/// writes a header in pieces), kept for the direction's next call to
+/// complete. Only where the direction knows its place.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CutHeader {
+    /// When the call that brought its first byte was seen.
+    pub t_ns: u64,
+    /// Its first bytes.
+    pub bytes: [u8; 8],
+    /// Valid bytes in `bytes` (0: none kept).
+    pub len: u32,
     pub _pad: u32,
 }
 
@@ -179,8 +208,19 @@ pub fn parse_header(h: &[u8; 9]) -> (u32, u8, u8, u32) {
 /// send (its SETTINGS preface).
 #[inline(always)]
 pub fn plausible_header(h: &[u8; 9]) -> bool {
-    let (len, kind, _flags, stream) = parse_header(h);
+    let (len, kind, flags, stream) = parse_header(h);
     if h[5] & 0x80 != 0 || len > H2_MAX_FRAME_LEN {
+        return false;
+    }
+    // A pad length byte, and a priority's 5 bytes, take room (a gRPC
+    // message prefix `0 0 0 0 9` reads as an empty DATA frame PADDED).
+    let padded = u32::from(flags & H2_PADDED != 0);
+    let priority = if kind == H2_HEADERS && flags & H2_PRIORITY_FLAG != 0 {
+        5
+    } else {
+        0
+    };
+    if matches!(kind, H2_DATA | H2_HEADERS | H2_PUSH_PROMISE) && len < padded + priority {
         return false;
     }
     match kind {
@@ -217,7 +257,18 @@ pub trait FrameBytes {
     /// Reads up to [`H2_PEEK`] bytes at `at` into `dst`: how many are
     /// valid (contiguous; 0 on a fault or past the end).
     fn peek(&mut self, at: u32, dst: &mut [u8; H2_PEEK]) -> u32;
+    /// Reads up to [`H2_CUT_READ`] bytes at `at` into `dst`, however few
+    /// are left (the rest of a cut header, and the payload's first bytes,
+    /// where a call holds fewer than [`peek`] needs): how many are valid
+    /// (contiguous: an iovec entry's end stops them; 0 on a fault).
+    ///
+    /// [`peek`]: FrameBytes::peek
+    fn small(&mut self, at: u32, dst: &mut [u8; H2_CUT_READ]) -> u32;
 }
+
+/// What [`FrameBytes::small`] reads at most: the rest of a cut header
+/// (8 bytes at most) and the payload bytes kept.
+pub const H2_CUT_READ: usize = 16;
 
 /// Where a call's walk starts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -233,6 +284,7 @@ pub struct Walk {
 }
 
 /// Where a walk is, between its steps.
+#[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct WalkState {
     /// Offset of the next frame header.
@@ -242,13 +294,15 @@ pub struct WalkState {
 }
 
 /// Step `i` of a walk: reads the frame header at `st.pos` into
-/// `ev.frames[i]` (or only counts it in `st.dropped`, past
+/// `ev.frames[ev.n_frames]` (or only counts it in `st.dropped`, past
 /// [`H2_MAX_FRAMES`], setting [`H2_TRUNCATED`]). Returns `Some(end)` once
 /// the walk is over: `end` is the offset just past the last frame begun
-/// (past `total` when that frame goes on in a later call), or `None` where
-/// the walk lost its place (a header cut by the call's end or unreadable,
-/// an implausible header where resyncing, more than [`H2_WALK_MAX`]
-/// frames). Step [`H2_WALK_MAX`] always ends it. One step per call, so
+/// (past `total` when that frame goes on in a later call; below `total`
+/// where the call's end cuts the next frame header, which starts there:
+/// [`keep_cut`] keeps its bytes), or `None` where the walk lost its place
+/// (a header unreadable, or cut where resyncing; an implausible header
+/// where resyncing; more than [`H2_WALK_MAX`] frames). Step
+/// [`H2_WALK_MAX`] always ends it. One step per call, so
 /// that the kernel can run the steps under `bpf_loop` (the verifier then
 /// checks one step, not every iteration); the unit tests run them in a
 /// plain loop.
@@ -267,6 +321,10 @@ pub fn walk_step<B: FrameBytes>(
     if i >= H2_WALK_MAX {
         return Some(None);
     }
+    if w.total - pos < H2_FRAME_HEADER {
+        // Cut by the call's end: carried where the walk knows its place.
+        return Some(if w.resync && i == 0 { None } else { Some(pos) });
+    }
     let mut buf = [0u8; H2_PEEK];
     let n = src.peek(pos, &mut buf);
     if n < H2_FRAME_HEADER {
@@ -281,15 +339,15 @@ pub fn walk_step<B: FrameBytes>(
     // Read back from memory so that the bound below is checked on the very
     // register that indexes the array (the kernel's verifier loses it to a
     // copy otherwise).
-    // SAFETY: a read of a local.
-    let k = unsafe { core::ptr::read_volatile(&(i as usize)) };
+    // SAFETY: a read of a field.
+    let k = unsafe { core::ptr::read_volatile(&ev.n_frames) } as usize;
     if k < H2_MAX_FRAMES {
         let f = &mut ev.frames[k];
         (f.offset, f.len, f.stream, f.kind, f.flags) = (pos, len, stream, kind, flags);
         let kept = (n - H2_FRAME_HEADER).min(len).min(H2_FRAME_HEAD as u32);
         f.head_len = kept as u8;
         f.head.copy_from_slice(&buf[9..]);
-        ev.n_frames = i + 1;
+        ev.n_frames = k as u32 + 1;
     } else {
         ev.flags |= H2_TRUNCATED;
         st.dropped += 1;
@@ -298,8 +356,175 @@ pub fn walk_step<B: FrameBytes>(
     None
 }
 
+/// How a call begins whose direction carries a [`CutHeader`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Resumed {
+    /// The call's bytes did not finish the header: they are kept with the
+    /// others (a header in three or more pieces).
+    StillCut,
+    /// The header is whole: its frame is in the event (`ev.frames`, with
+    /// [`H2FramesEvent::t_cut_ns`]), and the walk goes on at this offset
+    /// (past `total`: that frame goes on in a later call).
+    Walk(u32),
+    /// A byte could not be read: the walk loses its place.
+    Lost,
+}
+
+/// Completes the frame header in `cut` (which holds its first bytes) with
+/// the call's bytes from `at` (the first the direction has not walked),
+/// and summarises its frame in `ev` as [`walk_step`] does. `cut` is left
+/// empty, or holds the longer piece ([`Resumed::StillCut`]).
+#[inline(always)]
+pub fn resume_cut<B: FrameBytes>(
+    src: &mut B,
+    cut: &mut CutHeader,
+    at: u32,
+    total: u32,
+    ev: &mut H2FramesEvent,
+) -> Resumed {
+    let have = cut.len.clamp(1, H2_FRAME_HEADER - 1);
+    let avail = total.saturating_sub(at);
+    // The call's first bytes, in one read.
+    let mut buf = [0u8; H2_CUT_READ];
+    let got = src.small(at, &mut buf).min(avail);
+    let need = H2_FRAME_HEADER - have;
+    if got < need && got < avail {
+        // Fewer readable than the call has: an iovec entry's end, a fault.
+        cut.len = 0;
+        return Resumed::Lost;
+    }
+    // The header's bytes joined and the payload's picked by shifts, not
+    // by indexes that depend on `have` (the kernel's verifier refuses a
+    // variable offset into the stack that it cannot bound): the call's
+    // first 16 bytes as two big-endian halves.
+    let hi = u64::from_be_bytes([
+        buf[0], buf[1], buf[2], buf[3], buf[4], buf[5], buf[6], buf[7],
+    ]);
+    let lo = u64::from_be_bytes([
+        buf[8], buf[9], buf[10], buf[11], buf[12], buf[13], buf[14], buf[15],
+    ]);
+    let kept_bits = 8 * have;
+    let first8 = (u64::from_be_bytes(cut.bytes) & !shr(u64::MAX, kept_bits)) | shr(hi, kept_bits);
+    if got < need {
+        // The whole call is part of the header.
+        cut.bytes = first8.to_be_bytes();
+        cut.len = have + got;
+        return Resumed::StillCut;
+    }
+    cut.len = 0;
+    let b = first8.to_be_bytes();
+    let last = (shr(hi, 8 * (have - 1)) & 0xff) as u8;
+    let header = [b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], last];
+    let (len, kind, flags, stream) = parse_header(&header);
+    // The payload's first bytes, where this call has them.
+    let payload = at + need;
+    let kept = len.min(got - need).min(H2_FRAME_HEAD as u32);
+    let head = (shl(hi, 8 * need) | shr(lo, 64 - 8 * need)).to_be_bytes();
+    // SAFETY: a read of a field (as in `walk_step`).
+    let k = unsafe { core::ptr::read_volatile(&ev.n_frames) } as usize;
+    if k < H2_MAX_FRAMES {
+        let f = &mut ev.frames[k];
+        (f.offset, f.len, f.stream, f.kind, f.flags) =
+            (at.wrapping_sub(have), len, stream, kind, flags);
+        f.head_len = kept as u8;
+        f.head = head;
+        ev.n_frames = k as u32 + 1;
+    }
+    ev.t_cut_ns = cut.t_ns;
+    Resumed::Walk(payload.saturating_add(len))
+}
+
+/// `x >> s`, 0 from 64 on.
+#[inline(always)]
+fn shr(x: u64, s: u32) -> u64 {
+    x.checked_shr(s).unwrap_or(0)
+}
+
+/// `x << s`, 0 from 64 on.
+#[inline(always)]
+fn shl(x: u64, s: u32) -> u64 {
+    x.checked_shl(s).unwrap_or(0)
+}
+
+/// Keeps in `cut` the first bytes of the frame header that the call's end
+/// cut: from `at` ([`walk_step`]'s end, below `total`) to `total`, fewer
+/// than 9, in a call seen at `t_ns`. False where one could not be read
+/// (the walk then loses its place).
+#[inline(always)]
+pub fn keep_cut<B: FrameBytes>(
+    src: &mut B,
+    at: u32,
+    total: u32,
+    t_ns: u64,
+    cut: &mut CutHeader,
+) -> bool {
+    let n = total.saturating_sub(at);
+    if n == 0 || n >= H2_FRAME_HEADER {
+        return false;
+    }
+    let mut buf = [0u8; H2_CUT_READ];
+    if src.small(at, &mut buf) < n {
+        return false;
+    }
+    let mut bytes = [0u8; 8];
+    bytes.copy_from_slice(&buf[..8]);
+    *cut = CutHeader {
+        t_ns,
+        bytes,
+        len: n,
+        _pad: 0,
+    };
+    true
+}
+
+/// One call's walk in a plain loop, as the kernel runs it with the steps
+/// under `bpf_loop` (its `walk_and_report`), for the tests: a cut header
+/// completed first ([`resume_cut`]), then the steps, then a header cut by
+/// the call's end kept ([`keep_cut`], at `ev.t_ns`). Returns the offset
+/// just past the last frame begun, at or past `total` (`None`: the walk
+/// lost its place); `st.dropped` counts the frames not summarised.
+pub fn walk_call<B: FrameBytes>(
+    src: &mut B,
+    w: &Walk,
+    cut: &mut CutHeader,
+    st: &mut WalkState,
+    ev: &mut H2FramesEvent,
+) -> Option<u32> {
+    *st = WalkState {
+        pos: w.from,
+        dropped: 0,
+    };
+    if w.resync {
+        cut.len = 0;
+    }
+    if cut.len != 0 {
+        match resume_cut(src, cut, w.from, w.total, ev) {
+            Resumed::StillCut => return Some(w.total.max(w.from)),
+            Resumed::Walk(at) => st.pos = at,
+            Resumed::Lost => return None,
+        }
+    }
+    let mut end = None;
+    for i in 0..=H2_WALK_MAX {
+        if let Some(e) = walk_step(src, w, i, st, ev) {
+            end = e;
+            break;
+        }
+    }
+    let end = match end {
+        Some(e) if e < w.total => keep_cut(src, e, w.total, ev.t_ns, cut).then_some(w.total),
+        e => e,
+    };
+    if end.is_none() {
+        cut.len = 0;
+    }
+    end
+}
+
 /// What to do with a data segment received on an HTTP/2 connection, given
-/// the sequence number of the next frame header (`next`, where `synced`).
+/// the sequence number of the next byte to walk (`next`, where `synced`:
+/// a frame header, the rest of a cut one, or the payload of the frame in
+/// progress).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RxPlan {
     /// All inside a frame's payload, or a retransmit of bytes walked.
@@ -337,10 +562,11 @@ pub fn rx_plan(next: u32, synced: bool, seq: u32, len: u32) -> RxPlan {
 
 const _: () = {
     assert!(core::mem::size_of::<H2Frame>() == 24);
-    assert!(core::mem::size_of::<H2FramesEvent>() == 56 + 24 * H2_MAX_FRAMES);
+    assert!(core::mem::size_of::<H2FramesEvent>() == 64 + 24 * H2_MAX_FRAMES);
     assert!(core::mem::offset_of!(H2FramesEvent, seq) == 32);
-    assert!(core::mem::offset_of!(H2FramesEvent, frames) == 56);
-    assert!(core::mem::size_of::<H2State>() == 16);
+    assert!(core::mem::offset_of!(H2FramesEvent, frames) == 64);
+    assert!(core::mem::size_of::<CutHeader>() == 24);
+    assert!(core::mem::size_of::<H2State>() == 16 + 2 * 24);
 };
 
 #[cfg(test)]

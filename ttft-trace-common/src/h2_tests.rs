@@ -10,20 +10,31 @@ use super::*;
 /// read stops at a piece's end, as the kernel's does).
 struct Pieces(Vec<Vec<u8>>);
 
-impl FrameBytes for Pieces {
-    fn peek(&mut self, at: u32, dst: &mut [u8; H2_PEEK]) -> u32 {
+impl Pieces {
+    /// Up to `N` bytes at `at`, to the end of its piece.
+    fn read<const N: usize>(&self, at: u32, dst: &mut [u8; N]) -> u32 {
         let mut start = 0;
         for p in &self.0 {
             let at = at as usize;
             if at >= start && at < start + p.len() {
                 let from = &p[at - start..];
-                let n = from.len().min(H2_PEEK);
+                let n = from.len().min(N);
                 dst[..n].copy_from_slice(&from[..n]);
                 return n as u32;
             }
             start += p.len();
         }
         0
+    }
+}
+
+impl FrameBytes for Pieces {
+    fn peek(&mut self, at: u32, dst: &mut [u8; H2_PEEK]) -> u32 {
+        self.read(at, dst)
+    }
+
+    fn small(&mut self, at: u32, dst: &mut [u8; H2_CUT_READ]) -> u32 {
+        self.read(at, dst)
     }
 }
 
@@ -40,23 +51,19 @@ pub struct Walked {
 }
 
 /// Walks the frame headers of one call into `ev.frames` (setting
-/// `n_frames`, and `H2_TRUNCATED` where frames were left out): the steps
-/// of `walk_step` in a plain loop.
-fn walk<B: FrameBytes>(src: &mut B, w: &Walk, ev: &mut H2FramesEvent) -> Walked {
-    let mut st = WalkState {
-        pos: w.from,
-        dropped: 0,
-    };
-    for i in 0..=H2_WALK_MAX {
-        if let Some(end) = walk_step(src, w, i, &mut st, ev) {
-            return Walked {
-                end,
-                dropped: st.dropped,
-            };
-        }
-    }
+/// `n_frames`, and `H2_TRUNCATED` where frames were left out), with no
+/// cut header carried in: `walk_call`, which runs the steps of
+/// `walk_step` in a plain loop. The cut header kept, if any, in `cut`.
+fn walk<B: FrameBytes>(
+    src: &mut B,
+    w: &Walk,
+    ev: &mut H2FramesEvent,
+    cut: &mut CutHeader,
+) -> Walked {
+    let mut st = WalkState::default();
+    let end = walk_call(src, w, cut, &mut st, ev);
     Walked {
-        end: None,
+        end,
         dropped: st.dropped,
     }
 }
@@ -77,7 +84,7 @@ fn run(pieces: Vec<Vec<u8>>, from: u32, resync: bool) -> (H2FramesEvent, Walked)
         total,
         resync,
     };
-    let walked = walk(&mut Pieces(pieces), &w, &mut ev);
+    let walked = walk(&mut Pieces(pieces), &w, &mut ev, &mut CutHeader::default());
     (ev, walked)
 }
 
@@ -170,13 +177,28 @@ fn iovec_pieces_and_continuation() {
 }
 
 #[test]
-fn a_header_cut_by_the_call_loses_the_place() {
+fn a_header_cut_by_the_call_is_kept() {
     let a = frame(H2_DATA, 0, 1, &[1; 4]);
     let b = frame(H2_DATA, 0, 3, &[1; 4]);
     let mut buf = a.clone();
     buf.extend_from_slice(&b[..5]);
-    let (ev, w) = run(std::vec![buf], 0, false);
+    let mut ev = H2FramesEvent {
+        t_ns: 70,
+        ..H2FramesEvent::default()
+    };
+    let mut cut = CutHeader::default();
+    let w = Walk {
+        from: 0,
+        total: buf.len() as u32,
+        resync: false,
+    };
+    let walked = walk(&mut Pieces(std::vec![buf.clone()]), &w, &mut ev, &mut cut);
     assert_eq!(ev.n_frames, 1);
+    // Every byte walked: the next call starts on the header's rest.
+    assert_eq!(walked.end, Some(buf.len() as u32));
+    assert_eq!((cut.len, &cut.bytes[..5], cut.t_ns), (5, &b[..5], 70));
+    // Where resyncing, a cut first header cannot be checked: lost.
+    let (_, w) = run(std::vec![b[..5].to_vec()], 0, true);
     assert_eq!(w.end, None);
 }
 
@@ -248,4 +270,263 @@ fn segments_in_order_out_of_order_and_retransmitted() {
             resync: true
         })
     );
+}
+
+/// A frame as the walk summarises it, wherever its header was cut.
+type Summary = (u8, u8, u32, u32, Vec<u8>);
+
+fn summaries(events: &[H2FramesEvent]) -> Vec<Summary> {
+    events
+        .iter()
+        .flat_map(|ev| ev.frames().iter())
+        .map(|f| (f.kind, f.flags, f.stream, f.len, f.head().to_vec()))
+        .collect()
+}
+
+/// A server's sends as the kernel follows them (`on_send`): the bytes of
+/// the frame in progress the next send starts with, whether the
+/// direction knows its place, a cut header.
+#[derive(Default)]
+struct Sends {
+    carry: u32,
+    synced: bool,
+    cut: CutHeader,
+    events: Vec<H2FramesEvent>,
+}
+
+impl Sends {
+    fn new() -> Self {
+        Self {
+            synced: true,
+            ..Self::default()
+        }
+    }
+
+    fn send(&mut self, t_ns: u64, bytes: &[u8]) {
+        let w = Walk {
+            from: if self.synced { self.carry } else { 0 },
+            total: bytes.len() as u32,
+            resync: !self.synced,
+        };
+        let (ev, end) = one_call(t_ns, 0, bytes, &w, &mut self.cut);
+        match end {
+            Some(end) => (self.carry, self.synced) = (end - w.total, true),
+            None => self.synced = false,
+        }
+        self.events.push(ev);
+    }
+}
+
+/// One call of a direction: its event and where its walk ended.
+fn one_call(
+    t_ns: u64,
+    seq: u32,
+    bytes: &[u8],
+    w: &Walk,
+    cut: &mut CutHeader,
+) -> (H2FramesEvent, Option<u32>) {
+    let mut ev = H2FramesEvent {
+        t_ns,
+        seq,
+        ..H2FramesEvent::default()
+    };
+    let mut st = WalkState::default();
+    let end = walk_call(
+        &mut Pieces(std::vec![bytes.to_vec()]),
+        w,
+        cut,
+        &mut st,
+        &mut ev,
+    );
+    (ev, end)
+}
+
+/// A client's data segments as the kernel follows them (`on_segment`).
+#[derive(Default)]
+struct Segments {
+    next: u32,
+    synced: bool,
+    cut: CutHeader,
+    events: Vec<H2FramesEvent>,
+    skipped: u32,
+}
+
+impl Segments {
+    fn at(next: u32) -> Self {
+        Self {
+            next,
+            synced: true,
+            ..Self::default()
+        }
+    }
+
+    fn segment(&mut self, t_ns: u64, seq: u32, bytes: &[u8]) {
+        let w = match rx_plan(self.next, self.synced, seq, bytes.len() as u32) {
+            RxPlan::Skip => {
+                self.skipped += 1;
+                return;
+            }
+            RxPlan::Lost => {
+                self.synced = false;
+                return;
+            }
+            RxPlan::Walk(w) => w,
+        };
+        let (ev, end) = one_call(t_ns, seq, bytes, &w, &mut self.cut);
+        match end {
+            Some(end) => (self.next, self.synced) = (seq.wrapping_add(end), true),
+            None => self.synced = false,
+        }
+        self.events.push(ev);
+    }
+}
+
+/// A gRPC call's frames: request HEADERS (`:method: POST`), its message
+/// with END_STREAM, then the next call's HEADERS on stream 3.
+fn grpc_request() -> (Vec<u8>, [usize; 3]) {
+    let mut b = frame(H2_HEADERS, H2_END_HEADERS, 1, &[0x83, 0x86, 0x44, 1, 2, 3]);
+    let data_at = b.len();
+    b.extend(frame(H2_DATA, H2_END_STREAM, 1, &[0, 0, 0, 0, 3, 9, 8, 7]));
+    let next_at = b.len();
+    b.extend(frame(H2_HEADERS, H2_END_HEADERS, 3, &[0x83, 0x86]));
+    (b, [0, data_at, next_at])
+}
+
+/// The frames of `bytes` walked in one send.
+fn whole_walk(bytes: &[u8]) -> Vec<Summary> {
+    let mut s = Sends::new();
+    s.send(1, bytes);
+    summaries(&s.events)
+}
+
+#[test]
+fn a_send_cut_in_any_frame_header_at_any_byte_is_walked_whole() {
+    let (bytes, headers) = grpc_request();
+    let whole = whole_walk(&bytes);
+    assert_eq!(whole.len(), 3);
+    for at in headers {
+        for k in 1..H2_FRAME_HEADER as usize {
+            let cut = at + k;
+            let mut s = Sends::new();
+            s.send(10, &bytes[..cut]);
+            s.send(20, &bytes[cut..]);
+            assert!(s.synced, "cut at {at}+{k}");
+            assert_eq!(s.carry, 0, "cut at {at}+{k}");
+            assert_eq!(summaries(&s.events), whole, "cut at {at}+{k}");
+            // The completed frame: the second send's first, begun in the
+            // first send.
+            let f = s.events[1].frames[0];
+            assert_eq!(f.offset, 0u32.wrapping_sub(k as u32), "cut at {at}+{k}");
+            assert_eq!(s.events[1].t_cut_ns, 10);
+            // Nothing in the first send's event past the cut.
+            assert!(
+                s.events[0]
+                    .frames()
+                    .iter()
+                    .all(|f| (f.offset as usize) < at)
+            );
+            assert_eq!(s.events[0].t_cut_ns, 0);
+        }
+    }
+}
+
+#[test]
+fn a_header_in_three_pieces_and_a_payload_split_too() {
+    let (bytes, [_, data_at, next_at]) = grpc_request();
+    let mut whole = whole_walk(&bytes);
+    // The DATA frame's head: the payload bytes in its header's last call.
+    whole[1].4.truncate(3);
+    // The DATA frame's header in three sends (2, 3, then 4 bytes and 3
+    // of its 8 payload bytes), the rest of its payload and 6 bytes of the
+    // next header in a fourth, the rest in a fifth.
+    let cuts = [data_at, data_at + 2, data_at + 5, data_at + 12, next_at + 6];
+    let mut s = Sends::new();
+    let mut from = 0;
+    for (t, to) in cuts.iter().chain([&bytes.len()]).enumerate() {
+        s.send(t as u64 * 10, &bytes[from..*to]);
+        from = *to;
+    }
+    assert!(s.synced);
+    assert_eq!(summaries(&s.events), whole);
+    // The DATA frame completed in the fourth send, from the second's
+    // time; the fifth send began inside its payload (5 carried bytes)
+    // and ended inside the next header, completed in the sixth.
+    assert_eq!(s.events[3].t_cut_ns, 10);
+    assert_eq!(s.events[3].frames[0].offset, 0u32.wrapping_sub(5));
+    assert_eq!((s.events[4].n_frames, s.events[5].t_cut_ns), (0, 40));
+    // The same, walked a segment at a time by sequence number, from
+    // near the wrap.
+    let base = u32::MAX - 20;
+    let mut r = Segments::at(base);
+    let mut from = 0;
+    for (t, to) in cuts.iter().chain([&bytes.len()]).enumerate() {
+        r.segment(t as u64, base.wrapping_add(from as u32), &bytes[from..*to]);
+        from = *to;
+    }
+    assert!(r.synced);
+    assert_eq!(summaries(&r.events), whole);
+}
+
+#[test]
+fn segments_cut_in_a_header_at_any_byte() {
+    let (bytes, headers) = grpc_request();
+    let whole = whole_walk(&bytes);
+    for at in headers {
+        for k in 1..H2_FRAME_HEADER as usize {
+            let cut = at + k;
+            let mut r = Segments::at(1000);
+            r.segment(10, 1000, &bytes[..cut]);
+            r.segment(20, 1000 + cut as u32, &bytes[cut..]);
+            assert!(r.synced, "cut at {at}+{k}");
+            assert_eq!(summaries(&r.events), whole, "cut at {at}+{k}");
+            assert_eq!(r.events[1].t_cut_ns, 10, "cut at {at}+{k}");
+            assert_eq!(r.next, 1000 + bytes.len() as u32);
+        }
+    }
+}
+
+#[test]
+fn retransmits_around_a_cut_header() {
+    let (bytes, [_, data_at, _]) = grpc_request();
+    let whole = whole_walk(&bytes);
+    let cut = data_at + 4;
+    let seq = |at: usize| 5000 + at as u32;
+    // The first segment twice (the second a retransmit of walked bytes),
+    // then the rest.
+    let mut r = Segments::at(seq(0));
+    r.segment(10, seq(0), &bytes[..cut]);
+    r.segment(11, seq(0), &bytes[..cut]);
+    r.segment(20, seq(cut), &bytes[cut..]);
+    assert_eq!(r.skipped, 1);
+    assert_eq!(summaries(&r.events), whole);
+    // A retransmit that carries the cut bytes again and the rest of the
+    // header (the sender coalesced): completed from where the new bytes
+    // begin, the header's first bytes from the first segment, the same.
+    let mut r = Segments::at(seq(0));
+    r.segment(10, seq(0), &bytes[..cut]);
+    r.segment(20, seq(data_at), &bytes[data_at..]);
+    assert_eq!(summaries(&r.events), whole);
+    assert_eq!(r.events[1].t_cut_ns, 10);
+    // A retransmit of part of the cut bytes only, then the rest.
+    let mut r = Segments::at(seq(0));
+    r.segment(10, seq(0), &bytes[..cut]);
+    r.segment(11, seq(data_at + 1), &bytes[data_at + 1..cut]);
+    r.segment(20, seq(cut), &bytes[cut..]);
+    assert_eq!(r.skipped, 1);
+    assert_eq!(summaries(&r.events), whole);
+    // The rest of the header lost on the way (a gap): the place is lost,
+    // and the cut bytes are never completed with later ones.
+    let mut r = Segments::at(seq(0));
+    r.segment(10, seq(0), &bytes[..cut]);
+    r.segment(20, seq(cut + 3), &bytes[cut + 3..]);
+    assert!(!r.synced);
+    r.segment(
+        30,
+        seq(bytes.len()),
+        &frame(H2_HEADERS, H2_END_HEADERS, 5, &[0x83]),
+    );
+    assert!(r.synced);
+    let last = r.events.last().expect("an event");
+    assert_eq!((last.t_cut_ns, last.flags, last.n_frames), (0, 0, 1));
+    assert_eq!(r.cut.len, 0);
 }

@@ -12,12 +12,15 @@
 //!
 //! Each direction keeps its place in [`H2_CONNS`]: sends, how many bytes of
 //! the frame in progress the next send starts with; receives, the sequence
-//! number of the next frame header (a retransmit of bytes walked already,
-//! or of the middle of a frame, is skipped). Where the walk loses its
-//! place (a frame header split across calls or iovec entries, more than
-//! [`WALK_MAX`] frames in one call, a segment past a gap) it is counted in
-//! `Stat::H2WalkLost`, and it resumes at the first call that starts with a
-//! plausible frame header (servers write whole frames per call).
+//! number of the next byte to walk (a retransmit of bytes walked already,
+//! or of the middle of a frame, is skipped). A frame header that a call's
+//! end cuts (a client's frames cut at the MSS, a writer that writes a
+//! header in pieces) is kept, up to 8 bytes with the time of its call
+//! ([`CutHeader`]), and completed by the direction's next call. Where the
+//! walk loses its place (a frame header split across iovec entries of one
+//! send, more than [`H2_WALK_MAX`] frames in one call, a segment past a
+//! gap) it is counted in `Stat::H2WalkLost`, and it resumes at the first
+//! call that starts with a plausible frame header.
 
 use core::ffi::c_void;
 
@@ -31,9 +34,10 @@ use aya_ebpf::{
 use ttft_trace_common::{
     CONN_H2, CONN_RX_CHECKED, CONN_TX_CHECKED, ConnState, SendArgs, Stat,
     h2::{
-        EVENT_H2, FrameBytes, H2_FRAME_HEADER, H2_LOST, H2_PEEK, H2_PREFACE, H2_PREFACE_SEEN,
-        H2_RECV, H2_RESYNCED, H2_RX_SYNC, H2_SEND, H2_TX_SYNC, H2_WALK_MAX, H2FramesEvent, H2State,
-        RxPlan, Walk, WalkState, is_server_preface, rx_plan, walk_step,
+        CutHeader, EVENT_H2, FrameBytes, H2_CUT_READ, H2_FRAME_HEADER, H2_LOST, H2_PEEK,
+        H2_PREFACE, H2_PREFACE_SEEN, H2_RECV, H2_RESYNCED, H2_RX_SYNC, H2_SEND, H2_TX_SYNC,
+        H2_WALK_MAX, H2FramesEvent, H2State, Resumed, RxPlan, Walk, WalkState, is_server_preface,
+        keep_cut, resume_cut, rx_plan, walk_step,
     },
 };
 
@@ -109,14 +113,18 @@ impl UserBytes {
     }
 }
 
-impl FrameBytes for UserBytes {
+impl UserBytes {
+    /// Moves the cursor to the entry that holds byte `at` (from the
+    /// buffer's first byte not reported): its user address, and how many
+    /// bytes the entry has from there (`None`: past the end, or an entry
+    /// not readable).
     #[inline(always)]
-    fn peek(&mut self, at: u32, dst: &mut [u8; H2_PEEK]) -> u32 {
+    fn locate(&mut self, at: u32) -> Option<(u64, u32)> {
         let at = at.saturating_add(self.skip);
         let c = &mut self.cur;
         for _ in 0..SEGS_PER_PEEK {
             if at < c.seg_start {
-                return 0;
+                return None;
             }
             if at < c.seg_end {
                 break;
@@ -124,11 +132,9 @@ impl FrameBytes for UserBytes {
             // Past the entry: on to the next (a plain buffer has no next).
             let next = c.seg + 1;
             if self.args.buf != 0 || next >= SEGS {
-                return 0;
+                return None;
             }
-            let Some((base, len)) = segment(&self.args, u64::from(next)) else {
-                return 0;
-            };
+            let (base, len) = segment(&self.args, u64::from(next))?;
             c.seg = next;
             c.base = base;
             c.seg_start = c.seg_end;
@@ -136,10 +142,32 @@ impl FrameBytes for UserBytes {
             c.seg_end = c.seg_start + len.min(u64::from(room)) as u32;
         }
         if at < c.seg_start || at >= c.seg_end {
-            return 0;
+            return None;
         }
-        let valid = (c.seg_end - at).min(H2_PEEK as u32);
-        let src = c.base + u64::from(at - c.seg_start);
+        Some((c.base + u64::from(at - c.seg_start), c.seg_end - at))
+    }
+}
+
+impl FrameBytes for UserBytes {
+    #[inline(always)]
+    fn small(&mut self, at: u32, dst: &mut [u8; H2_CUT_READ]) -> u32 {
+        let Some((src, valid)) = self.locate(at) else {
+            return 0;
+        };
+        let n = bounded_small(valid);
+        // SAFETY: n <= H2_CUT_READ = dst.len(); the helper checks the user
+        // address.
+        let rc =
+            unsafe { generated::bpf_probe_read_user(dst.as_mut_ptr().cast(), n, src as *const _) };
+        if rc == 0 { n } else { 0 }
+    }
+
+    #[inline(always)]
+    fn peek(&mut self, at: u32, dst: &mut [u8; H2_PEEK]) -> u32 {
+        let Some((src, valid)) = self.locate(at) else {
+            return 0;
+        };
+        let valid = valid.min(H2_PEEK as u32);
         read_fixed(dst, |to, n| {
             // SAFETY: n <= H2_PEEK = to.len(); the helper checks the user
             // address.
@@ -158,6 +186,25 @@ struct SkbBytes {
 
 impl FrameBytes for SkbBytes {
     #[inline(always)]
+    fn small(&mut self, at: u32, dst: &mut [u8; H2_CUT_READ]) -> u32 {
+        if at >= self.len {
+            return 0;
+        }
+        let n = bounded_small(self.len - at);
+        // SAFETY: 0 < n <= H2_CUT_READ = dst.len(); the helper checks the
+        // offset against the packet.
+        let rc = unsafe {
+            generated::bpf_skb_load_bytes(
+                self.skb.cast(),
+                self.payload_at + at,
+                dst.as_mut_ptr().cast(),
+                n,
+            )
+        };
+        if rc == 0 { n } else { 0 }
+    }
+
+    #[inline(always)]
     fn peek(&mut self, at: u32, dst: &mut [u8; H2_PEEK]) -> u32 {
         if at >= self.len {
             return 0;
@@ -171,6 +218,17 @@ impl FrameBytes for SkbBytes {
         })
         .min(valid)
     }
+}
+
+/// `n` (1 to [`H2_CUT_READ`]; more is cut to it) as a size the verifier
+/// sees bounded: a mask and an add it tracks through, where a compared
+/// copy of the register would lose the bound. Only where a call's cut
+/// header is worked on, once, in its own callback: never in the walk's
+/// steps (see [`read_fixed`]).
+#[inline(always)]
+fn bounded_small(n: u32) -> u32 {
+    const _: () = assert!(H2_CUT_READ.is_power_of_two());
+    ((n.min(H2_CUT_READ as u32).wrapping_sub(1)) & (H2_CUT_READ as u32 - 1)) + 1
 }
 
 /// Reads [`H2_PEEK`] bytes with `read(dst, size)`, or fewer where that
@@ -206,12 +264,28 @@ pub struct Scratch {
     user: UserBytes,
     /// 0 while walking, then 1 + the end ([`ENDED`]) or [`LOST`].
     end: u64,
+    /// The direction's cut header, copied in and out of its `H2State`.
+    cut: CutHeader,
+    /// What [`cut_send`] / [`cut_segment`] do: [`CUT_RESUME`], or keep
+    /// the bytes from this offset to the call's end.
+    cut_op: u32,
+    /// How it went: [`Resumed`] as [`RESUMED_STILL_CUT`] and so on, or 1
+    /// where the bytes were kept.
+    cut_res: u32,
     /// Non-zero while a walk runs in this slot: a program preempted in the
     /// middle of one (process context) is not overwritten by another on
     /// the same CPU, which gives up instead.
     busy: u32,
     _pad: u32,
 }
+
+/// [`Scratch::cut_op`]: complete the cut header with the call's first
+/// bytes ([`resume_cut`]); any other value keeps the bytes from there
+/// ([`keep_cut`]).
+const CUT_RESUME: u32 = u32::MAX;
+const RESUMED_STILL_CUT: u32 = 1;
+const RESUMED_WALK: u32 = 2;
+const RESUMED_LOST: u32 = 3;
 
 /// [`H2_SCRATCH`] slots: sends run in process context, segments in
 /// softirq, which may interrupt a send's walk on the same CPU.
@@ -252,21 +326,98 @@ extern "C" fn step_send(i: u64, _ctx: *mut c_void) -> i64 {
     stepped(sc, end)
 }
 
-/// One step of a segment's walk (`bpf_loop`'s callback).
-extern "C" fn step_segment(i: u64, ctx: *mut c_void) -> i64 {
-    let Some(sc) = H2_SCRATCH.get_ptr_mut(SLOT_SEGMENT) else {
-        return 1;
-    };
+/// A segment's callback's packet and scratch slot: `ctx` is the caller's
+/// [`SegmentLoop`].
+#[inline(always)]
+fn segment_slot(ctx: *mut c_void) -> Option<(SkbBytes, &'static mut Scratch)> {
+    let sc = H2_SCRATCH.get_ptr_mut(SLOT_SEGMENT)?;
     // SAFETY: ctx is the caller's `SegmentLoop`, alive for the loop; the
     // slot is this CPU's, held by the walk.
     let (l, sc) = unsafe { (&*ctx.cast::<SegmentLoop>(), &mut *sc) };
-    let mut src = SkbBytes {
+    let src = SkbBytes {
         skb: l.skb,
         payload_at: l.payload_at,
         len: l.len,
     };
+    Some((src, sc))
+}
+
+/// One step of a segment's walk (`bpf_loop`'s callback).
+extern "C" fn step_segment(i: u64, ctx: *mut c_void) -> i64 {
+    let Some((mut src, sc)) = segment_slot(ctx) else {
+        return 1;
+    };
     let end = walk_step(&mut src, &sc.w, i as u32, &mut sc.st, &mut sc.ev);
     stepped(sc, end)
+}
+
+/// The work on a cut header ([`Scratch::cut_op`]) over the call's bytes
+/// `src`: the scratch's other fields (`src` may be one of them, its
+/// cursor then in the map value like the steps': a copy on the stack
+/// would have the verifier follow each iovec entry's read).
+#[inline(always)]
+fn cut_work<B: FrameBytes>(
+    src: &mut B,
+    cut: &mut CutHeader,
+    op: u32,
+    w: &Walk,
+    st: &mut WalkState,
+    ev: &mut H2FramesEvent,
+) -> u32 {
+    if op == CUT_RESUME {
+        match resume_cut(src, cut, w.from, w.total, ev) {
+            Resumed::StillCut => RESUMED_STILL_CUT,
+            Resumed::Walk(at) => {
+                st.pos = at;
+                RESUMED_WALK
+            }
+            Resumed::Lost => RESUMED_LOST,
+        }
+    } else {
+        u32::from(keep_cut(src, op, w.total, ev.t_ns, cut))
+    }
+}
+
+/// The cut header's work for a send (`bpf_loop`'s callback, run once):
+/// its byte reads are checked once here, not on every path of the
+/// program around it (the segment program's verification never ended
+/// with them inline).
+extern "C" fn cut_send(_i: u64, _ctx: *mut c_void) -> i64 {
+    let Some(sc) = H2_SCRATCH.get_ptr_mut(SLOT_SEND) else {
+        return 1;
+    };
+    // SAFETY: this CPU's slot, held by the walk (`busy`).
+    let sc = unsafe { &mut *sc };
+    let Scratch {
+        ev,
+        w,
+        st,
+        user,
+        cut,
+        cut_op,
+        cut_res,
+        ..
+    } = sc;
+    *cut_res = cut_work(user, cut, *cut_op, w, st, ev);
+    1
+}
+
+/// The cut header's work for a segment (`bpf_loop`'s callback, run once).
+extern "C" fn cut_segment(_i: u64, ctx: *mut c_void) -> i64 {
+    let Some((mut src, sc)) = segment_slot(ctx) else {
+        return 1;
+    };
+    let Scratch {
+        ev,
+        w,
+        st,
+        cut,
+        cut_op,
+        cut_res,
+        ..
+    } = sc;
+    *cut_res = cut_work(&mut src, cut, *cut_op, w, st, ev);
+    1
 }
 
 /// The event's fixed part: which call, where it starts.
@@ -278,18 +429,26 @@ struct Call {
     flags: u32,
 }
 
-/// Walks one call (its steps under `bpf_loop`, as `step` runs them) and
-/// sends its event where it has frames or news; returns where the walk
-/// ended, as [`walk_step`]'s `end`. `user` is the send's
-/// buffer (`None`: a segment, `seg` its packet).
+/// Walks one call as `ttft_trace_common::h2::walk_call` does (its steps
+/// under `bpf_loop`): completes the direction's cut header first, keeps
+/// one that the call's end cuts in `cut` (the direction's, in
+/// [`H2_CONNS`]), and sends its event where it has frames or news;
+/// returns where the walk ended, at or past `w.total` (`None`: lost).
+/// `user` is the send's buffer (`None`: a segment, `seg` its packet).
 #[inline(always)]
 fn walk_and_report(
     call: &Call,
     w: Walk,
     user: Option<&UserBytes>,
     seg: &SegmentLoop,
+    cut: *mut CutHeader,
 ) -> Option<u32> {
-    if w.from >= w.total && call.flags == 0 {
+    if w.resync {
+        // SAFETY: a live map value (the connection's H2State).
+        unsafe { (*cut).len = 0 };
+    }
+    // SAFETY: as above.
+    if w.from >= w.total && call.flags == 0 && unsafe { (*cut).len } == 0 {
         // All inside the frame in progress: nothing to tell.
         return Some(w.from);
     }
@@ -321,34 +480,67 @@ fn walk_and_report(
     ev.n_frames = 0;
     ev.flags = call.flags;
     ev._pad = 0;
+    ev.t_cut_ns = 0;
     sc.w = w;
     sc.st = WalkState {
         pos: w.from,
         dropped: 0,
     };
     sc.end = 0;
-    let (callback, ctx): (extern "C" fn(u64, *mut c_void) -> i64, *const SegmentLoop) = match user {
+    // SAFETY: as above.
+    sc.cut = unsafe { *cut };
+    type Callback = extern "C" fn(u64, *mut c_void) -> i64;
+    let (callback, on_cut, ctx): (Callback, Callback, *const SegmentLoop) = match user {
         Some(user) => {
             sc.user = *user;
-            (step_send, core::ptr::null())
+            (step_send, cut_send, core::ptr::null())
         }
-        None => (step_segment, seg as *const SegmentLoop),
+        None => (step_segment, cut_segment, seg as *const SegmentLoop),
     };
-    // SAFETY: the callback and its context as the helper wants them; the
-    // context outlives the call.
-    unsafe {
-        generated::bpf_loop(
-            H2_WALK_MAX + 1,
-            callback as *mut c_void,
-            ctx as *mut c_void,
-            0,
-        );
+    if sc.cut.len != 0 {
+        sc.cut_op = CUT_RESUME;
+        sc.cut_res = 0;
+        // SAFETY: as for the walk's loop below.
+        unsafe { generated::bpf_loop(1, on_cut as *mut c_void, ctx as *mut c_void, 0) };
+        match sc.cut_res {
+            RESUMED_STILL_CUT => sc.end = ENDED + u64::from(w.total.max(w.from)),
+            RESUMED_WALK => {}
+            _ => sc.end = LOST,
+        }
+    }
+    if sc.end == 0 {
+        // SAFETY: the callback and its context as the helper wants them;
+        // the context outlives the call.
+        unsafe {
+            generated::bpf_loop(
+                H2_WALK_MAX + 1,
+                callback as *mut c_void,
+                ctx as *mut c_void,
+                0,
+            );
+        }
     }
     add_stat(Stat::H2FramesDropped, u64::from(sc.st.dropped));
     let end = match sc.end {
         0 | LOST => None,
         e => Some((e - ENDED) as u32),
     };
+    // A header cut by the call's end: its bytes kept for the next call.
+    let end = match end {
+        Some(e) if e < w.total => {
+            sc.cut_op = e;
+            sc.cut_res = 0;
+            // SAFETY: as above.
+            unsafe { generated::bpf_loop(1, on_cut as *mut c_void, ctx as *mut c_void, 0) };
+            (sc.cut_res == 1).then_some(w.total)
+        }
+        e => e,
+    };
+    if end.is_none() {
+        sc.cut.len = 0;
+    }
+    // SAFETY: as above.
+    unsafe { *cut = sc.cut };
     if end.is_none() {
         sc.ev.flags |= H2_LOST;
         bump_stat(Stat::H2WalkLost);
@@ -447,7 +639,9 @@ pub(crate) fn on_send(sk: u64, state: *mut ConnState, args: &SendArgs, range: &S
         payload_at: 0,
         len: 0,
     };
-    let end = walk_and_report(&call, w, Some(&src), &none);
+    // SAFETY: live map value.
+    let cut = unsafe { &raw mut (*h2).tx_cut };
+    let end = walk_and_report(&call, w, Some(&src), &none, cut);
     // SAFETY: as above.
     unsafe {
         match end {
@@ -551,7 +745,9 @@ pub(crate) fn on_segment(ctx: &SkBuffContext, sk: u64, payload_at: u32, len: u32
         carry_in: carry,
         flags,
     };
-    let end = walk_and_report(&call, w, None, &src);
+    // SAFETY: live map value.
+    let cut = unsafe { &raw mut (*h2).rx_cut };
+    let end = walk_and_report(&call, w, None, &src, cut);
     // SAFETY: as above.
     unsafe {
         match end {

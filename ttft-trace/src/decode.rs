@@ -185,6 +185,7 @@ mod tests {
             bytes: 120,
             carry_in: 3,
             n_frames: 1,
+            t_cut_ns: 77,
             ..H2FramesEvent::default()
         };
         ev.frames[0] = H2Frame {
@@ -198,7 +199,7 @@ mod tests {
             head: [0x88, 0, 0, 0, 0, 0, 0, 0],
         };
         let bytes = encode(&ev);
-        assert_eq!(bytes.len(), 56 + 24 * 16);
+        assert_eq!(bytes.len(), 64 + 24 * 16);
         let Ok(Event::H2(back)) = decode(&bytes) else {
             panic!("not an HTTP/2 event");
         };
@@ -207,8 +208,9 @@ mod tests {
         assert_eq!(back.frames()[0].head(), &[0x88]);
         // Field placement as the kernel writes it (little-endian host).
         assert_eq!(&bytes[32..36], &0xffff_fff0u32.to_ne_bytes());
-        assert_eq!(&bytes[56..60], &3u32.to_ne_bytes());
-        assert_eq!(&bytes[64..68], &5u32.to_ne_bytes());
+        assert_eq!(&bytes[56..64], &77u64.to_ne_bytes());
+        assert_eq!(&bytes[64..68], &3u32.to_ne_bytes());
+        assert_eq!(&bytes[72..76], &5u32.to_ne_bytes());
         assert_eq!(decode(&bytes[..100]), Err(DecodeError::Short(100)));
     }
 

@@ -129,10 +129,18 @@ impl StreamTable {
             Side::Server
         };
         let mut chunked: Vec<u32> = Vec::new();
-        for f in ev.frames() {
+        for (i, f) in ev.frames().iter().enumerate() {
+            // A first frame whose header an earlier call's end cut: its
+            // first byte came then (a request's arrival, a response's
+            // first byte); its payload, now.
+            let t_header = if i == 0 && ev.t_cut_ns != 0 {
+                ev.t_cut_ns
+            } else {
+                ev.t_ns
+            };
             match side {
-                Side::Client => self.client_frame(ev.t_ns, f, done),
-                Side::Server => self.server_frame(ev.t_ns, f, &mut chunked, done),
+                Side::Client => self.client_frame(t_header, f, done),
+                Side::Server => self.server_frame(ev.t_ns, t_header, f, &mut chunked, done),
             }
         }
     }
@@ -169,6 +177,7 @@ impl StreamTable {
     fn server_frame(
         &mut self,
         t_ns: u64,
+        t_header: u64,
         f: &H2Frame,
         chunked: &mut Vec<u32>,
         done: &mut Vec<(Stream, StreamEnd)>,
@@ -186,7 +195,7 @@ impl StreamTable {
         s.t_last_send = Some(t_ns);
         match f.kind {
             H2_HEADERS if s.t_first_byte.is_none() => {
-                s.t_first_byte = Some(t_ns);
+                s.t_first_byte = Some(t_header);
                 s.status = status(f);
             }
             H2_DATA => {

@@ -3,7 +3,8 @@
 //! stream out.
 
 use ttft_trace_common::h2::{
-    FrameBytes, H2_PEEK, H2_RECV, H2_SEND, H2_WALK_MAX, H2FramesEvent, Walk, WalkState, walk_step,
+    CutHeader, FrameBytes, H2_CUT_READ, H2_PEEK, H2_RECV, H2_SEND, H2FramesEvent, Walk, WalkState,
+    walk_call,
 };
 
 use super::*;
@@ -21,6 +22,13 @@ impl FrameBytes for Bytes<'_> {
         dst[..n].copy_from_slice(&rest[..n]);
         n as u32
     }
+
+    fn small(&mut self, at: u32, dst: &mut [u8; H2_CUT_READ]) -> u32 {
+        let rest = self.0.get(at as usize..).unwrap_or_default();
+        let n = rest.len().min(H2_CUT_READ);
+        dst[..n].copy_from_slice(&rest[..n]);
+        n as u32
+    }
 }
 
 pub(super) fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
@@ -33,6 +41,13 @@ pub(super) fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8>
 
 /// The event the kernel sends for one call of whole frames.
 pub(super) fn walked(dir: u32, t: u64, bytes: &[u8]) -> Box<H2FramesEvent> {
+    walked_after(dir, t, bytes, &mut CutHeader::default())
+}
+
+/// The event the kernel sends for one call that starts on a frame header
+/// or on the rest of the direction's cut one, `cut`, and ends on a
+/// frame's end or in a header (then kept in `cut`).
+fn walked_after(dir: u32, t: u64, bytes: &[u8], cut: &mut CutHeader) -> Box<H2FramesEvent> {
     let mut ev = Box::new(H2FramesEvent {
         dir,
         sk: SK,
@@ -46,12 +61,8 @@ pub(super) fn walked(dir: u32, t: u64, bytes: &[u8]) -> Box<H2FramesEvent> {
         resync: false,
     };
     let mut st = WalkState::default();
-    let mut src = Bytes(bytes);
-    for i in 0..=H2_WALK_MAX {
-        if walk_step(&mut src, &w, i, &mut st, &mut ev).is_some() {
-            break;
-        }
-    }
+    let end = walk_call(&mut Bytes(bytes), &w, cut, &mut st, &mut ev);
+    assert_eq!(end, Some(w.total), "whole frames, or a header cut");
     ev
 }
 
@@ -128,4 +139,47 @@ fn streams_open_at_the_close_are_cut() {
     assert_eq!(rs.len(), 1);
     assert_eq!(rs[0].outcome, Outcome::ClosedMidResponse);
     assert_eq!(rs[0].t_first_token_ns, None);
+}
+
+#[test]
+fn frame_headers_cut_between_calls_keep_their_first_byte_time() {
+    let mut w = Wire::new();
+    w.open(SK, 0);
+    let (mut rx, mut tx) = (CutHeader::default(), CutHeader::default());
+    // The request's HEADERS frame header in two segments (4 bytes at T0,
+    // the rest 3 ms later), read once whole.
+    let mut req = frame(1, 4, 1, &[0x83, 0x86]);
+    req.extend(frame(0, 1, 1, &[0, 0, 0, 0, 1, 7]));
+    w.c.on_h2(walked_after(H2_RECV, T0, &req[..4], &mut rx));
+    w.c.on_h2(walked_after(H2_RECV, T0 + ms(3), &req[4..], &mut rx));
+    w.recv(SK, T0 + ms(4), req.len() as i64);
+    // The response's HEADERS header cut after 5 bytes; the first DATA
+    // frame's header after 2, its payload with the rest.
+    let mut resp = frame(1, 4, 1, &[0x88]);
+    let data_at = resp.len();
+    resp.extend(frame(0, 0, 1, &[0, 0, 0, 0, 2, 1, 2]));
+    let sends = [
+        (ms(10), &resp[..5]),
+        (ms(11), &resp[5..data_at + 2]),
+        (ms(20), &resp[data_at + 2..]),
+    ];
+    for (dt, bytes) in sends {
+        w.send(SK, T0 + dt, bytes);
+        w.c.on_h2(walked_after(H2_SEND, T0 + dt, bytes, &mut tx));
+    }
+    let trailers = frame(1, 5, 1, &[0x40, 0x0b]);
+    w.send(SK, T0 + ms(30), &trailers);
+    w.c.on_h2(walked_after(H2_SEND, T0 + ms(30), &trailers, &mut tx));
+    w.close(SK, T0 + ms(100));
+    let rs = w.drain(ms(10_000));
+    assert_eq!(rs.len(), 1, "{rs:#?}");
+    let r = &rs[0];
+    assert_eq!((r.http2_stream_id, r.outcome), (Some(1), Outcome::Ok));
+    // Arrival: the segment with the header's first byte; first token:
+    // the send with the DATA payload, not the one that began its header.
+    assert_eq!(r.t_request_segment_ns, Some(T0));
+    assert_eq!(r.t_arrive_ns, T0 + ms(4));
+    assert_eq!(r.t_first_byte_ns, Some(T0 + ms(10)));
+    assert_eq!(r.t_first_token_ns, Some(T0 + ms(20)));
+    assert_eq!((r.http_status, r.chunks), (Some(200), 1));
 }

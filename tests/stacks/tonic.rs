@@ -1,0 +1,163 @@
+//! The tonic stack of tests/tests/grpc.rs: the server-streaming method
+//! `/ttft.Gen/Stream` of tests/stacks/grpc_stream.py, on tonic (Rust,
+//! hyper's HTTP/2) instead of grpcio's C core. Bytes in and out, no
+//! protobuf (a pass-through codec, as the grpcio server's generic handler
+//! has): the same Python client calls either. Each call streams `MSGS`
+//! messages, each after a step of the stub CUDA runtime of tests/fixtures
+//! (dlopen): a 20 ms prefill before the first, a 5 ms decode step before
+//! each later one, one GPU for all calls (gpu.py's pacing). A cancelled
+//! call (its receiver dropped) stops at its next message.
+//!
+//!   stack-tonic PORT CUDART
+
+use std::{
+    convert::Infallible,
+    future::Future,
+    path::Path,
+    pin::Pin,
+    sync::{Arc, Mutex},
+    task::{Context, Poll},
+};
+
+use anyhow::{Result, bail};
+use prost::bytes::{Buf, BufMut, Bytes};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{
+    Status,
+    body::Body,
+    codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder},
+    codegen::{Service, http},
+    server::{Grpc, NamedService, ServerStreamingService},
+};
+use ttft_trace_tests::stub_gpu::StubGpu;
+
+/// Messages per call (grpc_stream.py's `MSGS`).
+const MSGS: u32 = 6;
+const PREFILL_NS: u64 = 20_000_000;
+const DECODE_NS: u64 = 5_000_000;
+const METHOD: &str = "/ttft.Gen/Stream";
+
+/// Messages as they are on the wire: bytes.
+#[derive(Clone, Copy, Default)]
+struct RawCodec;
+
+impl Codec for RawCodec {
+    type Encode = Bytes;
+    type Decode = Bytes;
+    type Encoder = RawCodec;
+    type Decoder = RawCodec;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        RawCodec
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        RawCodec
+    }
+}
+
+impl Encoder for RawCodec {
+    type Item = Bytes;
+    type Error = Status;
+
+    fn encode(&mut self, item: Bytes, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        dst.put(item);
+        Ok(())
+    }
+}
+
+impl Decoder for RawCodec {
+    type Item = Bytes;
+    type Error = Status;
+
+    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Bytes>, Status> {
+        Ok(Some(src.copy_to_bytes(src.remaining())))
+    }
+}
+
+/// The method: one GPU thread per call, its messages through a channel.
+#[derive(Clone)]
+struct Generate {
+    gpu: Arc<Mutex<StubGpu>>,
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+impl ServerStreamingService<Bytes> for Generate {
+    type Response = Bytes;
+    type ResponseStream = ReceiverStream<Result<Bytes, Status>>;
+    type Future = BoxFuture<Result<tonic::Response<Self::ResponseStream>, Status>>;
+
+    fn call(&mut self, _request: tonic::Request<Bytes>) -> Self::Future {
+        let gpu = self.gpu.clone();
+        let (tx, rx) = tokio::sync::mpsc::channel(MSGS as usize);
+        std::thread::spawn(move || {
+            for i in 0..MSGS {
+                let ns = if i == 0 { PREFILL_NS } else { DECODE_NS };
+                let stepped = gpu
+                    .lock()
+                    .map_err(|_| Status::internal("GPU lock poisoned"))
+                    .and_then(|g| g.step(ns).map_err(|e| Status::internal(e.to_string())));
+                let msg = stepped.map(|()| Bytes::from(format!("token {i}")));
+                let failed = msg.is_err();
+                // The client's cancel dropped the stream: stop there.
+                if tx.blocking_send(msg).is_err() || failed {
+                    return;
+                }
+            }
+        });
+        Box::pin(async move { Ok(tonic::Response::new(ReceiverStream::new(rx))) })
+    }
+}
+
+/// The service `ttft.Gen`: routes its one method, refuses the others.
+#[derive(Clone)]
+struct Gen(Generate);
+
+impl NamedService for Gen {
+    const NAME: &'static str = "ttft.Gen";
+}
+
+impl<B> Service<http::Request<B>> for Gen
+where
+    B: tonic::codegen::Body + Send + 'static,
+    B::Error: Into<tonic::codegen::StdError> + Send + 'static,
+{
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Result<Self::Response, Infallible>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let method = self.0.clone();
+        Box::pin(async move {
+            if req.uri().path() != METHOD {
+                return Ok(Status::unimplemented(req.uri().path().to_string()).into_http());
+            }
+            Ok(Grpc::new(RawCodec).server_streaming(method, req).await)
+        })
+    }
+}
+
+fn main() -> Result<()> {
+    let mut args = std::env::args().skip(1);
+    let (Some(port), Some(cudart)) = (args.next(), args.next()) else {
+        bail!("usage: stack-tonic PORT CUDART");
+    };
+    let gpu = Arc::new(Mutex::new(StubGpu::load(Path::new(&cudart))?));
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?
+        .block_on(async move {
+            let addr = format!("127.0.0.1:{port}").parse()?;
+            tonic::transport::Server::builder()
+                .add_service(Gen(Generate { gpu }))
+                .serve(addr)
+                .await?;
+            Ok(())
+        })
+}
