@@ -27,7 +27,7 @@ use super::{
     join::Join,
     outcome::Outcome,
     response::{self, End, Outgoing, Response},
-    retries::{Interruption, Interruptions, Retry},
+    retries::{Attempt, AttemptId, Interruption, Interruptions, Retry},
     streams::{Stream, StreamEnd, StreamTable},
     tls::{Handshake, TlsFacts},
 };
@@ -113,9 +113,26 @@ impl Request {
         self.response.as_ref().and_then(|r| r.t_first_token)
     }
 
-    /// Its last send, if any.
-    pub fn t_last_send(&self) -> Option<u64> {
-        self.t_last_send
+    /// What retries are linked by (`requests/retries.rs`).
+    fn attempt(&self) -> Attempt {
+        Attempt {
+            id: AttemptId {
+                conn: self.conn.sk,
+                request_index: self.index,
+                client_port: self.conn.client.port(),
+            },
+            client: self.conn.client.ip(),
+            server_port: self.conn.server.port(),
+            serial: self.conn.serial,
+            http2: self.http2,
+            bytes_in: self.bytes_in,
+            t_arrive: self.t_arrive,
+            t_first_arrive: self.retry.map_or(self.t_arrive, |r| r.t_first_arrive),
+            t_end: self
+                .t_ended
+                .max(self.t_last_send.unwrap_or(0))
+                .max(self.t_arrive),
+        }
     }
 
     /// Whether the server has begun answering: bytes received from now on
@@ -278,16 +295,18 @@ impl Outbox {
         // A window of 0 turns the linking off.
         let window = self.retry_window_ns;
         if window > 0 {
-            request.retry = self.interruptions.retry_of(&request, window);
+            request.retry = self.interruptions.retry_of(&request.attempt(), window);
             if outcome.interrupted() {
-                let i = Interruption::of(&request, outcome == Outcome::GoAway);
+                let i = Interruption::new(request.attempt(), outcome == Outcome::GoAway);
                 // Its retry may have finished already (a client that left
                 // while the server kept it open): the earliest such one,
                 // while its record waits, takes the link.
                 let later = self
                     .finished
                     .iter_mut()
-                    .filter(|f| f.request.retry.is_none() && i.retried_by(&f.request, window))
+                    .filter(|f| {
+                        f.request.retry.is_none() && i.retried_by(&f.request.attempt(), window)
+                    })
                     .min_by_key(|f| f.request.t_arrive);
                 match later {
                     Some(f) => f.request.retry = Some(i.retry()),

@@ -19,8 +19,6 @@ use std::{collections::VecDeque, net::IpAddr};
 
 use serde::Serialize;
 
-use super::connection::Request;
-
 /// Interruptions remembered at most (per workload's correlator); past it
 /// the oldest is forgotten, counted in
 /// `ttft_trace_table_evictions_total{table="retry_candidates"}`.
@@ -59,69 +57,62 @@ pub(crate) struct Retry {
     pub t_first_arrive: u64,
 }
 
+/// What the linking reads of a request (`Request::attempt`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Attempt {
+    pub id: AttemptId,
+    pub client: IpAddr,
+    pub server_port: u16,
+    /// The connection's serial: an HTTP/1.1 retry comes on another one.
+    pub serial: u64,
+    pub http2: bool,
+    pub bytes_in: u64,
+    pub t_arrive: u64,
+    /// The arrival of the first attempt of its chain (its own, unless it
+    /// is a retry).
+    pub t_first_arrive: u64,
+    /// When it ended: the event that ended it (the client's close when it
+    /// left first, else the close, reset or GOAWAY that finished it), or
+    /// its last send if later.
+    pub t_end: u64,
+}
+
 /// A request that ended interrupted, while its retry may still come.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Interruption {
-    id: AttemptId,
-    client: IpAddr,
-    server_port: u16,
-    /// The connection's serial: an HTTP/1.1 retry comes on another one.
-    serial: u64,
-    http2: bool,
+    attempt: Attempt,
     /// Refused by a GOAWAY: its HTTP/2 retry may come on another connection.
     goaway: bool,
-    bytes_in: u64,
-    t_first_arrive: u64,
-    /// When it ended: the event that ended it (the client's close or reset,
-    /// the server's), or its last send if later.
-    t_end: u64,
 }
 
 impl Interruption {
-    /// `req` ended interrupted (its own retry link already made).
-    pub fn of(req: &Request, goaway: bool) -> Self {
-        Self {
-            id: AttemptId {
-                conn: req.conn.sk,
-                request_index: req.index,
-                client_port: req.conn.client.port(),
-            },
-            client: req.conn.client.ip(),
-            server_port: req.conn.server.port(),
-            serial: req.conn.serial,
-            http2: req.http2,
-            goaway,
-            bytes_in: req.bytes_in,
-            t_first_arrive: req.retry.map_or(req.t_arrive, |r| r.t_first_arrive),
-            t_end: req
-                .t_ended
-                .max(req.t_last_send().unwrap_or(0))
-                .max(req.t_arrive),
-        }
+    pub fn new(attempt: Attempt, goaway: bool) -> Self {
+        Self { attempt, goaway }
     }
 
     /// Whether `req` is its retry: from the same client address to the same
     /// server port, arrived after it ended and within `window_ns`; on
     /// HTTP/1.1 the same request again on another connection; on HTTP/2 a
     /// stream of the same connection (of any, after a GOAWAY).
-    pub fn retried_by(&self, req: &Request, window_ns: u64) -> bool {
-        let same_request = if self.http2 {
-            req.http2 && (self.goaway || self.serial == req.conn.serial)
+    pub fn retried_by(&self, req: &Attempt, window_ns: u64) -> bool {
+        let i = &self.attempt;
+        let same_request = if i.http2 {
+            req.http2 && (self.goaway || i.serial == req.serial)
         } else {
-            !req.http2 && self.serial != req.conn.serial && self.bytes_in == req.bytes_in
+            !req.http2 && i.serial != req.serial && i.bytes_in == req.bytes_in
         };
-        self.client == req.conn.client.ip()
-            && self.server_port == req.conn.server.port()
-            && self.t_end <= req.t_arrive
-            && req.t_arrive - self.t_end <= window_ns
+        i.client == req.client
+            && i.server_port == req.server_port
+            && i.t_end <= req.t_arrive
+            && req.t_arrive - i.t_end <= window_ns
             && same_request
     }
 
     /// The link a retry of it carries.
     pub fn retry(&self) -> Retry {
         Retry {
-            of: self.id,
-            t_first_arrive: self.t_first_arrive,
+            of: self.attempt.id,
+            t_first_arrive: self.attempt.t_first_arrive,
         }
     }
 }
@@ -137,7 +128,7 @@ pub(crate) struct Interruptions {
 impl Interruptions {
     /// The interruption `req` (arrived, not yet noted) retries, if any,
     /// taken out: the first one it retries.
-    pub fn retry_of(&mut self, req: &Request, window_ns: u64) -> Option<Retry> {
+    pub fn retry_of(&mut self, req: &Attempt, window_ns: u64) -> Option<Retry> {
         let at = self
             .recent
             .iter()
@@ -152,7 +143,7 @@ impl Interruptions {
         while self
             .recent
             .front()
-            .is_some_and(|old| old.t_end.saturating_add(window_ns) < i.t_end)
+            .is_some_and(|old| old.attempt.t_end.saturating_add(window_ns) < i.attempt.t_end)
         {
             self.recent.pop_front();
         }
