@@ -355,7 +355,8 @@ fn configmap_holds_the_daemons_config_and_the_daemonset_mounts_what_it_needs() -
             "slo_ms": 350,
             "discovery": {"comm": "^(python|vllm|tritonserver)", "cgroup_prefix": "/kubepods", "ports": [8000]},
             "labels": {"pid": false, "max_sets": 100, "max_sets_per_pod": 25, "retire_after_s": 300, "pod_log_dir": "/var/log/pods"},
-            "quotas": {"listeners": 1024, "threads": 4096, "sampled_threads": 4096},
+            "quotas": {"listeners": 1024, "threads": 4096, "sampled_threads": 4096,
+                       "otlp_attribute_sets": 250},
             "nvml": {"enabled": true, "period_ms": 100},
         }),
         "config.toml of the ConfigMap"

@@ -99,7 +99,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             pid,
             config,
         } => {
-            let shares = config::DaemonConfig::load(config.as_deref())?.quotas;
+            let shares = match config.as_deref() {
+                Some(path) => Some(config::DaemonConfig::load(Some(path))?.quotas),
+                None => None,
+            };
             let report = check::run(&check::CheckConfig {
                 nvml_lib,
                 pid,

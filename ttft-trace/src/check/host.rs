@@ -39,10 +39,12 @@ pub fn run(cfg: &CheckConfig) -> Report {
     if let Some(pid) = cfg.pid {
         items.extend(super::target::items(pid));
     }
-    items.extend(super::quotas::items(
-        &cfg.shares,
-        &super::quotas::read_holdings(),
-    ));
+    if let Some(shares) = &cfg.shares {
+        items.extend(super::quotas::items(
+            shares,
+            &super::quotas::read_holdings(),
+        ));
+    }
     Report { items }
 }
 

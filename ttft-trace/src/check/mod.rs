@@ -151,8 +151,10 @@ pub struct CheckConfig {
     pub nvml_lib: Option<PathBuf>,
     /// A process to check as a target: what of it would be traced.
     pub pid: Option<u32>,
-    /// Each workload's shares, as the daemon's settings give them.
-    pub shares: crate::config::Quotas,
+    /// Each workload's shares, as the daemon's settings file (`--config`)
+    /// gives them: then the workloads past one now are looked for (every
+    /// process's mappings read: not done by a plain `check`).
+    pub shares: Option<crate::config::Quotas>,
 }
 
 /// A kernel release's (major, minor, patch) from `uname -r` text
