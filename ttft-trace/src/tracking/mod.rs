@@ -218,6 +218,7 @@ impl Tracking {
     /// Scans every traced process and attaches libraries not seen before;
     /// detaches the probes no traced process needs any more.
     pub fn rescan(&mut self) -> Result<Rescan> {
+        self.workloads.mark_census();
         let census = Workloads::census(&mut self.probes)?;
         self.quotas.share_tracked(&mut self.probes, &census)?;
         let live = census.live;

@@ -26,6 +26,9 @@ pub(super) struct Census {
 pub(super) struct Workloads {
     /// Roots of the workloads traced now.
     roots: BTreeSet<u32>,
+    /// The roots traced when the kernel's map was last read for a rescan
+    /// ([`Workloads::mark_census`]): only these can be found ended by it.
+    at_census: BTreeSet<u32>,
     /// Processes announced by the kernel, to consider.
     announced: Vec<u32>,
     /// Exited processes the kernel kept a workload for at the last
@@ -53,6 +56,12 @@ impl Workloads {
     /// Starts tracing the workload rooted at `root`: the root and its
     /// descendants are tracked (the kernel adds later children).
     pub fn add(&mut self, probes: &mut Probes, root: u32, changes: &mut Vec<Change>) -> Result<()> {
+        // Traced already, or a zombie: a late announcement of a root whose
+        // threads exited (the kernel untracked it at its group's death)
+        // must not start its workload a second time.
+        if self.roots.contains(&root) || !targets::is_process(root) {
+            return Ok(());
+        }
         // Track first, then list the children: a child forked in between is
         // then tracked by the kernel and found by the listing. A full map
         // refuses the root (counted): it is not a workload, and a later scan
@@ -108,10 +117,24 @@ impl Workloads {
         Ok(census)
     }
 
-    /// The workloads none of whose processes is alive: no longer traced.
+    /// Notes the workloads traced now, as the kernel's map is read for a
+    /// rescan (see [`Workloads::ended`]).
+    pub fn mark_census(&mut self) {
+        self.at_census.clone_from(&self.roots);
+    }
+
+    /// The workloads traced at the last [`Workloads::mark_census`] none of
+    /// whose processes was alive in `live` (read then): no longer traced.
+    /// A workload started since (by the rescan's drain) is not in `live`
+    /// and not ended.
     pub fn ended(&mut self, live: &[(u32, u32)]) -> Vec<u32> {
         let alive: BTreeSet<u32> = live.iter().map(|(_, root)| *root).collect();
-        let ended: Vec<u32> = self.roots.difference(&alive).copied().collect();
+        let ended: Vec<u32> = self
+            .roots
+            .intersection(&self.at_census)
+            .filter(|root| !alive.contains(root))
+            .copied()
+            .collect();
         for root in &ended {
             self.roots.remove(root);
         }
@@ -165,5 +188,27 @@ impl Workloads {
                 log::debug!("forgetting announced {tgid}: {e}");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A workload started after the rescan read the kernel's map (by the
+    /// drain that follows) is absent from the live processes read then: it
+    /// is not ended with the workloads that were.
+    #[test]
+    fn a_workload_started_after_the_census_is_not_ended_by_it() {
+        let mut w = Workloads::default();
+        w.roots.extend([1, 2]);
+        w.mark_census();
+        w.roots.insert(3);
+        assert_eq!(w.ended(&[(10, 1)]), vec![2]);
+        assert_eq!(w.roots, BTreeSet::from([1, 3]));
+        // The next rescan reads it.
+        w.mark_census();
+        assert_eq!(w.ended(&[(10, 1)]), vec![3]);
+        assert_eq!(w.count(), 1);
     }
 }
