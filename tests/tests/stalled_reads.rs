@@ -20,8 +20,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Context as _, Result, bail, ensure};
 use ttft_trace_tests::{
+    container::PodCgroup,
     fixtures::{self, Style, Workload, read_truth, temp_path},
     otlp_receiver::free_addr,
     tracer::{Tracer, metric_total, root_test, workload_daemon_args},
@@ -33,12 +34,12 @@ const STOP_WITHIN: Duration = Duration::from_secs(2);
 /// The other workload's episodes, 25 ms apart.
 const EPISODES: u32 = 80;
 
-/// The FUSE server of `stalled_fuse.py`, mounted, and its child that maps
-/// the file whose reads never return.
+/// The FUSE server of `stalled_fuse.py`, mounted, and its children that
+/// map its files, whose reads never return (one each).
 struct StalledMount {
     dir: PathBuf,
     server: Child,
-    mapper: u32,
+    mappers: Vec<u32>,
     /// Set when dropped: the watchdog then leaves the server alone.
     done: Arc<AtomicBool>,
 }
@@ -50,7 +51,8 @@ struct StalledMount {
 const WATCHDOG: Duration = Duration::from_secs(90);
 
 impl StalledMount {
-    fn start() -> Result<Self> {
+    /// Mounted with `files` files, each mapped by a child of its own.
+    fn start(files: usize) -> Result<Self> {
         let dir = temp_path("stalled-fuse", "d");
         std::fs::create_dir_all(&dir)?;
         let mut server = Command::new("python3")
@@ -59,6 +61,7 @@ impl StalledMount {
                 "/fixtures/stalled_fuse.py"
             ))
             .arg(&dir)
+            .arg(files.to_string())
             .stdout(Stdio::piped())
             .spawn()
             .context("starting stalled_fuse.py")?;
@@ -82,13 +85,17 @@ impl StalledMount {
         let mut mount = Self {
             dir,
             server,
-            mapper: 0,
+            mappers: Vec::new(),
             done,
         };
-        mount.mapper = match line.trim().strip_prefix("mapped ") {
-            Some(pid) => pid.parse()?,
+        mount.mappers = match line.trim().strip_prefix("mapped ") {
+            Some(pids) => pids.split(' ').map(str::parse).collect::<Result<_, _>>()?,
             None => bail!("stalled_fuse.py said {line:?}"),
         };
+        ensure!(
+            mount.mappers.len() == files,
+            "stalled_fuse.py said {line:?}"
+        );
         Ok(mount)
     }
 }
@@ -103,7 +110,9 @@ impl Drop for StalledMount {
         // SAFETY: plain kill(2) of the fixture's child; umount2(2) of our
         // own mount point, with a NUL-terminated path.
         unsafe {
-            libc::kill(self.mapper as i32, libc::SIGKILL);
+            for &mapper in &self.mappers {
+                libc::kill(mapper as i32, libc::SIGKILL);
+            }
             if let Ok(c) = std::ffi::CString::new(self.dir.as_os_str().as_encoded_bytes()) {
                 libc::umount2(c.as_ptr(), libc::MNT_DETACH);
             }
@@ -128,27 +137,11 @@ fn timed_metrics(addr: SocketAddr) -> Result<(Duration, String)> {
     Ok((started.elapsed(), text))
 }
 
-#[test]
-fn a_file_whose_reads_never_return_stops_nothing() -> Result<()> {
-    let Some(_g) = root_test("a_file_whose_reads_never_return_stops_nothing") else {
-        return Ok(());
-    };
-    let mount = StalledMount::start()?;
-    let mapper = mount.mapper;
-    let addr = free_addr()?;
-    let mut tracer = Tracer::start_daemon(&workload_daemon_args(addr))?;
-    // Its first scan reads the mapper's file, and gives up on it.
-    tracer
-        .wait_for_stderr(
-            &format!("pid {mapper}: a read of its files"),
-            1,
-            Duration::from_secs(20),
-        )
-        .context("the stalled read was never abandoned")?;
-
-    // Another tenant's workload, started now: found (while stopped before
-    // its first CUDA call), then traced in full, while /metrics is asked
-    // every 100 ms.
+/// Another tenant's workload, started now: found (while stopped before its
+/// first CUDA call), then run to its end while /metrics is asked every
+/// 100 ms. Returns its truth file, the slowest answer and how many were
+/// asked.
+fn another_workload(tracer: &mut Tracer, addr: SocketAddr) -> Result<(PathBuf, Duration, usize)> {
     let truth_path = temp_path("stalled-truth", "jsonl");
     let w = Workload::new(Style::Sync)
         .episodes(EPISODES)
@@ -175,7 +168,29 @@ fn a_file_whose_reads_never_return_stops_nothing() -> Result<()> {
         }
         std::thread::sleep(Duration::from_millis(100));
     };
-    assert!(status.success(), "workload: {status}");
+    ensure!(status.success(), "workload: {status}");
+    Ok((truth_path, slowest, asked))
+}
+
+#[test]
+fn a_file_whose_reads_never_return_stops_nothing() -> Result<()> {
+    let Some(_g) = root_test("a_file_whose_reads_never_return_stops_nothing") else {
+        return Ok(());
+    };
+    let mount = StalledMount::start(1)?;
+    let mapper = mount.mappers[0];
+    let addr = free_addr()?;
+    let mut tracer = Tracer::start_daemon(&workload_daemon_args(addr))?;
+    // Its first scan reads the mapper's file, and gives up on it.
+    tracer
+        .wait_for_stderr(
+            &format!("pid {mapper}: a read of its files"),
+            1,
+            Duration::from_secs(20),
+        )
+        .context("the stalled read was never abandoned")?;
+
+    let (truth_path, slowest, asked) = another_workload(&mut tracer, addr)?;
     let (_, metrics) = timed_metrics(addr)?;
     tracer.wait_for_stderr("has exited", 1, Duration::from_secs(10))?;
 
@@ -237,5 +252,89 @@ fn a_file_whose_reads_never_return_stops_nothing() -> Result<()> {
         "the stalled file read once: {}",
         out.stderr
     );
+    Ok(())
+}
+
+/// Scans refused to a tenant at its share of the stuck readers, from
+/// /metrics.
+fn stuck_refused(metrics: &str) -> u64 {
+    metric_total(
+        metrics,
+        "ttft_trace_quota_exceeded_total{resource=\"stuck_reads\"}",
+    )
+}
+
+/// One tenant's share of the stuck readers the library scan may leave (8),
+/// and how many files of one pod stall.
+const STUCK_SHARE: u64 = 2;
+const POD_STALLED_FILES: usize = 8;
+
+/// One pod's processes on a stalled mount take their tenant's share of the
+/// stuck readers, not every one: eight processes of one pod, each mapping
+/// a file of its own whose reads never return, leave two threads stuck;
+/// the scans of the other six are refused while those are stuck (counted
+/// in `ttft_trace_quota_exceeded_total{resource="stuck_reads"}`), and
+/// another tenant's workload started after is found and traced in full.
+/// Without the share, the eight would take every reader and no new
+/// workload would be found until one of their reads returned.
+#[test]
+fn one_pods_stalled_files_leave_readers_to_the_others() -> Result<()> {
+    let Some(_g) = root_test("one_pods_stalled_files_leave_readers_to_the_others") else {
+        return Ok(());
+    };
+    // The pod first: dropped last, once the mount's children are killed.
+    let pod = PodCgroup::new()?;
+    let mount = StalledMount::start(POD_STALLED_FILES)?;
+    for &pid in &mount.mappers {
+        pod.adopt(pid)?;
+    }
+    let addr = free_addr()?;
+    let started = Instant::now();
+    let mut tracer = Tracer::start_daemon(&workload_daemon_args(addr))?;
+    // Until the pod's scans settle: at its share and refused, or (a broken
+    // product) every reader taken.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, m) = timed_metrics(addr)?;
+        let stuck = metric_total(&m, "ttft_trace_target_reads_stuck_threads");
+        if stuck >= POD_STALLED_FILES as u64 || (stuck >= STUCK_SHARE && stuck_refused(&m) > 0) {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the pod's reads never settled: {stuck} stuck"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let at_share = started.elapsed();
+    let (truth_path, slowest, _) = another_workload(&mut tracer, addr)?;
+    let (_, metrics) = timed_metrics(addr)?;
+    tracer.wait_for_stderr("has exited", 1, Duration::from_secs(10))?;
+    let stuck = metric_total(&metrics, "ttft_trace_target_reads_stuck_threads");
+    let refused = stuck_refused(&metrics);
+    drop(mount);
+    let out = tracer.interrupt(Duration::from_secs(20))?;
+    let truth = read_truth(&truth_path)?;
+    let _ = std::fs::remove_file(&truth_path);
+    let wpid = truth.first().map_or(0, |t| t.pid);
+    let traced = out.episodes().iter().filter(|e| e.pid == wpid).count();
+    eprintln!(
+        "{POD_STALLED_FILES} stalled files in one pod: at its share {at_share:?} after the \
+         start, threads stuck {stuck}, its scans refused {refused}; the other workload: \
+         {traced} of {} episodes traced, /metrics slowest {slowest:?}",
+        truth.len()
+    );
+    assert!(out.success, "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains(&format!("has its share of {STUCK_SHARE} stuck reads")),
+        "the pod warned about: {}",
+        out.stderr
+    );
+    assert_eq!(stuck, STUCK_SHARE, "threads stuck: the pod's share");
+    assert!(refused > 0, "the pod's other scans refused and counted");
+    assert_eq!(truth.len(), EPISODES as usize);
+    assert_eq!(traced, truth.len(), "every episode of the other workload");
+    assert!(slowest < METRICS_WITHIN, "/metrics took {slowest:?}");
     Ok(())
 }

@@ -25,6 +25,9 @@ pub enum Resource {
     /// Attribute sets of the OTLP GenAI metrics (a cumulative histogram
     /// each in the SDK).
     OtlpAttributeSets,
+    /// Threads left stuck in a read of its files (a stalled FUSE or NFS
+    /// mount), of the few the library scan may leave so.
+    StuckReads,
 }
 
 impl Resource {
@@ -36,6 +39,7 @@ impl Resource {
             Self::Threads => "threads",
             Self::SampledThreads => "sampled_threads",
             Self::OtlpAttributeSets => "otlp_attribute_sets",
+            Self::StuckReads => "stuck_reads",
         }
     }
 
@@ -54,6 +58,10 @@ impl Resource {
             Self::OtlpAttributeSets => {
                 "its requests on new attribute sets are recorded in its own \
                  ttft_trace.workload.comm=\"_other\" set of the OTLP metrics"
+            }
+            Self::StuckReads => {
+                "its processes' files are not read until one of its reads returns \
+                 (its new workloads and libraries are not found meanwhile)"
             }
         }
     }

@@ -27,6 +27,7 @@ use ttft_trace_common::{Direction, GpuCounters, counters::DIRECTIONS};
 
 use crate::episodes::EpisodeRecord;
 use crate::probes::libraries::ReadStats;
+use crate::workloads::quota::Resource;
 
 #[derive(Debug, Error)]
 pub enum MetricsError {
@@ -451,6 +452,7 @@ impl Metrics {
         self.targets_set_aside
             .set(i64::try_from(reads.set_aside).unwrap_or(i64::MAX));
         self.set_evictions("set_aside", reads.set_aside_overflowed);
+        self.set_quota_exceeded(Resource::StuckReads.name(), reads.stuck_share_refused);
     }
 
     pub fn set_traced(&self, processes: usize, runtime_libs: usize, driver_libs: usize) {

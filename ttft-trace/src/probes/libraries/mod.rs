@@ -74,6 +74,12 @@ pub enum LibraryError {
     },
     #[error("pid {0} is set aside: a read of its files did not return")]
     SetAside(u32),
+    #[error("pid {pid} not read: {held} reads of {tenant}'s files are stuck, its share")]
+    TenantStuck {
+        pid: u32,
+        tenant: String,
+        held: usize,
+    },
 }
 
 impl LibraryError {

@@ -12,6 +12,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use crate::workloads::quota::Tenant;
+
 /// The first time a target is set aside, and the longest.
 const FIRST_BACKOFF: Duration = Duration::from_secs(1);
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
@@ -33,10 +35,12 @@ struct Backoff {
     delay: Duration,
 }
 
-/// A read abandoned on its thread, and what it was reading.
+/// A read abandoned on its thread, what it was reading, and for whom.
 #[derive(Debug)]
 struct StuckRead {
     targets: Vec<Target>,
+    /// The process's tenant (pod, else cgroup), when it could be read.
+    tenant: Option<Tenant>,
     /// Set by the read's thread when it returns.
     returned: Arc<AtomicBool>,
 }
@@ -59,15 +63,39 @@ impl Quarantine {
     }
 
     /// Sets `targets` aside until `returned` is set (by the stuck read's
-    /// thread), then for their backoff. At most [`QUARANTINE_MAX`] reads
-    /// (the threads stuck are far fewer: see `TargetWork`).
-    pub fn add_stuck(&mut self, targets: Vec<Target>, returned: Arc<AtomicBool>) {
+    /// thread), then for their backoff; the read counts toward `tenant`'s
+    /// stuck reads meanwhile. At most [`QUARANTINE_MAX`] reads (the threads
+    /// stuck are far fewer: see `TargetWork`).
+    pub fn add_stuck(
+        &mut self,
+        targets: Vec<Target>,
+        tenant: Option<Tenant>,
+        returned: Arc<AtomicBool>,
+    ) {
         self.stuck.retain(|s| !s.returned.load(Ordering::SeqCst));
         if self.stuck.len() >= QUARANTINE_MAX {
             self.overflowed += 1;
             return;
         }
-        self.stuck.push(StuckRead { targets, returned });
+        self.stuck.push(StuckRead {
+            targets,
+            tenant,
+            returned,
+        });
+    }
+
+    /// Whether any read is stuck now.
+    pub fn any_stuck(&mut self) -> bool {
+        self.stuck.retain(|s| !s.returned.load(Ordering::SeqCst));
+        !self.stuck.is_empty()
+    }
+
+    /// The reads of `tenant`'s processes stuck now.
+    pub fn stuck_of(&self, tenant: &Tenant) -> usize {
+        self.stuck
+            .iter()
+            .filter(|s| !s.returned.load(Ordering::SeqCst) && s.tenant.as_ref() == Some(tenant))
+            .count()
     }
 
     /// Sets `target` aside from `now`, for twice as long as the last time
@@ -140,7 +168,7 @@ mod tests {
         let (p, f) = (Target::Process(9), Target::File(3, 4));
         q.add(p, t0);
         q.add(f, t0);
-        q.add_stuck(vec![p, f], returned.clone());
+        q.add_stuck(vec![p, f], None, returned.clone());
         // Past the backoff, still held: the read has not returned.
         let later = t0 + MAX_BACKOFF * 10;
         assert!(q.holds(p, later) && q.holds(f, later));
@@ -164,5 +192,26 @@ mod tests {
         let later = t0 + FIRST_BACKOFF + MAX_BACKOFF;
         assert_eq!(q.add(Target::File(1, 1), later), FIRST_BACKOFF);
         assert_eq!(q.held(), 1);
+    }
+
+    #[test]
+    fn stuck_reads_are_counted_by_tenant_while_they_are_stuck() {
+        let mut q = Quarantine::default();
+        let (a, b) = (Tenant::Pod("a".into()), Tenant::Pod("b".into()));
+        assert!(!q.any_stuck());
+        let reads: Vec<_> = (0..3).map(|_| Arc::new(AtomicBool::new(false))).collect();
+        q.add_stuck(vec![Target::Process(1)], Some(a.clone()), reads[0].clone());
+        q.add_stuck(vec![Target::Process(2)], Some(a.clone()), reads[1].clone());
+        q.add_stuck(vec![Target::Process(3)], Some(b.clone()), reads[2].clone());
+        q.add_stuck(
+            vec![Target::Process(4)],
+            None,
+            Arc::new(AtomicBool::new(false)),
+        );
+        assert!(q.any_stuck());
+        assert_eq!((q.stuck_of(&a), q.stuck_of(&b)), (2, 1));
+        reads[0].store(true, Ordering::SeqCst);
+        assert_eq!((q.stuck_of(&a), q.stuck_of(&b)), (1, 1));
+        assert_eq!(q.stuck_of(&Tenant::Pod("c".into())), 0);
     }
 }

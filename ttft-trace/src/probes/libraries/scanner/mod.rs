@@ -18,7 +18,10 @@ use super::{
     FileId, Library, LibraryError, TlsLibrary, elf, maps,
     quarantine::{Quarantine, Target},
 };
-use crate::host::deadline::{self, Overdue, TargetWork, WorkStats};
+use crate::{
+    host::deadline::{self, Overdue, TargetWork, WorkStats},
+    workloads::quota::{Quota, Resource, Tenant},
+};
 
 /// Most files remembered by a [`Scanner`]; past that, what it remembers of
 /// files that are no library to probe (or failed) is forgotten.
@@ -40,6 +43,11 @@ const READ_STALL: Duration = Duration::from_millis(500);
 /// Threads left stuck in such reads at most; past that, scans are refused
 /// until one returns (each holds a stack and the stalled file).
 const STUCK_READERS_MAX: usize = 8;
+/// Of those, the most one tenant's (pod, else cgroup) reads may hold:
+/// past it, its processes are not read until one of its reads returns, so
+/// that one pod's processes on stalled mounts cannot take every reader
+/// and leave the host's new workloads unfound.
+const STUCK_READERS_PER_TENANT: usize = 2;
 
 /// What one scan of a process found.
 #[derive(Debug, Default)]
@@ -120,6 +128,8 @@ pub struct Scanner {
     cache: HashMap<(u64, u64), Entry>,
     work: TargetWork,
     quarantine: Quarantine,
+    /// Each tenant's share of the stuck readers.
+    stuck_share: Quota<Tenant>,
     /// Files refused for a cap on ELF work, by cap (each once: remembered).
     refused: HashMap<&'static str, u64>,
 }
@@ -130,6 +140,7 @@ impl Default for Scanner {
             cache: HashMap::new(),
             work: TargetWork::new(READ_STALL, STUCK_READERS_MAX),
             quarantine: Quarantine::default(),
+            stuck_share: Quota::new(Resource::StuckReads, STUCK_READERS_PER_TENANT),
             refused: HashMap::new(),
         }
     }
@@ -148,6 +159,8 @@ pub struct ReadStats {
     /// name at too many addresses.
     pub too_large: u64,
     pub too_many_copies: u64,
+    /// Scans refused to a tenant at its share of the stuck readers.
+    pub stuck_share_refused: u64,
 }
 
 impl Scanner {
@@ -164,6 +177,7 @@ impl Scanner {
             set_aside_overflowed: self.quarantine.overflowed,
             too_large: self.refused.get("too_large").copied().unwrap_or(0),
             too_many_copies: self.refused.get("too_many_copies").copied().unwrap_or(0),
+            stuck_share_refused: self.stuck_share.exceeded,
         }
     }
 
@@ -178,6 +192,7 @@ impl Scanner {
         if self.quarantine.holds(Target::Process(pid), now) {
             return Err(LibraryError::SetAside(pid));
         }
+        self.admit_tenant(pid)?;
         let files = self.off_loop(pid, || None, move || maps::mapped_files(pid))??;
         let mut scan = Scan::default();
         let mut slots = Vec::with_capacity(files.len());
@@ -244,6 +259,32 @@ impl Scanner {
         Ok(scan)
     }
 
+    /// Whether `pid`'s tenant may have its files read: not while its reads
+    /// hold its share of the stuck readers (a refusal counted, the tenant
+    /// warned about once while it stays at its share). Its cgroup is read
+    /// only while some read is stuck.
+    fn admit_tenant(&mut self, pid: u32) -> Result<(), LibraryError> {
+        if !self.quarantine.any_stuck() {
+            self.stuck_share.settle(|_| false);
+            return Ok(());
+        }
+        let quarantine = &self.quarantine;
+        let share = self.stuck_share.share();
+        self.stuck_share.settle(|t| quarantine.stuck_of(t) >= share);
+        let Some(tenant) = Tenant::of_process(pid) else {
+            return Ok(());
+        };
+        let held = self.quarantine.stuck_of(&tenant);
+        if self.stuck_share.admit(&tenant, held) {
+            return Ok(());
+        }
+        Err(LibraryError::TenantStuck {
+            pid,
+            tenant: tenant.to_string(),
+            held,
+        })
+    }
+
     /// Records what the worker read of `mapped`; what it is, or None where
     /// the failure was the process's (the next scan reads it again).
     fn apply(&mut self, mapped: maps::MappedFile, read: Read, now: Instant) -> Option<Seen> {
@@ -302,8 +343,10 @@ impl Scanner {
             for t in &targets {
                 aside = self.quarantine.add(*t, now);
             }
-            // Held while the read is stuck: one thread per target at most.
-            self.quarantine.add_stuck(targets, returned);
+            // Held while the read is stuck: one thread per target at most,
+            // counted toward its tenant's share.
+            let tenant = Tenant::of_process(pid);
+            self.quarantine.add_stuck(targets, tenant, returned);
             log::warn!(
                 "pid {pid}: a read of its files: {why}; set aside until it returns, then {aside:?}"
             );

@@ -164,3 +164,62 @@ fn entries_not_found_lately_are_forgotten_libraries_unless_probed() {
     assert_eq!(scanner.forget_unused_at(at, Duration::ZERO, keep), 1);
     assert_eq!(left(&scanner), vec![(1, 3)]);
 }
+
+#[test]
+fn a_tenant_at_its_share_of_stuck_reads_is_not_read_until_one_returns() {
+    let me = std::process::id();
+    // Two processes of this test's tenant (its cgroup) whose reads stall.
+    let mut children: Vec<_> = (0..2)
+        .map(|_| {
+            std::process::Command::new("sleep")
+                .arg("30")
+                .spawn()
+                .expect("sleep")
+        })
+        .collect();
+    let mut scanner = Scanner::default();
+    let mut releases = Vec::new();
+    for child in &children {
+        let (release, stalled) = std::sync::mpsc::channel::<()>();
+        releases.push(release);
+        let r = scanner.off_loop(child.id(), || None, move || stalled.recv().is_ok());
+        assert!(r.is_err(), "{r:?}");
+    }
+    // A third process of the tenant is not read; one of another is.
+    let r = scanner.scan(me);
+    assert!(
+        matches!(r, Err(LibraryError::TenantStuck { pid, held: 2, .. }) if pid == me),
+        "{r:?}"
+    );
+    assert_eq!(scanner.read_stats().stuck_share_refused, 1);
+    let other = (1..me).find(|&p| {
+        crate::host::targets::is_process(p)
+            && Tenant::of_process(p).is_some_and(|t| Some(t) != Tenant::of_process(me))
+    });
+    if let Some(pid) = other {
+        assert!(
+            scanner.admit_tenant(pid).is_ok(),
+            "pid {pid}: another tenant"
+        );
+    }
+    // Once one returns, the tenant is under its share again.
+    releases.pop();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while scanner
+        .quarantine
+        .stuck_of(&Tenant::of_process(me).expect("own tenant"))
+        > 1
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the released read never returned"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(scanner.scan(me).is_ok());
+    assert_eq!(scanner.read_stats().stuck_share_refused, 1);
+    for child in &mut children {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
