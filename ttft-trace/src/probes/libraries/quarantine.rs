@@ -4,7 +4,7 @@
 //! costs the event loop at most one deadline per period.
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeSet, HashMap},
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -84,10 +84,17 @@ impl Quarantine {
         });
     }
 
-    /// Whether any read is stuck now.
-    pub fn any_stuck(&mut self) -> bool {
+    /// The tenants whose reads stuck now are `n` or more.
+    pub fn tenants_holding(&mut self, n: usize) -> BTreeSet<Tenant> {
         self.stuck.retain(|s| !s.returned.load(Ordering::SeqCst));
-        !self.stuck.is_empty()
+        let mut held: HashMap<&Tenant, usize> = HashMap::new();
+        for t in self.stuck.iter().filter_map(|s| s.tenant.as_ref()) {
+            *held.entry(t).or_default() += 1;
+        }
+        held.into_iter()
+            .filter(|&(_, h)| h >= n)
+            .map(|(t, _)| t.clone())
+            .collect()
     }
 
     /// The reads of `tenant`'s processes stuck now.
@@ -198,7 +205,7 @@ mod tests {
     fn stuck_reads_are_counted_by_tenant_while_they_are_stuck() {
         let mut q = Quarantine::default();
         let (a, b) = (Tenant::Pod("a".into()), Tenant::Pod("b".into()));
-        assert!(!q.any_stuck());
+        assert!(q.tenants_holding(1).is_empty());
         let reads: Vec<_> = (0..3).map(|_| Arc::new(AtomicBool::new(false))).collect();
         q.add_stuck(vec![Target::Process(1)], Some(a.clone()), reads[0].clone());
         q.add_stuck(vec![Target::Process(2)], Some(a.clone()), reads[1].clone());
@@ -208,10 +215,12 @@ mod tests {
             None,
             Arc::new(AtomicBool::new(false)),
         );
-        assert!(q.any_stuck());
         assert_eq!((q.stuck_of(&a), q.stuck_of(&b)), (2, 1));
+        assert_eq!(q.tenants_holding(2), BTreeSet::from([a.clone()]));
+        assert_eq!(q.tenants_holding(1), BTreeSet::from([a.clone(), b.clone()]));
         reads[0].store(true, Ordering::SeqCst);
         assert_eq!((q.stuck_of(&a), q.stuck_of(&b)), (1, 1));
+        assert!(q.tenants_holding(2).is_empty());
         assert_eq!(q.stuck_of(&Tenant::Pod("c".into())), 0);
     }
 }

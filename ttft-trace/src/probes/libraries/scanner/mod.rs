@@ -262,15 +262,14 @@ impl Scanner {
     /// Whether `pid`'s tenant may have its files read: not while its reads
     /// hold its share of the stuck readers (a refusal counted, the tenant
     /// warned about once while it stays at its share). Its cgroup is read
-    /// only while some read is stuck.
+    /// only while some tenant is at its share: a read stuck for good on a
+    /// host costs the other scans nothing.
     fn admit_tenant(&mut self, pid: u32) -> Result<(), LibraryError> {
-        if !self.quarantine.any_stuck() {
-            self.stuck_share.settle(|_| false);
+        let at_share = self.quarantine.tenants_holding(self.stuck_share.share());
+        self.stuck_share.settle(|t| at_share.contains(t));
+        if at_share.is_empty() {
             return Ok(());
         }
-        let quarantine = &self.quarantine;
-        let share = self.stuck_share.share();
-        self.stuck_share.settle(|t| quarantine.stuck_of(t) >= share);
         let Some(tenant) = Tenant::of_process(pid) else {
             return Ok(());
         };
