@@ -81,6 +81,9 @@ fuzz_target!(|data: &[u8]| {
                     sk,
                     t_ns: t,
                     bytes,
+                    // Outside a TLS call, or inside one (any mix of the
+                    // flags the kernel sets, and some it never does).
+                    flags: u32::from(input.byte().unwrap_or(0) % 8),
                     ..SockEvent::default()
                 });
             }
@@ -90,13 +93,17 @@ fuzz_target!(|data: &[u8]| {
                 let len = usize::from(input.byte().unwrap_or(0));
                 let sent = input.bytes(len);
                 sends_since_recv[slot] += 1;
+                let flags = u32::from(input.byte().unwrap_or(0) % 4);
                 let mut ev = SockEvent {
                     dir: SOCK_SEND,
                     tgid: 10,
                     tid: 12,
                     sk,
                     t_ns: t,
-                    bytes: sent.len() as i64,
+                    // Inside `SSL_write`: the wire's bytes are the records'.
+                    bytes: sent.len() as i64 + i64::from(flags & 1) * 22,
+                    flags,
+                    plain_bytes: sent.len() as u32,
                     ..SockEvent::default()
                 };
                 if sends_since_recv[slot] <= HEAD_SENDS {

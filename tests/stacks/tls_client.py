@@ -15,7 +15,8 @@ One JSON line per connection on stdout: the client port, the version and resumpt
 the handshake ended with, and `server_view_ns`, the handshake as the server's side of
 the wire sees it: from the ClientHello's send to the send of the client's last flight
 (TLS 1.3, a resumed TLS 1.2), or to the arrival of the server's Finished (a full
-TLS 1.2 handshake, which the server ends).
+TLS 1.2 handshake, which the server ends); and `ttft_ns`, the request's TTFT as the
+client saw it: from its send to the receive whose records held the first `data:` line.
 """
 import json
 import socket
@@ -73,15 +74,19 @@ def connection(port, ctx, session, delay_s):
     full12 = tls.version() == "TLSv1.2" and not tls.session_reused
     end = t_server_last if full12 else t_client_last
     tls.write(REQUEST % (len(BODY), BODY))
+    t_send = time.monotonic_ns()
     sock.sendall(outgoing.read())
-    body = b""
+    body, t_received, t_first = b"", None, None
     while b"data: [DONE]" not in body:
         try:
             body += tls.read(65536)
+            if t_first is None and b"data:" in body:
+                t_first = t_received
             continue
         except ssl.SSLWantReadError:
             pass
         chunk = sock.recv(65536)
+        t_received = time.monotonic_ns()
         if not chunk:
             break
         incoming.write(chunk)
@@ -93,6 +98,7 @@ def connection(port, ctx, session, delay_s):
         "resumed": tls.session_reused,
         "server_view_ns": end - t_hello,
         "client_handshake_ns": t_done - t_hello,
+        "ttft_ns": t_first - t_send,
     }
     session = tls.session
     sock.close()

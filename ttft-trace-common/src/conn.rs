@@ -105,3 +105,60 @@ pub struct SendArgs {
     pub iov_kernel: u32,
     pub _pad: u32,
 }
+
+/// [`TlsCall::what`]: `SSL_write` or `SSL_write_ex`.
+pub const TLS_CALL_WRITE: u32 = 1;
+/// [`TlsCall::what`]: `SSL_read` (an int result: 0 only at the peer's
+/// close).
+pub const TLS_CALL_READ: u32 = 2;
+/// [`TlsCall::what`]: `SSL_read_ex` (0 for any failure, a wait for more
+/// bytes included).
+pub const TLS_CALL_READ_EX: u32 = 4;
+/// [`TlsCall::what`]: the handshake or a shutdown.
+pub const TLS_CALL_CONTROL: u32 = 3;
+
+/// The TLS call a traced thread is in, kept from its entry to its return.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TlsCall {
+    /// The call's `SSL *`.
+    pub ssl: u64,
+    /// The call's plaintext buffer (`SSL_write`'s source; `SSL_read_ex`'s
+    /// count of bytes read), or 0.
+    pub buf: u64,
+    /// Its length.
+    pub len: u64,
+    /// Bytes the call sent (a write) or received (a read) on followed
+    /// connections so far (the wire's).
+    pub wire: u64,
+    /// Plaintext bytes of a write's sends so far ([`SockEvent`]'s
+    /// `plain_bytes`).
+    ///
+    /// [`SockEvent`]: crate::SockEvent
+    pub plain_sent: u64,
+    /// A read's connection, and when its first bytes were received: the
+    /// receive is reported at the call's return, when its result tells a
+    /// request's bytes from TLS's own (a `close_notify`).
+    pub sk: u64,
+    pub t_first_ns: u64,
+    /// `TLS_CALL_*`.
+    pub what: u32,
+    /// Non-zero once a send of the call carried the plaintext's tail.
+    pub tail_given: u32,
+}
+
+const _: () = {
+    assert!(core::mem::size_of::<TlsCall>() == 64);
+    assert!(core::mem::offset_of!(TlsCall, what) == 56);
+};
+
+/// Key of `TLS_SOCKETS`: an `SSL *` of a process.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TlsKey {
+    pub ssl: u64,
+    pub tgid: u32,
+    pub _pad: u32,
+}
+
+const _: () = assert!(core::mem::size_of::<TlsKey>() == 16);

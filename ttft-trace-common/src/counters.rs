@@ -125,10 +125,15 @@ pub enum Stat {
     /// header, a segment out of order): its frames go unread until a call
     /// starts on a plausible header again.
     H2WalkLost = 8,
+    /// Plaintext a traced process's `SSL_write` encrypted without sending
+    /// any of it on a followed connection in the call (a memory BIO, whose
+    /// records the process sends later; or a connection not followed):
+    /// counted, never bound to a connection by guess.
+    TlsUnbound = 9,
 }
 
 /// Number of [`Stat`] slots.
-pub const STATS: u32 = 9;
+pub const STATS: u32 = 10;
 
 /// Bits of an `OVER_SHARE` value (workload id -> bits): its tenant holds
 /// its share of followed listeners; of `TRACKED` entries. Set by userspace

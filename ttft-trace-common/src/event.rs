@@ -112,6 +112,21 @@ pub struct ConnEvent {
 pub const SOCK_RECV: u32 = 1;
 /// [`SockEvent::dir`]: bytes sent to the client.
 pub const SOCK_SEND: u32 = 2;
+/// [`SockEvent::flags`]: the bytes crossed inside the server's TLS call that
+/// moves application data in their direction (OpenSSL's `SSL_write` for a
+/// send, `SSL_read` for a receive), on the calling thread: they are that
+/// call's records. A send's `head` and `tail` are then the call's
+/// plaintext, not the bytes on the wire; `bytes` stays what the wire took.
+pub const SOCK_TLS_PLAIN: u32 = 1;
+/// [`SockEvent::flags`]: the bytes crossed inside another TLS call (the
+/// handshake, a shutdown, the other direction's call): TLS's own records,
+/// never a request's bytes.
+pub const SOCK_TLS_CONTROL: u32 = 2;
+/// [`SockEvent::flags`], with [`SOCK_TLS_PLAIN`] on a receive: `SSL_read`
+/// returned `bytes` of plaintext from records an earlier receive on the
+/// connection took (OpenSSL's read-ahead: the request's records read with
+/// the handshake's, or with the request before). No bytes crossed now.
+pub const SOCK_TLS_BUFFERED: u32 = 4;
 /// Bytes of a send captured in [`SockEvent::head`].
 pub const HEAD_BYTES: usize = 256;
 /// Bytes of a send captured in [`SockEvent::tail`]: enough for the end of
@@ -144,6 +159,12 @@ pub struct SockEvent {
     pub head_len: u32,
     /// Valid bytes in `tail` (0: not captured).
     pub tail_len: u32,
+    /// [`SOCK_TLS_PLAIN`] or [`SOCK_TLS_CONTROL`]; 0 outside TLS calls.
+    pub flags: u32,
+    /// With [`SOCK_TLS_PLAIN`], a send's plaintext bytes: those of its
+    /// `SSL_write` call, less what the call's earlier sends took (each
+    /// send takes at most its wire bytes, the last the rest).
+    pub plain_bytes: u32,
     /// The last bytes of the send's buffer, in order from `tail[0]` (end of
     /// response markers such as the chunked terminator `0\r\n\r\n`).
     pub tail: [u8; TAIL_BYTES],
@@ -164,6 +185,8 @@ impl Default for SockEvent {
             bytes: 0,
             head_len: 0,
             tail_len: 0,
+            flags: 0,
+            plain_bytes: 0,
             tail: [0; TAIL_BYTES],
             head: [0; HEAD_BYTES],
         }
@@ -251,10 +274,12 @@ const _: () = {
     assert!(core::mem::offset_of!(ConnEvent, sk) == 16);
     assert!(core::mem::offset_of!(ConnEvent, family) == 32);
     assert!(core::mem::offset_of!(ConnEvent, saddr) == 40);
-    assert!(core::mem::size_of::<SockEvent>() == 48 + TAIL_BYTES + HEAD_BYTES);
+    assert!(core::mem::size_of::<SockEvent>() == 56 + TAIL_BYTES + HEAD_BYTES);
     assert!(core::mem::offset_of!(SockEvent, bytes) == 32);
-    assert!(core::mem::offset_of!(SockEvent, tail) == 48);
-    assert!(core::mem::offset_of!(SockEvent, head) == 48 + TAIL_BYTES);
+    assert!(core::mem::offset_of!(SockEvent, flags) == 48);
+    assert!(core::mem::offset_of!(SockEvent, plain_bytes) == 52);
+    assert!(core::mem::offset_of!(SockEvent, tail) == 56);
+    assert!(core::mem::offset_of!(SockEvent, head) == 56 + TAIL_BYTES);
 };
 
 const _: () = {

@@ -17,14 +17,16 @@ pub mod signals;
 
 pub use conn::{
     CONN_H2, CONN_RX_CHECKED, CONN_TX_CHECKED, ConnState, LISTEN_ANY_NETNS, LISTEN_PORT_SLOTS,
-    LISTEN_SOME_NETNS, ListenKey, SLOT_BYTES, SendArgs, listen_byte,
+    LISTEN_SOME_NETNS, ListenKey, SLOT_BYTES, SendArgs, TLS_CALL_CONTROL, TLS_CALL_READ,
+    TLS_CALL_READ_EX, TLS_CALL_WRITE, TlsCall, TlsKey, listen_byte,
 };
 pub use counters::{Direction, GpuCounters, MAP_FULL_STATS, QUOTA_LISTENERS, QUOTA_THREADS, Stat};
 pub use episode::{Completion, ThreadState, launch_key};
 pub use event::{
     API_DRIVER, API_RUNTIME, CONN_CLOSE, CONN_OPEN, CONN_STATE, ConnEvent, EVENT_CONN,
     EVENT_EPISODE, EVENT_SEGMENT, EVENT_SOCK, EpisodeEvent, SEGMENT_ACK_EXACT, SEGMENT_ACKED,
-    SEGMENT_DATA, SOCK_RECV, SOCK_SEND, SegmentEvent, SockEvent,
+    SEGMENT_DATA, SOCK_RECV, SOCK_SEND, SOCK_TLS_BUFFERED, SOCK_TLS_CONTROL, SOCK_TLS_PLAIN,
+    SegmentEvent, SockEvent,
 };
 pub use offsets::{SendOffsets, TracepointOffsets};
 

@@ -25,7 +25,11 @@ mod sched;
 #[cfg(target_arch = "bpf")]
 mod sock;
 #[cfg(target_arch = "bpf")]
+mod sock_event;
+#[cfg(target_arch = "bpf")]
 mod tcp;
+#[cfg(target_arch = "bpf")]
+mod tls;
 
 #[cfg(target_arch = "bpf")]
 #[panic_handler]

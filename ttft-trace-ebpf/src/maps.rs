@@ -9,7 +9,7 @@ use aya_ebpf::{
 };
 use ttft_trace_common::{
     ConnState, GpuCounters, LISTEN_PORT_SLOTS, ListenKey, SLOT_BYTES, SendArgs, ThreadState,
-    TracepointOffsets,
+    TlsCall, TlsKey, TracepointOffsets,
     counters::STATS,
     offsets::SegmentOffsets,
     offsets::{ABSENT, TaskOffsets},
@@ -107,6 +107,18 @@ pub static H2_CONNS: LruHashMap<u64, ttft_trace_common::h2::H2State> =
 /// `sock_send_length` to read the bytes.
 #[map]
 pub static SEND_ARGS: LruHashMap<u32, SendArgs> = LruHashMap::with_max_entries(16384, 0);
+
+/// The TLS call a traced thread is in (`tls.rs`), keyed by tid: set at the
+/// call's entry, removed at its return. LRU: a thread that dies inside a
+/// call leaves an entry that the next ones push out.
+#[map]
+pub static TLS_CALLS: LruHashMap<u32, TlsCall> = LruHashMap::with_max_entries(16384, 0);
+
+/// The connection each `SSL *` of the traced processes last moved bytes on
+/// inside a call (`tls.rs`): where a read served from OpenSSL's buffer
+/// belongs. LRU: an `SSL` freed is pushed out by the next.
+#[map]
+pub static TLS_SOCKETS: LruHashMap<TlsKey, u64> = LruHashMap::with_max_entries(16384, 0);
 
 /// Scheduler state of the traced threads, keyed by tid. Created when a
 /// traced thread first switches out; LRU bounds the threads we miss exiting.

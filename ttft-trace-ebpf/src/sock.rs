@@ -23,14 +23,13 @@
 //! bytes (end of a chunked response).
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, generated},
+    helpers::bpf_get_current_pid_tgid,
     macros::{raw_tracepoint, tracepoint},
     programs::{RawTracePointContext, TracePointContext},
 };
 use ttft_trace_common::{
-    CONN_CLOSE, CONN_OPEN, CONN_STATE, ConnEvent, ConnState, EVENT_CONN, EVENT_SOCK, SOCK_RECV,
-    SOCK_SEND, SendArgs, SendOffsets, SockEvent, Stat,
-    event::{HEAD_BYTES, HEAD_SENDS, TAIL_BYTES},
+    CONN_CLOSE, CONN_OPEN, CONN_STATE, ConnEvent, ConnState, EVENT_CONN, SOCK_RECV, SOCK_SEND,
+    SendArgs, SendOffsets, Stat, event::HEAD_SENDS,
 };
 
 use crate::{
@@ -39,7 +38,9 @@ use crate::{
         CONNS, EVENTS, SEND_ARGS, bump_stat, is_tracked, may_be_traced, offset, offsets,
         seg_offset, wakeup_flag, workload_of,
     },
-    mem::{kernel, now_ns, segment},
+    mem::{kernel, now_ns},
+    sock_event::{SendView, emit_sock},
+    tls,
 };
 
 const TCP_ESTABLISHED: i32 = 1;
@@ -48,9 +49,6 @@ const TCP_CLOSE: i32 = 7;
 pub(crate) const TCP_LISTEN: i32 = 10;
 const AF_INET: u16 = 2;
 const MSG_PEEK: i32 = 2;
-/// iovec entries walked to find the first with data and the one holding a
-/// send's last byte.
-const MAX_IOV: u64 = 8;
 
 #[inline(always)]
 pub(crate) fn read<T>(ctx: &TracePointContext, offset: u32) -> Option<T> {
@@ -226,7 +224,19 @@ fn report_recv(sk: u64, state: *mut ConnState, bytes: i32) {
             bump_stat(Stat::ListenerUnseen);
         }
     }
-    emit_sock(SOCK_RECV, sk, bytes, None, false, 0);
+    let t_ns = now_ns();
+    let tid = bpf_get_current_pid_tgid() as u32;
+    let Some(flags) = tls::on_recv(tid, sk, bytes, t_ns) else {
+        return;
+    };
+    let view = SendView {
+        args: None,
+        head: 0,
+        span: 0,
+        flags,
+        plain: 0,
+    };
+    emit_sock(SOCK_RECV, sk, bytes, t_ns, view);
 }
 
 /// The end of a receive on socket `sk` (any family), in the receiving
@@ -257,8 +267,18 @@ fn sent(sk: u64, ret: i32) {
     // SAFETY: copied out at once; the syscall's exit removes it.
     let args = unsafe { SEND_ARGS.get(tid) }.copied();
     let sends = count_send(state);
-    emit_sock(SOCK_SEND, sk, ret, args, sends < HEAD_SENDS, ret as u64);
-    if let Some(args) = args {
+    let plain = SendView {
+        args,
+        head: if sends < HEAD_SENDS { ret as u64 } else { 0 },
+        span: ret as u64,
+        flags: 0,
+        plain: 0,
+    };
+    let view = tls::send_view(tid, sk, ret as u64, sends, plain);
+    let tls = view.flags != 0;
+    emit_sock(SOCK_SEND, sk, ret, now_ns(), view);
+    // TLS records are no HTTP/2 frames.
+    if let Some(args) = args.filter(|_| !tls) {
         let range = h2::SendRange {
             skip: 0,
             new: ret as u32,
@@ -407,15 +427,23 @@ pub fn tcp_sendmsg_locked(ctx: RawTracePointContext) -> i32 {
     let sends = count_send(state);
     let bytes = (new as u32).min(i32::MAX as u32) as i32;
     // The head is read only where the new bytes start the buffer.
-    emit_sock(
-        SOCK_SEND,
-        sk,
-        bytes,
+    let plain = SendView {
         args,
-        sends < HEAD_SENDS && skip == 0,
-        count,
-    );
-    if let Some(args) = args {
+        head: if sends < HEAD_SENDS && skip == 0 {
+            (bytes as u64).min(count)
+        } else {
+            0
+        },
+        span: count,
+        flags: 0,
+        plain: 0,
+    };
+    let tid = bpf_get_current_pid_tgid() as u32;
+    let view = tls::send_view(tid, sk, bytes as u64, sends, plain);
+    let tls = view.flags != 0;
+    emit_sock(SOCK_SEND, sk, bytes, now_ns(), view);
+    // TLS records are no HTTP/2 frames.
+    if let Some(args) = args.filter(|_| !tls) {
         let new = new as u32;
         let range = h2::SendRange {
             skip: skip as u32,
@@ -450,115 +478,6 @@ pub fn tcp_rcv_space_adjust(ctx: RawTracePointContext) -> i32 {
     unsafe { (*state).recv_seq = copied };
     report_recv(sk, state, read);
     0
-}
-
-/// Reports a receive or send of `ret` bytes. For a send with a readable
-/// buffer, `span` is the bytes of the buffer the send covers: its tail is
-/// read at their end.
-#[inline(always)]
-fn emit_sock(dir: u32, sk: u64, ret: i32, args: Option<SendArgs>, want_head: bool, span: u64) {
-    let id = bpf_get_current_pid_tgid();
-    let Some(mut entry) = EVENTS.reserve::<SockEvent>(0) else {
-        bump_stat(Stat::RingbufLost);
-        return;
-    };
-    let ev = entry.as_mut_ptr();
-    // SAFETY: ev points at a reserved, writable ring-buffer record of the
-    // right size; every field is written before submit.
-    unsafe {
-        (*ev).kind = EVENT_SOCK;
-        (*ev).dir = dir;
-        (*ev).tgid = (id >> 32) as u32;
-        (*ev).tid = id as u32;
-        (*ev).sk = sk;
-        (*ev).t_ns = now_ns();
-        (*ev).bytes = i64::from(ret);
-        (*ev).head_len = 0;
-        (*ev).tail_len = 0;
-        if let Some(args) = args {
-            let len = ret as u64;
-            if want_head && let Some((base, seg_len)) = head_segment(&args) {
-                (*ev).head_len = read_user(&mut (*ev).head, base, len.min(span).min(seg_len));
-            }
-            if let Some((tail_base, tail_len)) = tail_segment(&args, span) {
-                (*ev).tail_len = read_user_tail(&mut (*ev).tail, tail_base, tail_len);
-            }
-        }
-    }
-    entry.submit(wakeup_flag());
-}
-
-/// Reads `min(len, HEAD_BYTES)` bytes from user memory into `dst`; returns
-/// the count read (0 on a fault, e.g. a page not resident).
-#[inline(always)]
-fn read_user(dst: &mut [u8; HEAD_BYTES], src: u64, len: u64) -> u32 {
-    let n = if len > HEAD_BYTES as u64 {
-        HEAD_BYTES as u64
-    } else {
-        len
-    };
-    if n == 0 {
-        return 0;
-    }
-    // SAFETY: dst has HEAD_BYTES bytes and n <= HEAD_BYTES; the helper
-    // checks the user address.
-    let rc = unsafe {
-        generated::bpf_probe_read_user(dst.as_mut_ptr().cast(), n as u32, src as *const _)
-    };
-    if rc == 0 { n as u32 } else { 0 }
-}
-
-/// Reads the last `min(len, TAIL_BYTES)` bytes ending at `src + len` into
-/// the start of `dst`. Two fixed shapes keep the verifier's bounds simple.
-#[inline(always)]
-fn read_user_tail(dst: &mut [u8; TAIL_BYTES], src: u64, len: u64) -> u32 {
-    let (from, n) = if len >= TAIL_BYTES as u64 {
-        (src + len - TAIL_BYTES as u64, TAIL_BYTES as u64)
-    } else {
-        (src, len)
-    };
-    if n == 0 || n > TAIL_BYTES as u64 {
-        return 0;
-    }
-    // SAFETY: n <= TAIL_BYTES = dst.len(); the helper checks the user address.
-    let rc = unsafe {
-        generated::bpf_probe_read_user(dst.as_mut_ptr().cast(), n as u32, from as *const _)
-    };
-    if rc == 0 { n as u32 } else { 0 }
-}
-
-/// (base, length) of the first segment with data: the plain buffer, or the
-/// first non-empty iovec (servers pass empty ones, e.g. an empty prefix).
-#[inline(always)]
-fn head_segment(args: &SendArgs) -> Option<(u64, u64)> {
-    if args.buf != 0 {
-        return Some((args.buf, u64::MAX));
-    }
-    for i in 0..MAX_IOV {
-        let seg = segment(args, i)?;
-        if seg.1 > 0 {
-            return Some(seg);
-        }
-    }
-    None
-}
-
-/// (base, bytes) of the segment that holds the send's last byte, with
-/// `bytes` the part of that segment that was sent.
-#[inline(always)]
-fn tail_segment(args: &SendArgs, sent: u64) -> Option<(u64, u64)> {
-    if args.buf != 0 {
-        return Some((args.buf, sent));
-    }
-    let mut done = 0u64;
-    for i in 0..MAX_IOV {
-        let seg = segment(args, i)?;
-        if done + seg.1 >= sent {
-            return Some((seg.0, sent - done));
-        }
-        done += seg.1;
-    }
-    None
 }
 
 #[inline(always)]

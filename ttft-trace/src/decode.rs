@@ -132,12 +132,13 @@ mod tests {
             bytes: 149,
             head_len: 8,
             tail_len: 5,
+            flags: ttft_trace_common::SOCK_TLS_PLAIN,
             ..SockEvent::default()
         };
         sock.head[..8].copy_from_slice(b"HTTP/1.1");
         sock.tail[..5].copy_from_slice(b"0\r\n\r\n");
         let bytes = encode(&sock);
-        assert_eq!(bytes.len(), 368);
+        assert_eq!(bytes.len(), 376);
         let Ok(Event::Sock(back)) = decode(&bytes) else {
             panic!("not a sock event");
         };

@@ -52,15 +52,21 @@ fn judge(pid: u32, comm: &str, scan: &Scan) -> Vec<Item> {
     vec![cuda, tls_item(&name, scan)]
 }
 
-/// The TLS libraries a process maps. Mapping one is not serving TLS (every
-/// Python server maps OpenSSL through its `ssl` module): said as what would
-/// happen if it did, since no TLS library's plaintext is read yet. Files it
-/// could not open are a warning: a library among them would go unseen.
+/// The TLS libraries a process maps, each with what is read of it. Mapping
+/// one is not serving TLS (every Python server maps OpenSSL through its
+/// `ssl` module): said as what would happen if it did. Files it could not
+/// open are a warning: a library among them would go unseen.
 fn tls_item(name: &str, scan: &Scan) -> Item {
     let found: Vec<String> = scan
-        .tls
-        .iter()
-        .map(|(path, lib)| format!("TLS via {} ({}): not traced", lib.name(), path.display()))
+        .tls_read()
+        .map(|(path, lib, probed)| {
+            format!(
+                "TLS via {} ({}): {}",
+                lib.name(),
+                path.display(),
+                lib.reading(probed)
+            )
+        })
         .collect();
     if !scan.denied.is_empty() {
         return Item::warn(
@@ -91,8 +97,7 @@ fn tls_item(name: &str, scan: &Scan) -> Item {
     Item::ok(
         "target TLS",
         format!(
-            "{name}: {}; if it serves TLS itself, those connections are reported \
-             tls_unsupported and only their handshakes are timed (from the wire)",
+            "{name}: {} (mapping a TLS library is not serving TLS)",
             found.join("; ")
         ),
     )
@@ -122,7 +127,7 @@ mod tests {
         let item = tls_item("pid 1 (srv)", &scan);
         assert_eq!(item.verdict, Verdict::Ok);
         assert!(
-            item.detail.contains("if it serves TLS itself"),
+            item.detail.contains("is not serving TLS"),
             "{}",
             item.detail
         );

@@ -186,7 +186,8 @@ impl Series {
             .set(k.runq_buckets.to_vec(), k.runq_sum_ns);
         self.core
             .set_kernel_stats(k.events_lost, k.segments_unseen, k.thread_state_dropped);
-        self.core.set_h2_stats(k.h2_frames_dropped, k.h2_walk_lost);
+        self.core
+            .set_protocol_stats(k.h2_frames_dropped, k.h2_walk_lost, k.tls_unbound);
         for (map, total) in k.map_full {
             self.core.set_map_full(map, *total);
         }

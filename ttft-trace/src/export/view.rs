@@ -57,6 +57,8 @@ pub struct KernelView<'a> {
     /// place (`ttft_trace_common::Stat`).
     pub h2_frames_dropped: u64,
     pub h2_walk_lost: u64,
+    /// `SSL_write` calls whose plaintext no followed send carried.
+    pub tls_unbound: u64,
     /// Inserts refused by a full kernel map, per map.
     pub map_full: &'a [(&'static str, u64)],
     /// What tenants were refused past their share, per resource.

@@ -15,6 +15,7 @@ pub mod kernel;
 mod kernel_maps;
 pub mod libraries;
 mod load;
+pub mod openssl;
 pub mod plan;
 #[cfg(test)]
 pub(crate) mod recorded_kernels;

@@ -1,36 +1,44 @@
 //! Uprobe targets as data: the families of libraries probed (the CUDA
-//! runtime, the CUDA driver), each declared by a table ([`Family`]) of the
+//! runtime, the CUDA driver; OpenSSL), each declared by a table ([`Family`]) of the
 //! functions probed, the eBPF program of each, its role, whether its
 //! return is probed too, and so the order its probes are attached in. The
 //! finder ([`super::libraries`]) and the attacher read these tables and
 //! nothing else of a family: a family is added by writing its table (and
 //! its programs) and naming it in [`FAMILIES`].
 
-use super::cuda;
 pub use super::family::{Family, ProbedSymbol, Role};
+use super::{cuda, openssl};
 
-/// Every family probed, in the order files' families are listed in (the
-/// JSONL `library` records, the log).
+/// Every family that makes a workload (a process calling one is a GPU
+/// workload), in the order files' families are listed in (the JSONL
+/// `library` records, the log).
 pub static FAMILIES: &[&Family] = &[&cuda::RUNTIME, &cuda::DRIVER];
+
+/// The TLS libraries read: probed only in processes traced already, for
+/// each process (never host-wide), and never a reason to trace one.
+pub static TLS_FAMILIES: &[&Family] = &[&openssl::OPENSSL];
+
+/// Every family of both lists.
+fn all() -> impl Iterator<Item = &'static Family> {
+    FAMILIES.iter().chain(TLS_FAMILIES).copied()
+}
 
 /// Looks a symbol name up in every family, ignoring an ELF version suffix
 /// (`cudaLaunchKernel@@libcudart.so.12` as some symbol tables spell it).
 pub fn lookup(name: &str) -> Option<(&'static Family, &'static ProbedSymbol)> {
     let base = name.split('@').next().unwrap_or(name);
-    FAMILIES
-        .iter()
-        .find_map(|f| Some((*f, f.symbols.iter().find(|s| s.name == base)?)))
+    all().find_map(|f| Some((f, f.symbols.iter().find(|s| s.name == base)?)))
 }
 
-/// Whether `name` is a marker of any family ([`Family::markers`]).
+/// Whether `name` is a marker of a family that makes a workload
+/// ([`FAMILIES`], [`Family::markers`]).
 pub fn is_marker(name: &str) -> bool {
     FAMILIES.iter().any(|f| f.markers.contains(&name))
 }
 
 /// Every distinct eBPF program name the tables use, returns included.
 pub fn program_names() -> Vec<&'static str> {
-    let mut names: Vec<&'static str> = FAMILIES
-        .iter()
+    let mut names: Vec<&'static str> = all()
         .flat_map(|f| f.symbols)
         .flat_map(|s| [Some(s.program), s.returns])
         .flatten()
@@ -58,23 +66,20 @@ mod tests {
 
     #[test]
     fn no_symbol_is_listed_twice() {
-        let mut names: Vec<_> = FAMILIES
-            .iter()
-            .flat_map(|f| f.symbols)
-            .map(|s| s.name)
-            .collect();
+        let mut names: Vec<_> = all().flat_map(|f| f.symbols).map(|s| s.name).collect();
         names.sort_unstable();
         let n = names.len();
         names.dedup();
         assert_eq!(n, names.len(), "duplicate symbol");
-        let mut families: Vec<_> = FAMILIES.iter().map(|f| f.name).collect();
+        let mut families: Vec<_> = all().map(|f| f.name).collect();
+        families.sort_unstable();
         families.dedup();
-        assert_eq!(families.len(), FAMILIES.len(), "duplicate family");
+        assert_eq!(families.len(), all().count(), "duplicate family");
     }
 
     #[test]
     fn markers_are_probed_launches_of_their_family() {
-        for family in FAMILIES {
+        for family in all() {
             assert!(!family.markers.is_empty(), "{family:?} has no marker");
             for m in family.markers {
                 let s = family.symbols.iter().find(|s| s.name == *m);
@@ -85,7 +90,7 @@ mod tests {
 
     #[test]
     fn a_program_serves_one_role_and_never_both_entry_and_return() {
-        let all: Vec<_> = FAMILIES.iter().flat_map(|f| f.symbols).collect();
+        let all: Vec<_> = all().flat_map(|f| f.symbols).collect();
         for s in &all {
             assert!(
                 all.iter()

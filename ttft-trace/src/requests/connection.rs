@@ -8,7 +8,10 @@ use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
 };
 
-use ttft_trace_common::{ConnEvent, SEGMENT_DATA, SegmentEvent, SockEvent, h2::H2FramesEvent};
+use ttft_trace_common::{
+    ConnEvent, SEGMENT_DATA, SOCK_TLS_BUFFERED, SOCK_TLS_CONTROL, SOCK_TLS_PLAIN, SegmentEvent,
+    SockEvent, h2::H2FramesEvent,
+};
 
 /// TCP states (`include/net/tcp_states.h`).
 pub(crate) const TCP_ESTABLISHED: u32 = 1;
@@ -29,7 +32,7 @@ use super::{
     response::{self, End, Outgoing, Response},
     retries::{Attempt, AttemptId, Interruption, Interruptions, Retry},
     streams::{Stream, StreamEnd, StreamTable},
-    tls::{Handshake, TlsFacts},
+    tls::{APPLICATION_DATA_HEAD, Handshake, TlsFacts},
 };
 
 const AF_INET6: u16 = 10;
@@ -91,6 +94,9 @@ pub(crate) struct Request {
     pub stream_end: Option<StreamEnd>,
     /// On a TLS connection.
     pub tls: bool,
+    /// On a TLS connection whose plaintext is read (the server's TLS calls
+    /// are seen moving its records): read as HTTP, not `tls_unsupported`.
+    pub tls_plaintext: bool,
     /// Its connection's TLS handshake as the wire showed it, when followed
     /// from the opening (set when the request finishes).
     pub tls_handshake: Option<TlsFacts>,
@@ -109,6 +115,11 @@ pub(crate) struct Request {
 }
 
 impl Request {
+    /// On a TLS connection whose plaintext is not read.
+    pub fn tls_unread(&self) -> bool {
+        self.tls && !self.tls_plaintext
+    }
+
     pub fn t_first_token(&self) -> Option<u64> {
         self.response.as_ref().and_then(|r| r.t_first_token)
     }
@@ -181,7 +192,7 @@ fn outcome(req: &Request, cause: Cause) -> Outcome {
     if req.http2 {
         return Outcome::Http2Unsupported;
     }
-    if req.tls {
+    if req.tls_unread() {
         return Outcome::TlsUnsupported;
     }
     if req.pipelined || cause == Cause::Pipelined {
@@ -334,6 +345,13 @@ pub(crate) struct Connection {
     /// The server's first send was TLS records: every request from then on
     /// is encrypted.
     tls: bool,
+    /// The server's TLS calls were seen moving this connection's records
+    /// (`SOCK_TLS_*` flags): its plaintext is read, and the records moved
+    /// outside a data call are TLS's own.
+    tls_read: bool,
+    /// When the last receive of client bytes was: where a read served from
+    /// the TLS library's buffer ([`SOCK_TLS_BUFFERED`]) had its bytes from.
+    tls_received_ns: Option<u64>,
     /// The client closed its side (FIN, or a receive returned EOF) while
     /// the response was unfinished by its framing: the server may still
     /// finish it (a client that stops reading at `data: [DONE]` and closes
@@ -368,6 +386,8 @@ impl Connection {
             chunks: ChunkAcks::default(),
             http2: false,
             tls: false,
+            tls_read: false,
+            tls_received_ns: None,
             peer_closed: false,
             closed_at: None,
             streams: None,
@@ -383,10 +403,23 @@ impl Connection {
 
     pub fn on_recv(&mut self, ev: &SockEvent, out: &mut Outbox) {
         self.last_event_ns = self.last_event_ns.max(ev.t_ns);
-        let segments = self.segments_since_recv.take();
-        if let Some(hs) = self.tls_handshake.as_mut().filter(|_| ev.bytes > 0) {
-            let (first, last) = segments.unwrap_or((ev.t_ns, ev.t_ns));
-            hs.on_client(first, last);
+        let in_handshake = self.in_handshake();
+        let mut ev = *ev;
+        if ev.flags & SOCK_TLS_BUFFERED != 0 {
+            // Plaintext from records an earlier receive took: they
+            // arrived then.
+            ev.t_ns = self.tls_received_ns.unwrap_or(ev.t_ns);
+        } else if ev.bytes > 0 {
+            let segments = self.segments_since_recv.take();
+            if let Some(hs) = self.tls_handshake.as_mut() {
+                let (first, last) = segments.unwrap_or((ev.t_ns, ev.t_ns));
+                hs.on_client(first, last);
+            }
+            self.tls_received_ns = Some(ev.t_ns);
+        }
+        let ev = &ev;
+        if self.tls_own_records(ev, in_handshake) {
+            return;
         }
         if let Some(streams) = self.streams.as_mut() {
             match ev.bytes {
@@ -431,20 +464,39 @@ impl Connection {
 
     pub fn on_send(&mut self, ev: &SockEvent, out: &mut Outbox) {
         self.last_event_ns = self.last_event_ns.max(ev.t_ns);
+        let in_handshake = self.in_handshake();
         if let Some(hs) = self.tls_handshake.as_mut().filter(|_| ev.bytes > 0) {
-            hs.on_server(ev.t_ns, ev.head());
+            // A send inside `SSL_write` carries the plaintext's head, and
+            // application data records on the wire.
+            let head = if ev.flags == SOCK_TLS_PLAIN {
+                &APPLICATION_DATA_HEAD[..]
+            } else {
+                ev.head()
+            };
+            hs.on_server(ev.t_ns, head);
+        }
+        if self.tls_own_records(ev, in_handshake) {
+            return;
         }
         if self.streams.is_some() {
             // Its frames come in the HTTP/2 events.
             return;
         }
-        let n = match u64::try_from(ev.bytes) {
+        let wire = match u64::try_from(ev.bytes) {
             Ok(0) => return,
             Ok(n) => n,
             Err(_) => {
                 out.socket_errors += 1;
                 return;
             }
+        };
+        // The response's bytes as HTTP frames them: a send inside
+        // `SSL_write` carries `plain_bytes` of plaintext in its records;
+        // the wire's count the bytes the client acknowledges.
+        let n = if ev.flags == SOCK_TLS_PLAIN {
+            u64::from(ev.plain_bytes)
+        } else {
+            wire
         };
         // The first send of a response tells the protocol; a server may send
         // its HTTP/2 preface before it reads any request.
@@ -463,8 +515,9 @@ impl Connection {
             return;
         };
         req.http2 |= self.http2;
-        req.tls |= self.tls;
-        req.bytes_out += n;
+        req.tls |= self.tls || self.tls_read;
+        req.tls_plaintext |= self.tls_read;
+        req.bytes_out += wire;
         req.t_last_send = Some(ev.t_ns);
         let send = Outgoing {
             t_ns: ev.t_ns,
@@ -570,6 +623,7 @@ impl Connection {
                 http2: true,
                 stream_end: Some(end),
                 tls: false,
+                tls_plaintext: false,
                 tls_handshake: None,
                 retry: None,
                 t_ended: self.last_event_ns,
@@ -716,7 +770,7 @@ impl Connection {
         let unfinished = self.current.as_ref().is_some_and(|r| {
             !r.pipelined
                 && !r.http2
-                && !r.tls
+                && !r.tls_unread()
                 && r.response.as_ref().map(Response::end) == Some(End::Incomplete)
         });
         if unfinished {
@@ -752,6 +806,33 @@ impl Connection {
         out.finish(req, cause);
     }
 
+    /// Whether the connection's handshake, followed from its opening, is
+    /// still under way.
+    fn in_handshake(&self) -> bool {
+        self.tls_handshake
+            .as_ref()
+            .is_some_and(Handshake::in_progress)
+    }
+
+    /// Whether `ev` moved TLS's own records (the handshake, tickets, alerts)
+    /// rather than a request's or a response's, as the server's TLS calls
+    /// tell ([`SockEvent::flags`]): bytes moved inside the handshake or a
+    /// shutdown; inside a data call while the handshake is under way (a
+    /// server that lets `SSL_read` drive it); or outside any call on a
+    /// connection whose calls are seen. An end of stream or an error is
+    /// never TLS's own.
+    fn tls_own_records(&mut self, ev: &SockEvent, in_handshake: bool) -> bool {
+        self.tls_read |= ev.flags != 0;
+        if ev.bytes <= 0 {
+            return false;
+        }
+        match ev.flags & (SOCK_TLS_CONTROL | SOCK_TLS_PLAIN) {
+            SOCK_TLS_CONTROL => true,
+            SOCK_TLS_PLAIN => in_handshake,
+            _ => self.tls_read,
+        }
+    }
+
     fn start(&mut self, ev: &SockEvent, bytes: u64, pipelined: bool) {
         self.current = Some(Request {
             conn: self.info,
@@ -766,7 +847,8 @@ impl Connection {
             pipelined,
             http2: self.http2,
             stream_end: None,
-            tls: self.tls,
+            tls: self.tls || self.tls_read,
+            tls_plaintext: self.tls_read,
             tls_handshake: None,
             retry: None,
             t_ended: 0,

@@ -32,6 +32,11 @@ const CHANGE_CIPHER_SPEC: u8 = 20;
 const HANDSHAKE: u8 = 22;
 const APPLICATION_DATA: u8 = 23;
 
+/// What a send of application data records begins with on the wire: where
+/// a send's captured head is its plaintext (one inside `SSL_write`), the
+/// handshake is told what the wire carried.
+pub(crate) const APPLICATION_DATA_HEAD: [u8; 3] = [APPLICATION_DATA, 3, 3];
+
 /// Handshake message types (RFC 8446 §4, RFC 5246 §7.4).
 const SERVER_HELLO: u8 = 2;
 const NEW_SESSION_TICKET: u8 = 4;
@@ -367,6 +372,12 @@ impl Handshake {
             },
             p => p,
         };
+    }
+
+    /// Whether the handshake is under way: begun or awaited, and neither
+    /// ended nor given up on.
+    pub fn in_progress(&self) -> bool {
+        !matches!(self.phase, Phase::Done { .. } | Phase::Unknown)
     }
 
     fn set_resumed(&mut self, resumed: bool) {

@@ -38,6 +38,7 @@ pub(super) fn kernel_view(k: &KernelStats) -> KernelView<'_> {
         thread_state_dropped: k.thread_state_dropped,
         h2_frames_dropped: k.h2_frames_dropped,
         h2_walk_lost: k.h2_walk_lost,
+        tls_unbound: k.tls_unbound,
         map_full: &k.map_full,
         quota_exceeded: &k.quota_exceeded,
         listeners_followed: k.listeners_followed,

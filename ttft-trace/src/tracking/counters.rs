@@ -35,6 +35,8 @@ pub struct KernelStats {
     /// and the times a connection's walk lost its place.
     pub h2_frames_dropped: u64,
     pub h2_walk_lost: u64,
+    /// `SSL_write` plaintext not bound to a followed connection's send.
+    pub tls_unbound: u64,
     /// Inserts refused by a full kernel map, per map.
     pub map_full: Vec<(&'static str, u64)>,
     /// What tenants were refused past their share, per resource.

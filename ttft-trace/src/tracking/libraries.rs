@@ -143,8 +143,34 @@ impl Libraries {
         pid: u32,
         changes: &mut Vec<Change>,
     ) {
+        self.attach_at(probes, lib, self.reach(pid), changes);
+    }
+
+    /// Attaches the probes of a TLS library that process `pid` maps, for
+    /// that process only, whatever the mode: a TLS library never makes a
+    /// workload, so no host-wide probe is wanted of it, and the host's other
+    /// processes take no trap.
+    fn attach_tls(
+        &mut self,
+        probes: &mut Probes,
+        lib: &Library,
+        pid: u32,
+        changes: &mut Vec<Change>,
+    ) {
+        if let Some(pid) = NonZeroU32::new(pid) {
+            self.attach_at(probes, lib, Reach::Process(pid), changes);
+        }
+    }
+
+    fn attach_at(
+        &mut self,
+        probes: &mut Probes,
+        lib: &Library,
+        reach: Reach,
+        changes: &mut Vec<Change>,
+    ) {
         self.last_mapped.insert(lib.id.clone(), Instant::now());
-        match Self::attach(probes, lib, self.reach(pid), changes) {
+        match Self::attach(probes, lib, reach, changes) {
             Ok(()) => {}
             Err(e) if matches!(e.downcast_ref(), Some(ProbeError::ProcessGone(_))) => {
                 log::debug!("{e}");
@@ -181,23 +207,27 @@ impl Libraries {
         for lib in scan.libraries.iter().chain(&named) {
             self.attach_found(probes, lib, pid, changes);
         }
-        self.log_tls(pid, scan.tls);
+        for lib in &scan.tls_probes {
+            self.attach_tls(probes, lib, pid, changes);
+        }
+        let tls = scan.tls_read().map(|(p, l, r)| (p.clone(), l, r)).collect();
+        self.log_tls(pid, tls);
     }
 
-    /// Says once per traced process and file which TLS library it maps:
-    /// none is read yet, so its TLS connections (if it serves any itself)
-    /// show as `tls_unsupported`.
-    fn log_tls(&mut self, pid: u32, tls: Vec<(PathBuf, TlsLibrary)>) {
-        for (path, lib) in tls {
+    /// Says once per traced process and file which TLS library it maps,
+    /// and whether its plaintext is read (`read`); a connection whose TLS is
+    /// not read is reported `tls_unsupported`.
+    fn log_tls(&mut self, pid: u32, tls: Vec<(PathBuf, TlsLibrary, bool)>) {
+        for (path, lib, read) in tls {
             let key = (pid, path);
             if self.tls_logged.contains(&key) {
                 continue;
             }
             let line = format!(
-                "pid {pid}: TLS via {} ({}): not traced (if it serves TLS itself, those \
-                 connections are reported tls_unsupported, their handshakes timed from the wire)",
+                "pid {pid}: TLS via {} ({}): {}",
                 lib.name(),
-                key.1.display()
+                key.1.display(),
+                lib.reading(read)
             );
             if self.tls_logged.len() >= TLS_LOGGED_MAX {
                 log::debug!("{line}");

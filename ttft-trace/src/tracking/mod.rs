@@ -267,6 +267,7 @@ impl Tracking {
                 thread_state_dropped: probes.stat(Stat::ThreadStateFull)?,
                 h2_frames_dropped: probes.stat(Stat::H2FramesDropped)?,
                 h2_walk_lost: probes.stat(Stat::H2WalkLost)?,
+                tls_unbound: probes.stat(Stat::TlsUnbound)?,
                 map_full: probes.map_full()?,
                 quota_exceeded: self.quotas.exceeded(probes)?,
                 listeners_followed: self.ports.followed(),

@@ -72,6 +72,7 @@ pub struct Metrics {
     thread_state_dropped: IntCounter,
     h2_frames_dropped: IntCounter,
     h2_walk_lost: IntCounter,
+    tls_unbound: IntCounter,
     table_evictions: IntCounterVec,
     map_full: IntCounterVec,
     traced_processes: IntGauge,
@@ -159,6 +160,12 @@ impl Metrics {
             "Times the kernel's walk of an HTTP/2 connection's frames lost its place in one \
              direction (a frame header split across calls, a segment after a gap, too many \
              frames in one call); its frames go unread until a call starts on a frame again",
+        )?;
+        let tls_unbound = IntCounter::new(
+            "ttft_trace_tls_plaintext_unbound_total",
+            "SSL_write calls of traced processes that sent none of their records on a followed \
+             connection (a memory BIO, whose records the process sends itself later): their \
+             plaintext is not read, and their connections stay tls_unsupported",
         )?;
         let table_evictions = IntCounterVec::new(
             Opts::new(
@@ -264,6 +271,7 @@ impl Metrics {
             Box::new(thread_state_dropped.clone()),
             Box::new(h2_frames_dropped.clone()),
             Box::new(h2_walk_lost.clone()),
+            Box::new(tls_unbound.clone()),
             Box::new(table_evictions.clone()),
             Box::new(map_full.clone()),
             Box::new(traced_processes.clone()),
@@ -294,6 +302,7 @@ impl Metrics {
             thread_state_dropped,
             h2_frames_dropped,
             h2_walk_lost,
+            tls_unbound,
             table_evictions,
             map_full,
             traced_processes,
@@ -405,11 +414,13 @@ impl Metrics {
         bump(&self.thread_state_dropped, state_dropped);
     }
 
-    /// Sets the HTTP/2 walk's counters to the kernel's totals.
-    pub fn set_h2_stats(&self, frames_dropped: u64, walk_lost: u64) {
+    /// Sets the HTTP/2 walk's and the TLS binding's counters to the
+    /// kernel's totals.
+    pub fn set_protocol_stats(&self, frames_dropped: u64, walk_lost: u64, tls_unbound: u64) {
         let bump = |c: &IntCounter, total: u64| c.inc_by(total.saturating_sub(c.get()));
         bump(&self.h2_frames_dropped, frames_dropped);
         bump(&self.h2_walk_lost, walk_lost);
+        bump(&self.tls_unbound, tls_unbound);
     }
 
     /// Sets map `map`'s refused-insert counter to the kernel's total.

@@ -18,7 +18,7 @@ use super::{
     tls::{TlsLibrary, TlsMarks},
 };
 use crate::host::deadline;
-use crate::probes::symbols::{self, FAMILIES, Family, ProbedSymbol};
+use crate::probes::symbols::{self, FAMILIES, Family, ProbedSymbol, TLS_FAMILIES};
 
 /// Most bytes read of one ELF file: its headers and symbol tables, not its
 /// code. A large `libtorch_cuda.so` has symbol tables of tens of MiB.
@@ -82,11 +82,13 @@ impl ReadCacheOps for Budgeted<'_> {
 }
 
 /// What an ELF file is to the tracer: a library to probe, and the TLS
-/// library it carries (either, both or neither).
+/// library it carries (either, both or neither), with the probes that read
+/// its plaintext where it is one read ([`symbols::TLS_FAMILIES`]).
 #[derive(Debug, Default)]
 pub(super) struct Inspected {
     pub library: Option<Library>,
     pub tls: Option<TlsLibrary>,
+    pub tls_probes: Option<Library>,
 }
 
 /// [`super::inspect`] of a file already open (and checked to be regular).
@@ -123,25 +125,43 @@ fn inspect_budgeted(path: &Path, file: File, budget: u64) -> Result<Inspected, L
     if cache.into_inner().exhausted {
         return Err(LibraryError::TooLarge(path.into()));
     }
-    if !found.iter().any(|(_, s, _)| symbols::is_marker(s.name)) {
-        return Ok(Inspected { library: None, tls });
+    let (tls_found, found): (Vec<Found>, Vec<Found>) = found
+        .into_iter()
+        .partition(|(f, _, _)| TLS_FAMILIES.contains(f));
+    let cuda = found.iter().any(|(_, s, _)| symbols::is_marker(s.name));
+    // Only OpenSSL's own `SSL_write` is read: a compatibility layer's or
+    // BoringSSL's is named, not probed.
+    let read_tls = tls == Some(TlsLibrary::OpenSsl)
+        && tls_found
+            .iter()
+            .any(|(f, s, _)| f.markers.contains(&s.name));
+    if !cuda && !read_tls {
+        return Ok(Inspected {
+            tls,
+            ..Inspected::default()
+        });
     }
     let id = FileId::of(&file).map_err(|e| LibraryError::Io(path.into(), e))?;
     let open_path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
-    let library = Some(Library {
+    let file = Arc::new(file);
+    let library_of = |found: Vec<Found>, families: &[&'static Family]| Library {
         path: path.into(),
-        file: Arc::new(file),
-        open_path,
-        id,
-        apis: FAMILIES
+        file: file.clone(),
+        open_path: open_path.clone(),
+        id: id.clone(),
+        apis: families
             .iter()
             .copied()
             .filter(|f| found.iter().any(|(of, _, _)| of == f))
             .collect(),
         symbols: attach_order(found),
         tls,
-    });
-    Ok(Inspected { library, tls })
+    };
+    Ok(Inspected {
+        library: cuda.then(|| library_of(found, FAMILIES)),
+        tls,
+        tls_probes: read_tls.then(|| library_of(tls_found, TLS_FAMILIES)),
+    })
 }
 
 /// The probed functions an ELF file defines (both symbol tables), each name

@@ -5,8 +5,9 @@
 //! prefixes, never by a search through the name, except Rust's v0-mangled
 //! names, where the crate's name sits after a hash.
 //!
-//! No TLS library's plaintext is read yet: a connection it terminates is
-//! `tls_unsupported` whatever the library, and its handshake is timed from
+//! OpenSSL's plaintext is read where it sends its own records (a socket
+//! BIO; `probes/openssl.rs`, the eBPF side's `tls.rs`); a connection
+//! another library terminates is `tls_unsupported`, its handshake timed from
 //! the wire (`requests/tls.rs`).
 
 /// A TLS implementation a mapped file carries.
@@ -35,6 +36,20 @@ pub enum TlsLibrary {
 }
 
 impl TlsLibrary {
+    /// What is read of the connections the library terminates, `probed`
+    /// where its plaintext probes were found (the attach log, `check`).
+    pub fn reading(self, probed: bool) -> &'static str {
+        if probed {
+            "plaintext read where OpenSSL sends its own records (a socket BIO); where the \
+             process sends them itself (a memory BIO, as asyncio does), its connections are \
+             reported tls_unsupported, their handshakes timed from the wire, and the calls \
+             counted in ttft_trace_tls_plaintext_unbound_total"
+        } else {
+            "not traced (if it serves TLS itself, those connections are reported \
+             tls_unsupported, their handshakes timed from the wire)"
+        }
+    }
+
     /// As the log, `check` and the JSONL `library` lines name it.
     pub fn name(self) -> &'static str {
         match self {

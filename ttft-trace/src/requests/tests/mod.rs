@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use ttft_trace_common::{
     CONN_CLOSE, CONN_OPEN, CONN_STATE, ConnEvent, EVENT_CONN, EVENT_EPISODE, EVENT_SEGMENT,
     EpisodeEvent, SEGMENT_ACK_EXACT, SEGMENT_ACKED, SEGMENT_DATA, SOCK_RECV, SOCK_SEND,
-    SegmentEvent, SockEvent,
+    SOCK_TLS_PLAIN, SegmentEvent, SockEvent,
     event::{HEAD_BYTES, HEAD_SENDS, TAIL_BYTES},
 };
 
@@ -54,6 +54,9 @@ pub(super) struct Wire {
     /// Segments carry their own acknowledgment number
     /// (`SEGMENT_ACK_EXACT`), as on kernels where the probe can read it.
     pub exact_acks: bool,
+    /// The TLS call the sends and receives are made in
+    /// ([`SockEvent::flags`]; 0: none).
+    pub tls_flags: u32,
 }
 
 /// A server socket's send sequence space, as `tcp_probe` reads it, and the
@@ -78,6 +81,7 @@ impl Wire {
             seq: HashMap::new(),
             head_sends: HEAD_SENDS,
             exact_acks: false,
+            tls_flags: 0,
         }
     }
 
@@ -126,6 +130,7 @@ impl Wire {
             sk,
             t_ns: t,
             bytes,
+            flags: self.tls_flags,
             ..SockEvent::default()
         }
     }
@@ -135,7 +140,7 @@ impl Wire {
         let ev = self.send_event(sk, t, data);
         self.c.on_sock(&ev);
         if let Some(q) = self.seq.get_mut(&sk) {
-            q.snd_nxt = q.snd_nxt.wrapping_add(data.len() as u32);
+            q.snd_nxt = q.snd_nxt.wrapping_add(ev.bytes as u32);
         }
     }
 
@@ -241,8 +246,14 @@ impl Wire {
             sk,
             t_ns: t,
             bytes: data.len() as i64,
+            flags: self.tls_flags,
             ..SockEvent::default()
         };
+        if self.tls_flags == SOCK_TLS_PLAIN {
+            // One record: its header, type and tag on the wire (TLS 1.3).
+            ev.plain_bytes = data.len() as u32;
+            ev.bytes += 22;
+        }
         if *n <= self.head_sends {
             let h = data.len().min(HEAD_BYTES);
             ev.head[..h].copy_from_slice(&data[..h]);

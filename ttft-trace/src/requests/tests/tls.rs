@@ -152,3 +152,129 @@ fn a_connection_seen_opening_has_its_handshake_timed() {
     w.close(SK, T0 + ms(50));
     assert!(w.drain(ms(10_000)).iter().all(|r| r.tls.is_none()));
 }
+
+/// A streamed response in plaintext, as sends inside `SSL_write` show it:
+/// headers, then `n` SSE chunks, then the chunked terminator.
+fn plaintext_response(w: &mut Wire, t: u64, n: u64) {
+    w.send(
+        SK,
+        t,
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n",
+    );
+    for i in 0..n {
+        w.send(SK, t + ms(10 * (i + 1)), b"10\r\ndata: {\"t\": 1}\n\n\r\n");
+    }
+    w.send(SK, t + ms(10 * (n + 1)), b"0\r\n\r\n");
+}
+
+/// The server's TLS calls seen (OpenSSL through a socket BIO): the records
+/// of the handshake, the tickets and the close are TLS's own, and the
+/// request in between is read as HTTP from its plaintext, timed by its
+/// segment's arrival and the first send of its first token. Two shapes: a
+/// server that calls `SSL_do_handshake` (nginx, CPython), and one that lets
+/// `SSL_read` drive the handshake (its records inside a data call, told by
+/// the handshake followed from the opening).
+#[test]
+fn a_connection_whose_tls_calls_are_seen_is_read_as_http() {
+    use crate::requests::tls::{
+        TlsVersion,
+        tests::{TLS13_FULL, TLS13_FULL_SECOND},
+    };
+    use ttft_trace_common::{SOCK_TLS_CONTROL, SOCK_TLS_PLAIN};
+    let us = |v: u64| v * 1000;
+    for handshake_in in [SOCK_TLS_CONTROL, SOCK_TLS_PLAIN] {
+        let mut w = Wire::new();
+        w.open_at_handshake(SK, T0 - ms(1), 1000);
+        w.tls_flags = handshake_in;
+        w.segment(SK, T0, 517);
+        w.recv(SK, T0 + us(60), 517);
+        w.tls_flags = SOCK_TLS_CONTROL;
+        w.send(SK, T0 + ms(2), TLS13_FULL);
+        w.tls_flags = handshake_in;
+        w.segment(SK, T0 + ms(7), 80);
+        w.recv(SK, T0 + ms(7) + us(40), 80);
+        // Tickets after the handshake.
+        w.tls_flags = SOCK_TLS_CONTROL;
+        w.send(SK, T0 + ms(8), TLS13_FULL_SECOND);
+        // The request, its streamed response.
+        w.tls_flags = SOCK_TLS_PLAIN;
+        w.segment(SK, T0 + ms(20), 300);
+        w.recv(SK, T0 + ms(20) + us(40), 300);
+        plaintext_response(&mut w, T0 + ms(45), 3);
+        // close_notify, sent outside any data call.
+        w.tls_flags = 0;
+        w.send(SK, T0 + ms(100), &records(21, 1, 2));
+        w.close(SK, T0 + ms(110));
+        let rs = w.drain(ms(10_000));
+        assert_eq!(rs.len(), 1, "one request, no handshake record: {rs:#?}");
+        let r = &rs[0];
+        assert_eq!(r.outcome, Outcome::Ok, "{r:#?}");
+        assert_eq!(r.framing, Some(Framing::Http1), "{r:#?}");
+        // Arrival: the request's receive, 20.04 ms; first token: the
+        // first chunk's send, 55 ms.
+        assert_eq!(r.ttft_ns, Some(ms(35) - us(40)), "{r:#?}");
+        let tls = r.tls.expect("handshake facts");
+        assert_eq!(tls.version, TlsVersion::Tls13, "{r:#?}");
+        assert_eq!(tls.handshake_ns, Some(ms(7)), "{r:#?}");
+        assert!(tls.counted, "{r:#?}");
+    }
+}
+
+/// A process whose TLS is not read (its calls unseen: a memory BIO, or
+/// another library): nothing changes, every record is `tls_unsupported`.
+/// And a plaintext connection of a process whose TLS is read (its threads
+/// make no TLS call on it) is plain HTTP.
+#[test]
+fn unflagged_connections_keep_their_reading() {
+    let mut w = Wire::new();
+    w.open(SK, 0);
+    w.recv(SK, T0, 517);
+    w.send(SK, T0 + ms(1), &records(22, 3, 120));
+    w.recv(SK, T0 + ms(6), 300);
+    w.send(SK, T0 + ms(30), &records(23, 1, 60));
+    w.close(SK, T0 + ms(200));
+    let rs = w.drain(ms(10_000));
+    assert!(!rs.is_empty());
+    assert!(
+        rs.iter().all(|r| r.outcome == Outcome::TlsUnsupported),
+        "{rs:#?}"
+    );
+    let mut w = Wire::new();
+    w.open(SK, 0);
+    w.recv(SK, T0, 300);
+    plaintext_response(&mut w, T0 + ms(5), 2);
+    w.close(SK, T0 + ms(200));
+    let rs = w.drain(ms(10_000));
+    assert_eq!(rs.len(), 1, "{rs:#?}");
+    assert_eq!((rs[0].outcome, rs[0].tls), (Outcome::Ok, None), "{rs:#?}");
+}
+
+/// nginx's read-ahead: the client's `Finished` and its request arrive
+/// together, and the handshake's receive takes both; the `SSL_read` that
+/// returns the request receives nothing (its plaintext comes from
+/// OpenSSL's buffer). The request arrived with the handshake's receive.
+#[test]
+fn a_request_read_ahead_with_the_handshake_arrived_then() {
+    use crate::requests::tls::tests::{TLS13_FULL, TLS13_FULL_SECOND};
+    use ttft_trace_common::{SOCK_TLS_BUFFERED, SOCK_TLS_CONTROL, SOCK_TLS_PLAIN};
+    let mut w = Wire::new();
+    w.open_at_handshake(SK, T0 - ms(1), 1000);
+    w.tls_flags = SOCK_TLS_CONTROL;
+    w.segment(SK, T0, 517);
+    w.recv(SK, T0 + ms(1), 517);
+    w.send(SK, T0 + ms(2), TLS13_FULL);
+    w.segment(SK, T0 + ms(7), 380);
+    w.recv(SK, T0 + ms(7), 380);
+    w.send(SK, T0 + ms(8), TLS13_FULL_SECOND);
+    // The event loop comes back to the connection 3 ms later.
+    w.tls_flags = SOCK_TLS_PLAIN | SOCK_TLS_BUFFERED;
+    w.recv(SK, T0 + ms(10), 250);
+    w.tls_flags = SOCK_TLS_PLAIN;
+    plaintext_response(&mut w, T0 + ms(30), 2);
+    w.close(SK, T0 + ms(100));
+    let rs = w.drain(ms(10_000));
+    assert_eq!(rs.len(), 1, "{rs:#?}");
+    assert_eq!(rs[0].outcome, Outcome::Ok, "{rs:#?}");
+    assert_eq!(rs[0].t_arrive_ns, T0 + ms(7), "{rs:#?}");
+    assert_eq!(rs[0].ttft_ns, Some(ms(33)), "{rs:#?}");
+}

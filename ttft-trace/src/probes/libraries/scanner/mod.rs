@@ -59,14 +59,29 @@ pub struct Scan {
     pub denied: Vec<PathBuf>,
     /// The TLS libraries it maps, by the file that carries each.
     pub tls: Vec<(PathBuf, TlsLibrary)>,
+    /// Of those, the ones whose plaintext is read: the probes to bind to
+    /// this process ([`crate::probes::symbols::TLS_FAMILIES`]).
+    pub tls_probes: Vec<Arc<Library>>,
+}
+
+impl Scan {
+    /// The TLS libraries it maps, each with whether its plaintext probes
+    /// were found (see [`TlsLibrary::reading`]).
+    pub fn tls_read(&self) -> impl Iterator<Item = (&PathBuf, TlsLibrary, bool)> {
+        self.tls.iter().map(|(path, lib)| {
+            let probed = self.tls_probes.iter().any(|p| &p.path == path);
+            (path, *lib, probed)
+        })
+    }
 }
 
 /// What a file turned out to be.
 #[derive(Debug, Clone)]
 enum Seen {
     Library(Arc<Library>),
-    /// No library to probe, but a TLS library: not tried again.
-    Tls(TlsLibrary),
+    /// No library to probe, but a TLS library, with the probes that read
+    /// its plaintext where it is one read: not tried again.
+    Tls(TlsLibrary, Option<Arc<Library>>),
     /// No library to probe, or a file that cannot be inspected (not regular,
     /// not the mapped file, unreadable): not tried again.
     Other,
@@ -207,7 +222,10 @@ impl Scanner {
             match self.cache.get_mut(&key) {
                 // The same path; or a library, which holds its file open
                 // (its inode number cannot be given to another file).
-                Some(e) if e.path == path || matches!(e.seen, Seen::Library(_)) => {
+                Some(e)
+                    if e.path == path
+                        || matches!(e.seen, Seen::Library(_) | Seen::Tls(_, Some(_))) =>
+                {
                     e.path = path;
                     e.last_found = now;
                     slots.push(Slot::Known(e.seen.clone(), mapped.path));
@@ -251,7 +269,10 @@ impl Scanner {
                     }
                     scan.libraries.push(lib);
                 }
-                Seen::Tls(tls) => scan.tls.push((path, tls)),
+                Seen::Tls(tls, probes) => {
+                    scan.tls.push((path, tls));
+                    scan.tls_probes.extend(probes);
+                }
                 Seen::Denied => scan.denied.push(path),
                 Seen::Other | Seen::OverCap(_) => {}
             }
@@ -380,12 +401,12 @@ impl Scanner {
         self.cache.retain(|_, entry| {
             let age = now.saturating_duration_since(entry.last_found);
             match &entry.seen {
-                Seen::Library(lib) => {
+                Seen::Library(lib) | Seen::Tls(_, Some(lib)) => {
                     let stays = keep(&lib.id) || age < library_age;
                     libraries += usize::from(!stays);
                     stays
                 }
-                Seen::Tls(_) | Seen::Other | Seen::OverCap(_) | Seen::Denied => {
+                Seen::Tls(..) | Seen::Other | Seen::OverCap(_) | Seen::Denied => {
                     age < OTHER_FILE_AGE
                 }
             }
@@ -460,13 +481,16 @@ fn inspect_mapped(mapped: &maps::MappedFile) -> Option<(Seen, Option<Stamp>)> {
         elf::inspect_file(&mapped.path, file)
     });
     let seen = match inspected {
+        // A CUDA library that carries OpenSSL too is probed as the CUDA
+        // library it is (its TLS is named, not read).
         Ok(elf::Inspected {
             library: Some(lib), ..
         }) => Seen::Library(Arc::new(lib)),
         Ok(elf::Inspected {
             library: None,
             tls: Some(tls),
-        }) => Seen::Tls(tls),
+            tls_probes,
+        }) => Seen::Tls(tls, tls_probes.map(Arc::new)),
         Ok(elf::Inspected { .. }) => Seen::Other,
         Err(e) if e.is_transient() => return None,
         Err(e) => {
