@@ -245,6 +245,13 @@ fn judge_handshakes(server: &str, pid: u32, port: u16, binding: Binding) -> Resu
     Ok(())
 }
 
+/// The client TTFT estimate against the client's own, at P50 (as in the
+/// plaintext matrix, `tests/stacks.rs`: its time to read on loopback); each
+/// within [`CLIENT_READ_P99_MS`]. Measured 2026-12-06: within 0.05 ms, but
+/// 4.5 to 4.8 ms long on the resumed TLS 1.3 connections (not explained
+/// yet; the estimate reads late where the client delays its ACK).
+const ESTIMATE_TOLERANCE_MS: f64 = 1.0;
+
 /// Each connection's one request against the client's own TTFT: the
 /// client's minus the traced is its way to the server and back and its
 /// read (as in the plaintext matrix, `tests/stacks.rs`), never negative
@@ -254,8 +261,8 @@ fn judge_ttft(
     client: &[ClientHandshake],
     requests: &[ttft_trace::jsonl_schema::Request],
 ) -> Result<()> {
-    eprintln!("{server}: client_port  client_ttft_ms  traced_ttft_ms  error_ms");
-    let mut errors = Vec::new();
+    eprintln!("{server}: client_port  client_ttft_ms  traced_ttft_ms  error_ms  estimate_error_ms");
+    let (mut errors, mut estimates) = (Vec::new(), Vec::new());
     for c in client {
         let mine: Vec<_> = requests
             .iter()
@@ -269,12 +276,24 @@ fn judge_ttft(
             .ttft_ns
             .with_context(|| format!("{server}: no TTFT: {:?}", mine[0]))?;
         let error_ms = (c.ttft_ns as f64 - traced as f64) / 1e6;
+        // The client TTFT estimate (the first token's ACK less the
+        // request's segment), counted past the handshake's records.
+        let estimate = mine[0]
+            .client_ttft_estimate_ns
+            .with_context(|| format!("{server}: no client estimate: {:?}", mine[0]))?;
+        let estimate_ms = (c.ttft_ns as f64 - estimate as f64) / 1e6;
         eprintln!(
-            "{server}: {:11}  {:14.3}  {:14.3}  {error_ms:+8.3}",
+            "{server}: {:11}  {:14.3}  {:14.3}  {error_ms:+8.3}  {estimate_ms:+8.3}",
             c.client_port,
             c.ttft_ns as f64 / 1e6,
             traced as f64 / 1e6
         );
+        ensure!(
+            estimate_ms.abs() <= CLIENT_READ_P99_MS,
+            "{server}: client estimate {estimate} ns against the client's {} ns",
+            c.ttft_ns
+        );
+        estimates.push(estimate_ms.abs());
         ensure!(
             error_ms >= -0.5,
             "{server}: traced TTFT {traced} ns over the client's {} ns",
@@ -282,6 +301,14 @@ fn judge_ttft(
         );
         errors.push(error_ms);
     }
+    estimates.sort_by(f64::total_cmp);
+    let estimate_p50 = estimates[estimates.len() / 2];
+    eprintln!("{server}: client estimate off by P50 {estimate_p50:.3} ms");
+    ensure!(
+        estimate_p50 <= ESTIMATE_TOLERANCE_MS,
+        "{server}: client estimate off by P50 {estimate_p50:.3} ms (tolerance \
+         {ESTIMATE_TOLERANCE_MS} ms)"
+    );
     errors.sort_by(f64::total_cmp);
     let (p50, max) = (errors[errors.len() / 2], errors[errors.len() - 1]);
     eprintln!("{server}: TTFT error P50 {p50:.3} ms, max {max:.3} ms");

@@ -145,10 +145,14 @@ pub struct TlsCall {
     pub what: u32,
     /// Non-zero once a send of the call carried the plaintext's tail.
     pub tail_given: u32,
+    /// The calling process: an entry left by a thread that died in a call
+    /// is never taken for a later thread's of that id in another process.
+    pub tgid: u32,
+    pub _pad: u32,
 }
 
 const _: () = {
-    assert!(core::mem::size_of::<TlsCall>() == 64);
+    assert!(core::mem::size_of::<TlsCall>() == 72);
     assert!(core::mem::offset_of!(TlsCall, what) == 56);
 };
 

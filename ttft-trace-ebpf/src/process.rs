@@ -10,8 +10,8 @@ use ttft_trace_common::{QUOTA_THREADS, Stat, offsets::ABSENT};
 use crate::{
     cuda::send_discover,
     maps::{
-        EXITED, SCHED_STATE, SEND_ARGS, THREADS, TRACKED, bump_stat, discover, is_tracked,
-        mark_traced, offsets, over_share, workload_of,
+        EXITED, SCHED_STATE, SEND_ARGS, THREADS, TLS_CALLS, TRACKED, bump_stat, discover,
+        is_tracked, mark_traced, offsets, over_share, workload_of,
     },
     mem::now_ns,
 };
@@ -57,8 +57,10 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
     }
     let _ = THREADS.remove(tid);
     let _ = SCHED_STATE.remove(tid);
-    // A send noted but never completed (the thread died in it).
+    // A send noted but never completed, or a TLS call never returned from
+    // (the thread died in it).
     let _ = SEND_ARGS.remove(tid);
+    let _ = TLS_CALLS.remove(tid);
     let off = offsets();
     let group_dead = if off.exit_group_dead == ABSENT {
         tid == tgid

@@ -37,12 +37,17 @@ use crate::{
     sock_event::{SendView, emit_sock},
 };
 
+/// Most bytes of one alert record on the wire (TLS 1.2 with an AEAD's
+/// explicit nonce: 5 + 8 + 2 + 16).
+const ALERT_RECORD_MAX: u64 = 31;
+
 /// A traced thread enters a TLS call on `ssl`; `buf` and `len` the
 /// plaintext of a write.
 #[inline(always)]
 fn enter(what: u32, ssl: u64, buf: u64, len: u64) -> u32 {
     let id = bpf_get_current_pid_tgid();
-    if !is_tracked((id >> 32) as u32) {
+    let tgid = (id >> 32) as u32;
+    if !is_tracked(tgid) {
         return 0;
     }
     let call = TlsCall {
@@ -50,6 +55,7 @@ fn enter(what: u32, ssl: u64, buf: u64, len: u64) -> u32 {
         buf,
         len,
         what,
+        tgid,
         ..TlsCall::default()
     };
     let _ = TLS_CALLS.insert(id as u32, call, 0);
@@ -113,16 +119,23 @@ fn bind(call: &TlsCall, sk: u64) {
     }
 }
 
-/// The return of every probed TLS call.
+/// The thread's TLS call, if it is in one (of its own process: see
+/// [`TlsCall::tgid`]).
+#[inline(always)]
+fn current(tid: u32) -> Option<*mut TlsCall> {
+    let call = TLS_CALLS.get_ptr_mut(tid)?;
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    // SAFETY: a live map value.
+    (unsafe { (*call).tgid } == tgid).then_some(call)
+}
+
+/// The return of every probed TLS call. The call ends whether its process
+/// is still traced or not.
 #[uretprobe]
 pub fn ssl_return(ctx: RetProbeContext) -> u32 {
-    let id = bpf_get_current_pid_tgid();
-    if !is_tracked((id >> 32) as u32) {
-        return 0;
-    }
-    let tid = id as u32;
+    let tid = bpf_get_current_pid_tgid() as u32;
     // SAFETY: copied out at once.
-    let Some(call) = (unsafe { TLS_CALLS.get(tid) }).copied() else {
+    let Some(call) = current(tid).map(|c| unsafe { *c }) else {
         return 0;
     };
     let _ = TLS_CALLS.remove(tid);
@@ -154,7 +167,11 @@ fn read_returned(call: &TlsCall, ret: i32) {
         plain: 0,
     };
     if call.wire > 0 {
-        let closed = ret == 0 || (ex && !got);
+        // `SSL_read_ex`'s failure is a close when what it took is no more
+        // than an alert record (a `close_notify`: 24 bytes with TLS 1.3's
+        // AEAD, 31 with TLS 1.2's), a wait for the rest of a record when
+        // it took more.
+        let closed = ret == 0 || (ex && !got && call.wire <= ALERT_RECORD_MAX);
         let flags = if closed {
             SOCK_TLS_CONTROL
         } else {
@@ -174,18 +191,22 @@ fn read_returned(call: &TlsCall, ret: i32) {
         ret as u64
     };
     // SAFETY: copied out at once.
-    if let Some(sk) = unsafe { TLS_SOCKETS.get(key(call.ssl)) }.copied() {
-        // A receive, as far as the response's first sends go: their heads
-        // are read (the handshake's own sends since the records' receive
-        // were counted).
-        if let Some(state) = CONNS.get_ptr_mut(sk) {
-            // SAFETY: a live map value.
-            unsafe { (*state).sends_since_recv = 0 };
-        }
-        let bytes = bytes.clamp(1, i32::MAX as u64) as i32;
-        let flags = SOCK_TLS_PLAIN | SOCK_TLS_BUFFERED;
-        emit_sock(SOCK_RECV, sk, bytes, now_ns(), view(flags));
-    }
+    let Some(sk) = unsafe { TLS_SOCKETS.get(key(call.ssl)) }.copied() else {
+        return;
+    };
+    // Only on a connection still followed (an `SSL` freed and its address
+    // reused for one on a connection not followed keeps the old entry).
+    let Some(state) = CONNS.get_ptr_mut(sk) else {
+        return;
+    };
+    // A receive, as far as the response's first sends go: their heads are
+    // read (the handshake's own sends since the records' receive were
+    // counted).
+    // SAFETY: a live map value.
+    unsafe { (*state).sends_since_recv = 0 };
+    let bytes = bytes.clamp(1, i32::MAX as u64) as i32;
+    let flags = SOCK_TLS_PLAIN | SOCK_TLS_BUFFERED;
+    emit_sock(SOCK_RECV, sk, bytes, now_ns(), view(flags));
 }
 
 /// A send of `bytes` new wire bytes by thread `tid`, `sends` the sends
@@ -197,7 +218,7 @@ fn read_returned(call: &TlsCall, ret: i32) {
 /// overhead passed the plaintext left, a few bytes).
 #[inline(always)]
 pub fn send_view(tid: u32, sk: u64, bytes: u64, sends: u32, plain: SendView) -> SendView {
-    let Some(call) = TLS_CALLS.get_ptr_mut(tid) else {
+    let Some(call) = current(tid) else {
         return plain;
     };
     // SAFETY: a live map value of this thread.
@@ -241,7 +262,7 @@ pub fn send_view(tid: u32, sk: u64, bytes: u64, sends: u32, plain: SendView) -> 
 /// of stream is reported at once.
 #[inline(always)]
 pub fn on_recv(tid: u32, sk: u64, bytes: i32, t_ns: u64) -> Option<u32> {
-    let Some(call) = TLS_CALLS.get_ptr_mut(tid) else {
+    let Some(call) = current(tid) else {
         return Some(0);
     };
     // SAFETY: a live map value of this thread.

@@ -36,6 +36,9 @@ use super::{
 };
 
 const AF_INET6: u16 = 10;
+/// Most client data segments a TLS connection keeps between receives
+/// (`Connection::unreceived`): a handshake's flights and a request or two.
+const UNRECEIVED_MAX: usize = 16;
 
 /// A server-side connection's identity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -352,6 +355,16 @@ pub(crate) struct Connection {
     /// When the last receive of client bytes was: where a read served from
     /// the TLS library's buffer ([`SOCK_TLS_BUFFERED`]) had its bytes from.
     tls_received_ns: Option<u64>,
+    /// The last client data segment, and of it, the one a receive of TLS's
+    /// own records took last (with the server's TLS records sent since
+    /// counted in its sequence): the request segment of a request read
+    /// ahead with them.
+    last_data_segment: Option<RequestSegment>,
+    read_ahead: Option<RequestSegment>,
+    /// On a TLS connection, the client data segments not yet received, with
+    /// their bytes: a receive of TLS's own records takes its bytes from
+    /// the front, and the first segment it leaves is the next request's.
+    unreceived: VecDeque<(RequestSegment, u32)>,
     /// The client closed its side (FIN, or a receive returned EOF) while
     /// the response was unfinished by its framing: the server may still
     /// finish it (a client that stops reading at `data: [DONE]` and closes
@@ -388,6 +401,9 @@ impl Connection {
             tls: false,
             tls_read: false,
             tls_received_ns: None,
+            last_data_segment: None,
+            read_ahead: None,
+            unreceived: VecDeque::new(),
             peer_closed: false,
             closed_at: None,
             streams: None,
@@ -419,8 +435,13 @@ impl Connection {
         }
         let ev = &ev;
         if self.tls_own_records(ev, in_handshake) {
+            // Its segments brought TLS's records, not a request.
+            let next = self.take_received(u64::try_from(ev.bytes).unwrap_or(0));
+            self.acks.set_request_segment(next);
+            self.read_ahead = self.last_data_segment;
             return;
         }
+        self.unreceived.clear();
         if let Some(streams) = self.streams.as_mut() {
             match ev.bytes {
                 0 => self.end_streams(Cause::PeerClosed, out),
@@ -476,6 +497,13 @@ impl Connection {
             hs.on_server(ev.t_ns, head);
         }
         if self.tls_own_records(ev, in_handshake) {
+            // The response starts that much later in sequence space.
+            let wire = u64::try_from(ev.bytes).unwrap_or(0);
+            self.acks.sent_before_response(wire);
+            self.read_ahead = self.read_ahead.map(|s| s.after(wire));
+            if let Some(seg) = self.current.as_mut().and_then(|r| r.segment.as_mut()) {
+                *seg = seg.after(wire);
+            }
             return;
         }
         if self.streams.is_some() {
@@ -644,6 +672,17 @@ impl Connection {
             let first = self.segments_since_recv.map_or(ev.t_ns, |(f, _)| f);
             self.segments_since_recv = Some((first, ev.t_ns));
         }
+        if ev.flags & SEGMENT_DATA != 0 && ev.data_len > 0 {
+            let seg = RequestSegment {
+                t_ns: ev.t_ns,
+                snd_nxt: ev.snd_nxt,
+                at_handshake: false,
+            };
+            self.last_data_segment = Some(seg);
+            if (self.tls_read || self.in_handshake()) && self.unreceived.len() < UNRECEIVED_MAX {
+                self.unreceived.push_back((seg, ev.data_len));
+            }
+        }
         let idle = self.current.as_ref().is_none_or(Request::answered);
         for (index, ack) in self.acks.on_segment(ev, idle) {
             // Absent: the request was reported already (it waited too long).
@@ -806,6 +845,20 @@ impl Connection {
         out.finish(req, cause);
     }
 
+    /// Takes `bytes` received from the front of the unreceived segments;
+    /// returns the first segment with bytes left, if any.
+    fn take_received(&mut self, mut bytes: u64) -> Option<RequestSegment> {
+        while let Some((seg, len)) = self.unreceived.front_mut() {
+            if bytes < u64::from(*len) {
+                *len -= bytes as u32;
+                return Some(*seg);
+            }
+            bytes -= u64::from(*len);
+            self.unreceived.pop_front();
+        }
+        None
+    }
+
     /// Whether the connection's handshake, followed from its opening, is
     /// still under way.
     fn in_handshake(&self) -> bool {
@@ -840,7 +893,14 @@ impl Connection {
             tgid: ev.tgid,
             tid: ev.tid,
             t_arrive: ev.t_ns,
-            segment: self.acks.start_request(ev.t_ns),
+            // A request read ahead with TLS's records came in their
+            // receive's last segment.
+            segment: if ev.flags & SOCK_TLS_BUFFERED != 0 {
+                self.acks.set_request_segment(None);
+                self.read_ahead.take()
+            } else {
+                self.acks.start_request(ev.t_ns)
+            },
             bytes_in: bytes,
             bytes_out: 0,
             response: None,

@@ -94,6 +94,18 @@ pub(crate) struct RequestSegment {
     pub at_handshake: bool,
 }
 
+impl RequestSegment {
+    /// The same segment, the response starting `bytes` later in sequence
+    /// space (the server sent bytes of its own first: TLS records).
+    pub fn after(self, bytes: u64) -> Self {
+        Self {
+            // Sequence numbers wrap modulo 2^32.
+            snd_nxt: self.snd_nxt.wrapping_add(bytes as u32),
+            ..self
+        }
+    }
+}
+
 /// What is known of the first token's delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Delivery {
@@ -202,6 +214,22 @@ impl AckTracker {
             .take()
             .or(handshake)
             .filter(|s| s.t_ns <= t_arrive)
+    }
+
+    /// A receive took TLS's own records (`requests/connection.rs`): the
+    /// next request's segment is `next`, the first whose bytes it left, or
+    /// one to come.
+    pub fn set_request_segment(&mut self, next: Option<RequestSegment>) {
+        self.next_request = next;
+        self.handshake = None;
+    }
+
+    /// The server sent `bytes` of TLS's own records: a request segment
+    /// waiting for its request starts its response that much later.
+    pub fn sent_before_response(&mut self, bytes: u64) {
+        if let Some(s) = self.next_request.as_mut() {
+            *s = s.after(bytes);
+        }
     }
 
     /// The first token of request `index` was sent at `t_ns`, its last byte

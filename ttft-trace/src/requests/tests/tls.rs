@@ -155,14 +155,14 @@ fn a_connection_seen_opening_has_its_handshake_timed() {
 
 /// A streamed response in plaintext, as sends inside `SSL_write` show it:
 /// headers, then `n` SSE chunks, then the chunked terminator.
+const HEADERS: &[u8] =
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n";
+const SSE_CHUNK: &[u8] = b"10\r\ndata: {\"t\": 1}\n\n\r\n";
+
 fn plaintext_response(w: &mut Wire, t: u64, n: u64) {
-    w.send(
-        SK,
-        t,
-        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n",
-    );
+    w.send(SK, t, HEADERS);
     for i in 0..n {
-        w.send(SK, t + ms(10 * (i + 1)), b"10\r\ndata: {\"t\": 1}\n\n\r\n");
+        w.send(SK, t + ms(10 * (i + 1)), SSE_CHUNK);
     }
     w.send(SK, t + ms(10 * (n + 1)), b"0\r\n\r\n");
 }
@@ -184,6 +184,7 @@ fn a_connection_whose_tls_calls_are_seen_is_read_as_http() {
     let us = |v: u64| v * 1000;
     for handshake_in in [SOCK_TLS_CONTROL, SOCK_TLS_PLAIN] {
         let mut w = Wire::new();
+        w.exact_acks = true;
         w.open_at_handshake(SK, T0 - ms(1), 1000);
         w.tls_flags = handshake_in;
         w.segment(SK, T0, 517);
@@ -200,7 +201,13 @@ fn a_connection_whose_tls_calls_are_seen_is_read_as_http() {
         w.tls_flags = SOCK_TLS_PLAIN;
         w.segment(SK, T0 + ms(20), 300);
         w.recv(SK, T0 + ms(20) + us(40), 300);
-        plaintext_response(&mut w, T0 + ms(45), 3);
+        // The client acknowledges the first token 1 ms after its send
+        // (and the headers before it).
+        w.send(SK, T0 + ms(45), HEADERS);
+        w.segment(SK, T0 + ms(46), 0);
+        w.send(SK, T0 + ms(55), SSE_CHUNK);
+        w.segment(SK, T0 + ms(56), 0);
+        w.send(SK, T0 + ms(65), b"0\r\n\r\n");
         // close_notify, sent outside any data call.
         w.tls_flags = 0;
         w.send(SK, T0 + ms(100), &records(21, 1, 2));
@@ -213,6 +220,9 @@ fn a_connection_whose_tls_calls_are_seen_is_read_as_http() {
         // Arrival: the request's receive, 20.04 ms; first token: the
         // first chunk's send, 55 ms.
         assert_eq!(r.ttft_ns, Some(ms(35) - us(40)), "{r:#?}");
+        // Its ACK, counted past the handshake's records in sequence space
+        // (the server's flight and tickets were acknowledged long before).
+        assert_eq!(r.t_first_token_acked_ns, Some(T0 + ms(56)), "{r:#?}");
         let tls = r.tls.expect("handshake facts");
         assert_eq!(tls.version, TlsVersion::Tls13, "{r:#?}");
         assert_eq!(tls.handshake_ns, Some(ms(7)), "{r:#?}");
@@ -258,6 +268,7 @@ fn a_request_read_ahead_with_the_handshake_arrived_then() {
     use crate::requests::tls::tests::{TLS13_FULL, TLS13_FULL_SECOND};
     use ttft_trace_common::{SOCK_TLS_BUFFERED, SOCK_TLS_CONTROL, SOCK_TLS_PLAIN};
     let mut w = Wire::new();
+    w.exact_acks = true;
     w.open_at_handshake(SK, T0 - ms(1), 1000);
     w.tls_flags = SOCK_TLS_CONTROL;
     w.segment(SK, T0, 517);
@@ -270,11 +281,17 @@ fn a_request_read_ahead_with_the_handshake_arrived_then() {
     w.tls_flags = SOCK_TLS_PLAIN | SOCK_TLS_BUFFERED;
     w.recv(SK, T0 + ms(10), 250);
     w.tls_flags = SOCK_TLS_PLAIN;
-    plaintext_response(&mut w, T0 + ms(30), 2);
+    w.send(SK, T0 + ms(30), HEADERS);
+    w.send(SK, T0 + ms(40), SSE_CHUNK);
+    w.segment(SK, T0 + ms(41), 0);
+    w.send(SK, T0 + ms(50), b"0\r\n\r\n");
     w.close(SK, T0 + ms(100));
     let rs = w.drain(ms(10_000));
     assert_eq!(rs.len(), 1, "{rs:#?}");
     assert_eq!(rs[0].outcome, Outcome::Ok, "{rs:#?}");
     assert_eq!(rs[0].t_arrive_ns, T0 + ms(7), "{rs:#?}");
     assert_eq!(rs[0].ttft_ns, Some(ms(33)), "{rs:#?}");
+    // The request's segment is the one its records came in (7 ms), its
+    // response counted after the tickets sent since.
+    assert_eq!(rs[0].t_first_token_acked_ns, Some(T0 + ms(41)), "{rs:#?}");
 }
