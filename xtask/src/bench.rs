@@ -26,6 +26,9 @@
 //!   (see [`crate::scale`]), judged (RSS, bytes per connection) and no
 //!   event lost nor request missed; also
 //!   alone with `--only scale`;
+//! - what reading TLS costs a traced server: requests/s and one
+//!   `SSL_write`, traced against untraced, beside the same in plain HTTP
+//!   (see [`crate::tlscost`]), stated; also alone with `--only tls`;
 //! - which received segments per-socket `sock_ops` callbacks and a
 //!   `cgroup_skb` program would see, against `tcp_probe` (see
 //!   [`crate::sockopscover`]; also alone with `--only sockops`), stated.
@@ -48,7 +51,7 @@ use crate::{
     demo::{build_all, signal, start_tracer, wait_stopped},
     hooktoggle, hosttax, launchtrap, neighbour,
     process::{output, repo_root},
-    scale, sockopscover, tracercpu,
+    scale, sockopscover, tlscost, tracercpu,
 };
 
 const RUNS: usize = 5;
@@ -157,6 +160,10 @@ pub enum Part {
     /// `cgroup_skb` program see, against `tcp_probe` (see
     /// [`crate::sockopscover`]), a second.
     Sockops,
+    /// TLS requests/s and `SSL_write` calls, traced against untraced, and
+    /// the same in plain HTTP, 5 rounds (see [`crate::tlscost`]), about a
+    /// minute.
+    Tls,
 }
 
 /// The full bench's host tax: rounds of (untraced, each setup).
@@ -188,6 +195,10 @@ pub fn bench(quick: bool, only: Option<Part>) -> Result<()> {
             Part::Sockops => (
                 "sockops.json",
                 (sockopscover::run(&root)?, Verdicts::default()),
+            ),
+            Part::Tls => (
+                "tls.json",
+                (tlscost::run(&root, RUNS)?, Verdicts::default()),
             ),
         };
         write_result(&root, name, &value)?;
@@ -268,6 +279,8 @@ pub fn bench(quick: bool, only: Option<Part>) -> Result<()> {
     write_result(&root, "tracercpu.json", &tracer_cpu)?;
     let sockops = sockopscover::run(&root)?;
     write_result(&root, "sockops.json", &sockops)?;
+    let tls = tlscost::run(&root, RUNS)?;
+    write_result(&root, "tls.json", &tls)?;
     let (scale, v) = scale::run(&root, &scale::FULL)?;
     write_result(&root, "scale.json", &scale)?;
     verdicts.extend(v);
@@ -282,6 +295,7 @@ pub fn bench(quick: bool, only: Option<Part>) -> Result<()> {
         "sched_sampler": sampler,
         "tracer_cpu": tracer_cpu,
         "sockops_coverage": sockops,
+        "tls": tls,
         "launch_traps": launch_traps, "event_rate": rates,
     });
     write_result(&root, "results.json", &results)?;
@@ -313,6 +327,8 @@ fn quick_bench(root: &std::path::Path) -> Result<()> {
     write_result(root, "tracercpu.json", &cpu)?;
     let cover = sockopscover::run(root)?;
     write_result(root, "sockops.json", &cover)?;
+    let tls = tlscost::run(root, 1)?;
+    write_result(root, "tls.json", &tls)?;
     held(&verdicts, false)
 }
 

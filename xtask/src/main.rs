@@ -21,6 +21,7 @@ mod setup;
 mod soak;
 mod sockopscover;
 mod taxsetups;
+mod tlscost;
 mod togglehooks;
 mod togglephases;
 mod tracercpu;
