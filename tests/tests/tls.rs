@@ -2,7 +2,8 @@
 //! OpenSSL sends its own records (a socket BIO: the demo with `--tls-cert`,
 //! CPython's blocking `ssl`; nginx in front of it), the plaintext is read
 //! from inside `SSL_write`/`SSL_read` and bound to the connection by the
-//! send the call made: every request is `ok`, timed when its records crossed
+//! send the call made (gunicorn's sync workers too, whose first `SSL_read`
+//! drives the handshake): every request is `ok`, timed when its records crossed
 //! TCP, against the client's own TTFT within the plaintext matrix's
 //! tolerances, and no handshake is read as a request. Where the process
 //! sends the records itself (uvicorn: CPython's `ssl` under asyncio, a
@@ -160,8 +161,14 @@ enum Binding {
 /// connection's handshake as traced against the client's; where the
 /// plaintext is read, its request against the client's TTFT, and where it
 /// is not, that the request stays `tls_unsupported` and the plaintext is
-/// counted unbound.
-fn judge_handshakes(server: &str, pid: u32, port: u16, binding: Binding) -> Result<()> {
+/// counted unbound. `resumes`: the server resumes the plan's sessions.
+fn judge_handshakes(
+    server: &str,
+    pid: u32,
+    port: u16,
+    binding: Binding,
+    resumes: bool,
+) -> Result<()> {
     let listen: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
     let args = vec![
         "--pid".to_string(),
@@ -219,7 +226,7 @@ fn judge_handshakes(server: &str, pid: u32, port: u16, binding: Binding) -> Resu
         "{server}: a handshake off by {worst:.3} ms (tolerance {HANDSHAKE_TOLERANCE_MS} ms)"
     );
     ensure!(
-        client.iter().any(|c| c.resumed) && client.iter().any(|c| !c.resumed),
+        !resumes || client.iter().any(|c| c.resumed) && client.iter().any(|c| !c.resumed),
         "{server}: the plan's resumptions did not happen: {client:?}"
     );
     // The client's connections (not nginx's plaintext one to the demo).
@@ -328,7 +335,7 @@ fn each_tls_handshake_is_timed_from_the_wire() -> Result<()> {
     let (cert, key) = certificate()?;
     // CPython's ssl, a blocking socket per connection thread.
     let demo = DemoServer::start(&["--tls-cert", &cert, "--tls-key", &key])?;
-    let result = judge_handshakes("demo", demo.pid, demo.port, Binding::SocketBio);
+    let result = judge_handshakes("demo", demo.pid, demo.port, Binding::SocketBio, true);
     demo.stop()?;
     result?;
     // nginx: OpenSSL on non-blocking sockets (a socket BIO), a session
@@ -346,14 +353,34 @@ fn each_tls_handshake_is_timed_from_the_wire() -> Result<()> {
     let mut group = Group::spawn(nginx)?;
     wait_listening(port, || group.0.try_wait())?;
     wait_listening(upstream, || group.0.try_wait())?;
-    judge_handshakes("nginx", group.pid(), port, Binding::SocketBio)?;
+    judge_handshakes("nginx", group.pid(), port, Binding::SocketBio, true)?;
+    drop(group);
+    if let Err(why) = venv_ready() {
+        ttft_trace_tests::skip_or_fail("gunicorn and uvicorn with TLS", &why);
+        return Ok(());
+    }
+    // gunicorn's sync workers with a certfile: CPython's ssl on blocking
+    // sockets wrapped without a handshake, so the first SSL_read drives it
+    // (a socket BIO); a connection per request; --preload: the app and the
+    // CUDA runtime in the master, whose forks serve.
+    let port = free_port()?;
+    let mut gunicorn = Command::new(venv_python());
+    gunicorn
+        .args(["-m", "gunicorn", "--preload", "-w", "2", "-k", "sync"])
+        .args(["-b", &format!("127.0.0.1:{port}")])
+        .args(["--certfile", &cert, "--keyfile", &key])
+        .args(["--log-level", "warning", "apps:wsgi"])
+        .current_dir(stacks_dir())
+        .env("STACK_CUDART", &cudart);
+    let mut group = Group::spawn(gunicorn)?;
+    wait_listening(port, || group.0.try_wait())?;
+    // Each worker has its own session cache and ticket keys: a client
+    // resumes only when it meets the same worker again, which the plan
+    // cannot choose.
+    judge_handshakes("gunicorn", group.pid(), port, Binding::SocketBio, false)?;
     drop(group);
     // uvicorn: CPython's ssl under asyncio, a memory BIO (the event loop
     // sends the ciphertext after the SSL call).
-    if let Err(why) = venv_ready() {
-        ttft_trace_tests::skip_or_fail("uvicorn with TLS", &why);
-        return Ok(());
-    }
     let port = free_port()?;
     let mut uvicorn = Command::new(venv_python());
     uvicorn
@@ -364,5 +391,5 @@ fn each_tls_handshake_is_timed_from_the_wire() -> Result<()> {
         .env("STACK_CUDART", &cudart);
     let mut group = Group::spawn(uvicorn)?;
     wait_listening(port, || group.0.try_wait())?;
-    judge_handshakes("uvicorn", group.pid(), port, Binding::MemoryBio)
+    judge_handshakes("uvicorn", group.pid(), port, Binding::MemoryBio, true)
 }

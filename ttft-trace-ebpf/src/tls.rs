@@ -14,7 +14,9 @@
 //! inside `SSL_read` are reported as one at its return, timed by the first:
 //! the request's records, or TLS's own where the call returned the peer's
 //! close (a `close_notify`, which is no request). A send or receive inside
-//! the handshake, a shutdown or the other direction's call is TLS's own.
+//! the handshake, a shutdown or the other direction's call is TLS's own; so
+//! is what a read received before it sent (a read that drives the
+//! handshake), reported at that send.
 //!
 //! A successful `SSL_write` that sent nothing on a followed connection (a
 //! memory BIO: the process sends the records later, outside the call, as
@@ -224,7 +226,24 @@ pub fn send_view(tid: u32, sk: u64, bytes: u64, sends: u32, plain: SendView) -> 
     // SAFETY: a live map value of this thread.
     unsafe {
         bind(&*call, sk);
-        if (*call).what != TLS_CALL_WRITE {
+        let what = (*call).what;
+        if (what == TLS_CALL_READ || what == TLS_CALL_READ_EX) && (*call).wire > 0 {
+            // A read that sends drives the handshake (`SSL_read` before
+            // any `SSL_do_handshake`, as gunicorn and CPython's
+            // `do_handshake_on_connect=False` do): what it received so
+            // far is the handshake's, reported now, before this send.
+            let bytes = (*call).wire.min(i32::MAX as u64) as i32;
+            let view = SendView {
+                args: None,
+                head: 0,
+                span: 0,
+                flags: SOCK_TLS_CONTROL,
+                plain: 0,
+            };
+            emit_sock(SOCK_RECV, (*call).sk, bytes, (*call).t_first_ns, view);
+            (*call).wire = 0;
+        }
+        if what != TLS_CALL_WRITE {
             return SendView {
                 flags: SOCK_TLS_CONTROL,
                 ..plain

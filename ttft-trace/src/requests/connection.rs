@@ -419,7 +419,6 @@ impl Connection {
 
     pub fn on_recv(&mut self, ev: &SockEvent, out: &mut Outbox) {
         self.last_event_ns = self.last_event_ns.max(ev.t_ns);
-        let in_handshake = self.in_handshake();
         let mut ev = *ev;
         if ev.flags & SOCK_TLS_BUFFERED != 0 {
             // Plaintext from records an earlier receive took: they
@@ -434,7 +433,7 @@ impl Connection {
             self.tls_received_ns = Some(ev.t_ns);
         }
         let ev = &ev;
-        if self.tls_own_records(ev, in_handshake) {
+        if self.tls_own_records(ev) {
             // Its segments brought TLS's records, not a request.
             let next = self.take_received(u64::try_from(ev.bytes).unwrap_or(0));
             self.acks.set_request_segment(next);
@@ -485,7 +484,6 @@ impl Connection {
 
     pub fn on_send(&mut self, ev: &SockEvent, out: &mut Outbox) {
         self.last_event_ns = self.last_event_ns.max(ev.t_ns);
-        let in_handshake = self.in_handshake();
         if let Some(hs) = self.tls_handshake.as_mut().filter(|_| ev.bytes > 0) {
             // A send inside `SSL_write` carries the plaintext's head, and
             // application data records on the wire.
@@ -496,7 +494,7 @@ impl Connection {
             };
             hs.on_server(ev.t_ns, head);
         }
-        if self.tls_own_records(ev, in_handshake) {
+        if self.tls_own_records(ev) {
             // The response starts that much later in sequence space.
             let wire = u64::try_from(ev.bytes).unwrap_or(0);
             self.acks.sent_before_response(wire);
@@ -870,18 +868,19 @@ impl Connection {
     /// Whether `ev` moved TLS's own records (the handshake, tickets, alerts)
     /// rather than a request's or a response's, as the server's TLS calls
     /// tell ([`SockEvent::flags`]): bytes moved inside the handshake or a
-    /// shutdown; inside a data call while the handshake is under way (a
-    /// server that lets `SSL_read` drive it); or outside any call on a
-    /// connection whose calls are seen. An end of stream or an error is
-    /// never TLS's own.
-    fn tls_own_records(&mut self, ev: &SockEvent, in_handshake: bool) -> bool {
+    /// shutdown (or received by a read before it sent: one driving the
+    /// handshake), or outside any call on a connection whose calls are
+    /// seen. A receive of a read that returned plaintext carries a
+    /// request's bytes, whatever else it took with them (a `Finished`). An
+    /// end of stream or an error is never TLS's own.
+    fn tls_own_records(&mut self, ev: &SockEvent) -> bool {
         self.tls_read |= ev.flags != 0;
         if ev.bytes <= 0 {
             return false;
         }
         match ev.flags & (SOCK_TLS_CONTROL | SOCK_TLS_PLAIN) {
             SOCK_TLS_CONTROL => true,
-            SOCK_TLS_PLAIN => in_handshake,
+            SOCK_TLS_PLAIN => false,
             _ => self.tls_read,
         }
     }

@@ -170,10 +170,10 @@ fn plaintext_response(w: &mut Wire, t: u64, n: u64) {
 /// The server's TLS calls seen (OpenSSL through a socket BIO): the records
 /// of the handshake, the tickets and the close are TLS's own, and the
 /// request in between is read as HTTP from its plaintext, timed by its
-/// segment's arrival and the first send of its first token. Two shapes: a
-/// server that calls `SSL_do_handshake` (nginx, CPython), and one that lets
-/// `SSL_read` drive the handshake (its records inside a data call, told by
-/// the handshake followed from the opening).
+/// segment's arrival and the first send of its first token. The handshake
+/// is `SSL_do_handshake`'s (nginx, CPython), or, as the kernel reports the
+/// same, driven by `SSL_read` (gunicorn): what the read received before
+/// each of its sends is reported as TLS's own.
 #[test]
 fn a_connection_whose_tls_calls_are_seen_is_read_as_http() {
     use crate::requests::tls::{
@@ -182,16 +182,8 @@ fn a_connection_whose_tls_calls_are_seen_is_read_as_http() {
     };
     use ttft_trace_common::{SOCK_TLS_CONTROL, SOCK_TLS_PLAIN};
     let us = |v: u64| v * 1000;
-    for handshake_in in [SOCK_TLS_CONTROL, SOCK_TLS_PLAIN] {
-        let mut w = Wire::new();
-        w.exact_acks = true;
-        w.open_at_handshake(SK, T0 - ms(1), 1000);
-        w.tls_flags = handshake_in;
-        w.segment(SK, T0, 517);
-        w.recv(SK, T0 + us(60), 517);
-        w.tls_flags = SOCK_TLS_CONTROL;
-        w.send(SK, T0 + ms(2), TLS13_FULL);
-        w.tls_flags = handshake_in;
+    {
+        let mut w = hello_answered(TLS13_FULL);
         w.segment(SK, T0 + ms(7), 80);
         w.recv(SK, T0 + ms(7) + us(40), 80);
         // Tickets after the handshake.
@@ -259,6 +251,21 @@ fn unflagged_connections_keep_their_reading() {
     assert_eq!((rs[0].outcome, rs[0].tls), (Outcome::Ok, None), "{rs:#?}");
 }
 
+/// A connection seen opening whose server's TLS calls are seen: the
+/// `ClientHello` arrives at `T0` and is received inside the handshake, the
+/// server answers with `flight` at 2 ms (exact ACKs).
+fn hello_answered(flight: &[u8]) -> Wire {
+    use ttft_trace_common::SOCK_TLS_CONTROL;
+    let mut w = Wire::new();
+    w.exact_acks = true;
+    w.open_at_handshake(SK, T0 - ms(1), 1000);
+    w.tls_flags = SOCK_TLS_CONTROL;
+    w.segment(SK, T0, 517);
+    w.recv(SK, T0 + ms(1), 517);
+    w.send(SK, T0 + ms(2), flight);
+    w
+}
+
 /// nginx's read-ahead: the client's `Finished` and its request arrive
 /// together, and the handshake's receive takes both; the `SSL_read` that
 /// returns the request receives nothing (its plaintext comes from
@@ -266,14 +273,8 @@ fn unflagged_connections_keep_their_reading() {
 #[test]
 fn a_request_read_ahead_with_the_handshake_arrived_then() {
     use crate::requests::tls::tests::{TLS13_FULL, TLS13_FULL_SECOND};
-    use ttft_trace_common::{SOCK_TLS_BUFFERED, SOCK_TLS_CONTROL, SOCK_TLS_PLAIN};
-    let mut w = Wire::new();
-    w.exact_acks = true;
-    w.open_at_handshake(SK, T0 - ms(1), 1000);
-    w.tls_flags = SOCK_TLS_CONTROL;
-    w.segment(SK, T0, 517);
-    w.recv(SK, T0 + ms(1), 517);
-    w.send(SK, T0 + ms(2), TLS13_FULL);
+    use ttft_trace_common::{SOCK_TLS_BUFFERED, SOCK_TLS_PLAIN};
+    let mut w = hello_answered(TLS13_FULL);
     w.segment(SK, T0 + ms(7), 380);
     w.recv(SK, T0 + ms(7), 380);
     w.send(SK, T0 + ms(8), TLS13_FULL_SECOND);
@@ -294,4 +295,32 @@ fn a_request_read_ahead_with_the_handshake_arrived_then() {
     // The request's segment is the one its records came in (7 ms), its
     // response counted after the tickets sent since.
     assert_eq!(rs[0].t_first_token_acked_ns, Some(T0 + ms(41)), "{rs:#?}");
+}
+
+/// A TLS 1.2 resumed handshake driven by `SSL_read` with no send after the
+/// client's `Finished`: the read returns the request with the `Finished`
+/// in one receive (flagged plain: the call returned plaintext). It is a
+/// request, dated by that receive; the handshake ends with it.
+#[test]
+fn a_request_received_with_the_clients_finished_is_a_request() {
+    use crate::requests::tls::tests::TLS12_RESUMED;
+    use ttft_trace_common::SOCK_TLS_PLAIN;
+    let mut w = hello_answered(TLS12_RESUMED);
+    w.tls_flags = SOCK_TLS_PLAIN;
+    w.segment(SK, T0 + ms(9), 400);
+    w.recv(SK, T0 + ms(9), 400);
+    w.send(SK, T0 + ms(30), HEADERS);
+    w.send(SK, T0 + ms(40), SSE_CHUNK);
+    w.send(SK, T0 + ms(50), b"0\r\n\r\n");
+    w.close(SK, T0 + ms(100));
+    let rs = w.drain(ms(10_000));
+    assert_eq!(rs.len(), 1, "{rs:#?}");
+    assert_eq!(rs[0].outcome, Outcome::Ok, "{rs:#?}");
+    assert_eq!(rs[0].ttft_ns, Some(ms(31)), "{rs:#?}");
+    let tls = rs[0].tls.expect("handshake facts");
+    assert_eq!(
+        (tls.resumed, tls.handshake_ns),
+        (Some(true), Some(ms(9))),
+        "{rs:#?}"
+    );
 }
