@@ -229,14 +229,7 @@ fn report_recv(sk: u64, state: *mut ConnState, bytes: i32) {
     let Some(flags) = tls::on_recv(tid, sk, bytes, t_ns) else {
         return;
     };
-    let view = SendView {
-        args: None,
-        head: 0,
-        span: 0,
-        flags,
-        plain: 0,
-    };
-    emit_sock(SOCK_RECV, sk, bytes, t_ns, view);
+    emit_sock(SOCK_RECV, sk, bytes, t_ns, SendView::flags_only(flags));
 }
 
 /// The end of a receive on socket `sk` (any family), in the receiving

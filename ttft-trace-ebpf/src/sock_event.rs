@@ -32,6 +32,20 @@ pub struct SendView {
     pub plain: u32,
 }
 
+impl SendView {
+    /// A receive's (or any event's) view: no bytes read, only `flags`.
+    #[inline(always)]
+    pub fn flags_only(flags: u32) -> Self {
+        Self {
+            args: None,
+            head: 0,
+            span: 0,
+            flags,
+            plain: 0,
+        }
+    }
+}
+
 /// Reports a receive or send of `ret` bytes at `t_ns`, with the bytes
 /// `view` shows.
 #[inline(always)]

@@ -112,12 +112,18 @@ fn key(ssl: u64) -> TlsKey {
 }
 
 /// The call moved bytes on connection `sk`: its `SSL` is that
-/// connection's (a socket BIO moves one socket's bytes). Once per data
-/// call (at its first bytes), at each of the handshake's.
+/// connection's (a socket BIO moves one socket's bytes). Looked at once per
+/// data call (at its first bytes) and at each of the handshake's; written
+/// only when it changed (a lookup, not an LRU update, on every write).
 #[inline(always)]
 fn bind(call: &TlsCall, sk: u64) {
-    if call.wire == 0 {
-        let _ = TLS_SOCKETS.insert(key(call.ssl), sk, 0);
+    if call.wire != 0 {
+        return;
+    }
+    let key = key(call.ssl);
+    // SAFETY: copied out at once.
+    if unsafe { TLS_SOCKETS.get(key) }.copied() != Some(sk) {
+        let _ = TLS_SOCKETS.insert(key, sk, 0);
     }
 }
 
@@ -161,13 +167,6 @@ pub fn ssl_return(ctx: RetProbeContext) -> u32 {
 fn read_returned(call: &TlsCall, ret: i32) {
     let ex = call.what == TLS_CALL_READ_EX;
     let got = ret > 0;
-    let view = |flags| SendView {
-        args: None,
-        head: 0,
-        span: 0,
-        flags,
-        plain: 0,
-    };
     if call.wire > 0 {
         // `SSL_read_ex`'s failure is a close when what it took is no more
         // than an alert record (a `close_notify`: 24 bytes with TLS 1.3's
@@ -180,7 +179,13 @@ fn read_returned(call: &TlsCall, ret: i32) {
             SOCK_TLS_PLAIN
         };
         let bytes = call.wire.min(i32::MAX as u64) as i32;
-        emit_sock(SOCK_RECV, call.sk, bytes, call.t_first_ns, view(flags));
+        emit_sock(
+            SOCK_RECV,
+            call.sk,
+            bytes,
+            call.t_first_ns,
+            SendView::flags_only(flags),
+        );
         return;
     }
     if !got {
@@ -208,7 +213,7 @@ fn read_returned(call: &TlsCall, ret: i32) {
     unsafe { (*state).sends_since_recv = 0 };
     let bytes = bytes.clamp(1, i32::MAX as u64) as i32;
     let flags = SOCK_TLS_PLAIN | SOCK_TLS_BUFFERED;
-    emit_sock(SOCK_RECV, sk, bytes, now_ns(), view(flags));
+    emit_sock(SOCK_RECV, sk, bytes, now_ns(), SendView::flags_only(flags));
 }
 
 /// A send of `bytes` new wire bytes by thread `tid`, `sends` the sends
@@ -233,13 +238,7 @@ pub fn send_view(tid: u32, sk: u64, bytes: u64, sends: u32, plain: SendView) -> 
             // `do_handshake_on_connect=False` do): what it received so
             // far is the handshake's, reported now, before this send.
             let bytes = (*call).wire.min(i32::MAX as u64) as i32;
-            let view = SendView {
-                args: None,
-                head: 0,
-                span: 0,
-                flags: SOCK_TLS_CONTROL,
-                plain: 0,
-            };
+            let view = SendView::flags_only(SOCK_TLS_CONTROL);
             emit_sock(SOCK_RECV, (*call).sk, bytes, (*call).t_first_ns, view);
             (*call).wire = 0;
         }
