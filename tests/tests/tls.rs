@@ -3,12 +3,12 @@
 //! CPython's blocking `ssl`; nginx in front of it), the plaintext is read
 //! from inside `SSL_write`/`SSL_read` and bound to the connection by the
 //! send the call made (gunicorn's sync workers too, whose first `SSL_read`
-//! drives the handshake): every request is `ok`, timed when its records crossed
-//! TCP, against the client's own TTFT within the plaintext matrix's
-//! tolerances, and no handshake is read as a request. Where the process
-//! sends the records itself (uvicorn: CPython's `ssl` under asyncio, a
-//! memory BIO), nothing is bound by guess: its requests stay
-//! `tls_unsupported`, and the unbound plaintext is counted. Each
+//! drives the handshake). Where the process sends the records itself
+//! (uvicorn: CPython's `ssl` under asyncio, a memory BIO), each record is
+//! bound to the send that carries it by its ciphertext. Either way every
+//! request is `ok`, timed when its records crossed TCP, against the
+//! client's own TTFT within the plaintext matrix's tolerances, no handshake
+//! is read as a request, and no `SSL_write` is left unbound. Each
 //! connection's handshake is timed from the wire, against the client's own
 //! stamps of its flights. The tracer binary is `target/debug/ttft-trace` as
 //! built: `cargo build -p ttft-trace` first after a change.
@@ -151,17 +151,18 @@ fn handshakes(port: u16) -> Result<Vec<ClientHandshake>> {
 /// How a server's TLS is read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Binding {
-    /// OpenSSL sends its own records: the plaintext is read.
+    /// OpenSSL sends its own records: bound by the send inside the call.
     SocketBio,
-    /// The process sends the records: nothing is bound.
+    /// The process sends the records after the call: each held, and bound
+    /// by its ciphertext to the send that carries it.
     MemoryBio,
 }
 
 /// Runs the plan against `port` under a tracer of `pid`, and checks each
-/// connection's handshake as traced against the client's; where the
-/// plaintext is read, its request against the client's TTFT, and where it
-/// is not, that the request stays `tls_unsupported` and the plaintext is
-/// counted unbound. `resumes`: the server resumes the plan's sessions.
+/// connection's handshake as traced against the client's, its request
+/// against the client's TTFT, and the binding's counters: no `SSL_write`
+/// unbound, and a memory BIO's each held and sent. `resumes`: the server
+/// resumes the plan's sessions.
 fn judge_handshakes(
     server: &str,
     pid: u32,
@@ -193,6 +194,11 @@ fn judge_handshakes(
         out.stderr
     );
     let unbound = metric_total(&metrics, "ttft_trace_tls_plaintext_unbound_total");
+    let held = metric_total(&metrics, "ttft_trace_tls_plaintext_held_total");
+    let held_sent = metric_total(&metrics, "ttft_trace_tls_plaintext_held_sent_total");
+    eprintln!(
+        "{server}: SSL_write calls unbound {unbound}, held {held}, held and sent {held_sent}"
+    );
     let mut traced = HashMap::new();
     for r in out.requests() {
         if let Some(t) = r.tls.as_ref().filter(|t| t.handshake_ns.is_some()) {
@@ -231,23 +237,24 @@ fn judge_handshakes(
     );
     // The client's connections (not nginx's plaintext one to the demo).
     let requests = out.requests();
+    // Under asyncio the server's TLS 1.3 tickets go out after the request
+    // is read, with the response's headers; the client then delays its ACK
+    // of the first chunk until the second arrives (measured 2026-12-07:
+    // +6 ms, one chunk's interval, on every TLS 1.3 connection), and the
+    // estimate, read from that ACK, is as late.
+    let estimate_tolerance_ms = match binding {
+        Binding::SocketBio => ESTIMATE_TOLERANCE_MS,
+        Binding::MemoryBio => CLIENT_READ_P99_MS,
+    };
+    judge_ttft(server, &client, &requests, estimate_tolerance_ms)?;
+    ensure!(unbound == 0, "{server}: {unbound} SSL_write calls unbound");
     match binding {
-        Binding::MemoryBio => {
-            for c in &client {
-                for r in requests.iter().filter(|r| r.client_port == c.client_port) {
-                    ensure!(r.outcome == "tls_unsupported", "{server}: {r:?}");
-                }
-            }
-            ensure!(
-                unbound >= client.len() as u64,
-                "{server}: {unbound} SSL_write calls counted unbound, for {} requests",
-                client.len()
-            );
-        }
-        Binding::SocketBio => {
-            judge_ttft(server, &client, &requests)?;
-            ensure!(unbound == 0, "{server}: {unbound} SSL_write calls unbound");
-        }
+        Binding::MemoryBio => ensure!(
+            held >= client.len() as u64 && held_sent == held,
+            "{server}: {held} SSL_write calls held, {held_sent} of them sent, for {} requests",
+            client.len()
+        ),
+        Binding::SocketBio => ensure!(held == 0, "{server}: {held} SSL_write calls held"),
     }
     Ok(())
 }
@@ -255,8 +262,9 @@ fn judge_handshakes(
 /// The client TTFT estimate against the client's own, at P50 (as in the
 /// plaintext matrix, `tests/stacks.rs`: its time to read on loopback); each
 /// within [`CLIENT_READ_P99_MS`]. Measured 2026-12-06: within 0.05 ms, but
-/// 4.5 to 4.8 ms long on the resumed TLS 1.3 connections (not explained
-/// yet; the estimate reads late where the client delays its ACK).
+/// 4.5 to 4.8 ms long on some TLS 1.3 connections, where the client
+/// delayed its ACK of the first chunk until the next one came (seen in the
+/// segments, 2026-12-07): the estimate reads that ACK.
 const ESTIMATE_TOLERANCE_MS: f64 = 1.0;
 
 /// Each connection's one request against the client's own TTFT: the
@@ -267,6 +275,7 @@ fn judge_ttft(
     server: &str,
     client: &[ClientHandshake],
     requests: &[ttft_trace::jsonl_schema::Request],
+    estimate_tolerance_ms: f64,
 ) -> Result<()> {
     eprintln!("{server}: client_port  client_ttft_ms  traced_ttft_ms  error_ms  estimate_error_ms");
     let (mut errors, mut estimates) = (Vec::new(), Vec::new());
@@ -312,9 +321,9 @@ fn judge_ttft(
     let estimate_p50 = estimates[estimates.len() / 2];
     eprintln!("{server}: client estimate off by P50 {estimate_p50:.3} ms");
     ensure!(
-        estimate_p50 <= ESTIMATE_TOLERANCE_MS,
+        estimate_p50 <= estimate_tolerance_ms,
         "{server}: client estimate off by P50 {estimate_p50:.3} ms (tolerance \
-         {ESTIMATE_TOLERANCE_MS} ms)"
+         {estimate_tolerance_ms} ms)"
     );
     errors.sort_by(f64::total_cmp);
     let (p50, max) = (errors[errors.len() / 2], errors[errors.len() - 1]);
@@ -380,7 +389,7 @@ fn each_tls_handshake_is_timed_from_the_wire() -> Result<()> {
     judge_handshakes("gunicorn", group.pid(), port, Binding::SocketBio, false)?;
     drop(group);
     // uvicorn: CPython's ssl under asyncio, a memory BIO (the event loop
-    // sends the ciphertext after the SSL call).
+    // sends the ciphertext after the SSL call, from libcrypto's BIO).
     let port = free_port()?;
     let mut uvicorn = Command::new(venv_python());
     uvicorn

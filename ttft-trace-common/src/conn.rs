@@ -63,9 +63,13 @@ pub struct ConnState {
     pub unseen_counted: u32,
     /// Time of the last segment seen on the socket (0: none yet).
     pub probe_t_ns: u64,
-    /// [`CONN_H2`] | [`CONN_TX_CHECKED`] | [`CONN_RX_CHECKED`].
+    /// [`CONN_H2`] | [`CONN_TX_CHECKED`] | [`CONN_RX_CHECKED`] |
+    /// [`CONN_TLS_LEFT_CONTROL`].
     pub h2: u32,
-    pub _pad: u32,
+    /// Bytes of a TLS record matched in an earlier send (a memory BIO's,
+    /// see [`HeldRecord`]) still to come in later sends: the next record
+    /// begins that far into the next send.
+    pub tls_record_left: u32,
 }
 
 /// [`ConnState::h2`]: the connection speaks HTTP/2; its walk state is in
@@ -77,6 +81,9 @@ pub const CONN_TX_CHECKED: u32 = 2;
 /// [`ConnState::h2`]: the client's first data segment was looked at (its
 /// connection preface or not).
 pub const CONN_RX_CHECKED: u32 = 4;
+/// [`ConnState::h2`]: the record whose rest [`ConnState::tls_record_left`]
+/// counts is TLS's own (`SOCK_TLS_CONTROL`), not a response's.
+pub const CONN_TLS_LEFT_CONTROL: u32 = 8;
 
 const _: () = {
     assert!(core::mem::size_of::<ConnState>() == 40);
@@ -104,6 +111,24 @@ pub struct SendArgs {
     /// `bpf_probe_read_kernel`), not the user's.
     pub iov_kernel: u32,
     pub _pad: u32,
+}
+
+impl SendArgs {
+    /// No buffer read.
+    pub const NONE: SendArgs = SendArgs {
+        buf: 0,
+        iov: 0,
+        iovlen: 0,
+        iov_offset: 0,
+        iov_kernel: 0,
+        _pad: 0,
+    };
+
+    /// The buffer, where one was read (a plain buffer or an iovec array).
+    #[inline(always)]
+    pub fn read(self) -> Option<SendArgs> {
+        (self.buf != 0 || self.iov != 0).then_some(self)
+    }
 }
 
 /// [`TlsCall::what`]: `SSL_write` or `SSL_write_ex`.
@@ -145,6 +170,12 @@ pub struct TlsCall {
     pub what: u32,
     /// Non-zero once a send of the call carried the plaintext's tail.
     pub tail_given: u32,
+    /// Wire bytes of the records the call wrote to a memory BIO so far
+    /// (held in `TLS_RECORDS` for a send after the call), and of its
+    /// plaintext given to them (as `wire` and `plain_sent` for a socket
+    /// BIO's sends).
+    pub held: u64,
+    pub plain_held: u64,
     /// The calling process: an entry left by a thread that died in a call
     /// is never taken for a later thread's of that id in another process.
     pub tgid: u32,
@@ -152,8 +183,9 @@ pub struct TlsCall {
 }
 
 const _: () = {
-    assert!(core::mem::size_of::<TlsCall>() == 72);
+    assert!(core::mem::size_of::<TlsCall>() == 88);
     assert!(core::mem::offset_of!(TlsCall, what) == 56);
+    assert!(core::mem::offset_of!(TlsCall, held) == 64);
 };
 
 /// Key of `TLS_SOCKETS`: an `SSL *` of a process.
@@ -166,3 +198,54 @@ pub struct TlsKey {
 }
 
 const _: () = assert!(core::mem::size_of::<TlsKey>() == 16);
+
+/// Bytes of a TLS record's start that identify it: its header (5) and
+/// what follows (ciphertext, or TLS 1.2's explicit nonce, then
+/// ciphertext), no more than the record holds.
+pub const RECORD_KEY_BYTES: usize = 24;
+
+/// Key of `TLS_RECORDS`: the first bytes of a record a process wrote to a
+/// memory BIO (see [`HeldRecord`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RecordKey {
+    pub tgid: u32,
+    /// Bytes of `bytes` taken (`RECORD_KEY_BYTES`, or the whole record
+    /// where it is shorter); the rest are zero.
+    pub len: u32,
+    pub bytes: [u8; RECORD_KEY_BYTES],
+}
+
+const _: () = assert!(core::mem::size_of::<RecordKey>() == 32);
+
+/// A TLS record that a TLS call wrote to a memory BIO (CPython's `ssl`
+/// under asyncio, gRPC's core): the process sends it later, outside the
+/// call, and the TCP send whose bytes begin with its [`RecordKey`] is the
+/// one that carried it. What the send event is to show of the call's
+/// plaintext is kept here, read while the call's buffer was valid.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeldRecord {
+    /// The call's `SSL *`: bound to the connection the record is sent on.
+    pub ssl: u64,
+    /// The record's bytes on the wire, its header included.
+    pub wire: u32,
+    /// Plaintext bytes the record is counted to carry (`plain_bytes`).
+    pub plain: u32,
+    /// `SOCK_TLS_PLAIN` (a data call's record) or `SOCK_TLS_CONTROL`.
+    pub flags: u32,
+    pub head_len: u32,
+    pub tail_len: u32,
+    /// Non-zero on the call's first record (`Stat::TlsHeldSent` counts
+    /// calls).
+    pub first: u32,
+    /// The head of the call's plaintext (its first record only) and its
+    /// tail (the record completing the call's plaintext).
+    pub head: [u8; crate::event::HEAD_BYTES],
+    pub tail: [u8; crate::event::TAIL_BYTES],
+}
+
+const _: () = {
+    assert!(core::mem::size_of::<HeldRecord>() == 32 + 256 + 64);
+    assert!(core::mem::offset_of!(HeldRecord, head) == 32);
+};

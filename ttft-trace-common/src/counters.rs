@@ -130,10 +130,18 @@ pub enum Stat {
     /// records the process sends later; or a connection not followed):
     /// counted, never bound to a connection by guess.
     TlsUnbound = 9,
+    /// `SSL_write` calls whose records went to a memory BIO, held in
+    /// `TLS_RECORDS` for the TCP send that carries them later.
+    TlsHeld = 10,
+    /// Of those, the calls whose first record a TCP send on a followed
+    /// connection was seen to carry (matched by its ciphertext): the
+    /// difference is plaintext never bound (a record evicted, sent on a
+    /// connection not followed, or split so that its head was not found).
+    TlsHeldSent = 11,
 }
 
 /// Number of [`Stat`] slots.
-pub const STATS: u32 = 10;
+pub const STATS: u32 = 12;
 
 /// Bits of an `OVER_SHARE` value (workload id -> bits): its tenant holds
 /// its share of followed listeners; of `TRACKED` entries. Set by userspace

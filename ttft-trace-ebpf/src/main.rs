@@ -30,6 +30,8 @@ mod sock_event;
 mod tcp;
 #[cfg(target_arch = "bpf")]
 mod tls;
+#[cfg(target_arch = "bpf")]
+mod tls_records;
 
 #[cfg(target_arch = "bpf")]
 #[panic_handler]

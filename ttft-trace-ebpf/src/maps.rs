@@ -5,12 +5,13 @@ use aya_ebpf::{
         BPF_F_MMAPABLE, BPF_F_NO_PREALLOC, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP,
     },
     macros::map,
-    maps::{Array, HashMap, LruHashMap, LruPerCpuHashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, LruHashMap, LruPerCpuHashMap, PerCpuArray, ProgramArray, RingBuf},
 };
 use ttft_trace_common::{
-    ConnState, GpuCounters, LISTEN_PORT_SLOTS, ListenKey, SLOT_BYTES, SendArgs, ThreadState,
-    TlsCall, TlsKey, TracepointOffsets,
+    ConnState, GpuCounters, HeldRecord, LISTEN_PORT_SLOTS, ListenKey, RecordKey, SLOT_BYTES,
+    SendArgs, ThreadState, TlsCall, TlsKey, TracepointOffsets,
     counters::STATS,
+    event::{HEAD_BYTES, TAIL_BYTES},
     offsets::SegmentOffsets,
     offsets::{ABSENT, TaskOffsets},
     signals::{RUNQ_BUCKETS, SchedState, SchedTotals},
@@ -119,6 +120,81 @@ pub static TLS_CALLS: LruHashMap<u32, TlsCall> = LruHashMap::with_max_entries(16
 /// belongs. LRU: an `SSL` freed is pushed out by the next.
 #[map]
 pub static TLS_SOCKETS: LruHashMap<TlsKey, u64> = LruHashMap::with_max_entries(16384, 0);
+
+/// Records the TLS calls of the traced processes wrote to a memory BIO,
+/// keyed by their first bytes, until the TCP send that carries them
+/// (`tls_records.rs`). LRU: records never sent (or sent on a connection
+/// not followed) are pushed out by the next; what is never matched shows
+/// as `Stat::TlsHeld` less `Stat::TlsHeldSent`.
+#[map]
+pub static TLS_RECORDS: LruHashMap<RecordKey, HeldRecord> = LruHashMap::with_max_entries(4096, 0);
+
+/// Processes that held a record in `TLS_RECORDS`: only their sends outside
+/// a TLS call are looked up there. LRU: bounded.
+#[map]
+pub static TLS_HOLDERS: LruHashMap<u32, u32> = LruHashMap::with_max_entries(1024, 0);
+
+/// Room to build a [`HeldRecord`] (too big for the stack).
+#[map]
+pub static HOLD_SCRATCH: PerCpuArray<HeldRecord> = PerCpuArray::with_max_entries(1, 0);
+
+/// What a send's walk of held records gathered (`tls_records.rs`), read
+/// by its event (`sock_event.rs`).
+#[repr(C)]
+pub struct SendRecords {
+    /// The piece of the send's buffer where the first new record begins,
+    /// and its bytes of the send.
+    pub base: u64,
+    pub room: u64,
+    /// Bytes walked from `base`.
+    pub at: u64,
+    /// Plaintext bytes of the records matched.
+    pub plain: u64,
+    /// The first record's `SOCK_TLS_*` flags (0: none matched).
+    pub flags: u32,
+    /// Whether the last record matched is TLS's own.
+    pub last_control: u32,
+    pub head_len: u32,
+    pub tail_len: u32,
+    pub head: [u8; HEAD_BYTES],
+    pub tail: [u8; TAIL_BYTES],
+}
+
+#[map]
+pub static SEND_RECORDS: PerCpuArray<SendRecords> = PerCpuArray::with_max_entries(1, 0);
+
+/// The program a send that may carry held records is handed to
+/// (`tls_records::hand_over`): one per program type, as a tail call stays
+/// within its type; the raw tracepoints' hooks and the classic one. Set by
+/// userspace at load; an empty slot leaves the send reported as it is.
+#[map]
+pub static HELD_SEND_RAW: ProgramArray = ProgramArray::with_max_entries(1, 0);
+#[map]
+pub static HELD_SEND_TP: ProgramArray = ProgramArray::with_max_entries(1, 0);
+
+/// A send handed to the held-record programs: what its hook read of it,
+/// and the view its event has where it carries no held record. Every
+/// field is defined (see `sock_event::SendView::args`).
+#[derive(Clone, Copy)]
+pub struct HeldSend {
+    pub sk: u64,
+    /// Bytes at the buffer's start reported before, and the new ones.
+    pub skip: u64,
+    pub bytes: u64,
+    /// The send's buffer (all zero: none read).
+    pub args: SendArgs,
+    /// The plain view's head and span (`SendView`).
+    pub head: u64,
+    pub span: u64,
+    /// The send's result as its event reports it.
+    pub ret: i32,
+    /// Sends since the last receive on the connection.
+    pub sends: u32,
+}
+
+/// The send handed over, per CPU (the tail call keeps the CPU).
+#[map]
+pub static HELD_SEND: PerCpuArray<HeldSend> = PerCpuArray::with_max_entries(1, 0);
 
 /// Scheduler state of the traced threads, keyed by tid. Created when a
 /// traced thread first switches out; LRU bounds the threads we miss exiting.

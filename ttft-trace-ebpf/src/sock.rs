@@ -23,8 +23,10 @@
 //! bytes (end of a chunked response).
 
 use aya_ebpf::{
+    EbpfContext,
     helpers::bpf_get_current_pid_tgid,
     macros::{raw_tracepoint, tracepoint},
+    maps::ProgramArray,
     programs::{RawTracePointContext, TracePointContext},
 };
 use ttft_trace_common::{
@@ -35,12 +37,12 @@ use ttft_trace_common::{
 use crate::{
     h2, listen,
     maps::{
-        CONNS, EVENTS, SEND_ARGS, bump_stat, is_tracked, may_be_traced, offset, offsets,
-        seg_offset, wakeup_flag, workload_of,
+        CONNS, EVENTS, HELD_SEND_RAW, HELD_SEND_TP, HeldSend, SEND_ARGS, bump_stat, is_tracked,
+        may_be_traced, offset, offsets, seg_offset, wakeup_flag, workload_of,
     },
     mem::{kernel, now_ns},
     sock_event::{SendView, emit_sock},
-    tls,
+    tls, tls_records,
 };
 
 const TCP_ESTABLISHED: i32 = 1;
@@ -248,8 +250,9 @@ fn received(sk: u64, ret: i32, flags: i32) {
 /// The end of a send on socket `sk` (any family), still inside the
 /// syscall, so the user buffer its entry noted is readable (the syscall
 /// hook; the TCP hook reports sends where they start).
+/// `ctx` and `program`: the hook's context and its held-send program.
 #[inline(always)]
-fn sent(sk: u64, ret: i32) {
+fn sent<C: EbpfContext>(ctx: &C, program: &ProgramArray, sk: u64, ret: i32) {
     if ret <= 0 {
         return;
     }
@@ -258,7 +261,9 @@ fn sent(sk: u64, ret: i32) {
     };
     let tid = bpf_get_current_pid_tgid() as u32;
     // SAFETY: copied out at once; the syscall's exit removes it.
-    let args = unsafe { SEND_ARGS.get(tid) }.copied();
+    let args = unsafe { SEND_ARGS.get(tid) }
+        .copied()
+        .unwrap_or(SendArgs::NONE);
     let sends = count_send(state);
     let plain = SendView {
         args,
@@ -266,12 +271,28 @@ fn sent(sk: u64, ret: i32) {
         span: ret as u64,
         flags: 0,
         plain: 0,
+        held: false,
     };
-    let view = tls::send_view(tid, sk, ret as u64, sends, plain);
-    let tls = view.flags != 0;
-    emit_sock(SOCK_SEND, sk, ret, now_ns(), view);
-    // TLS records are no HTTP/2 frames.
-    if let Some(args) = args.filter(|_| !tls) {
+    // TLS records are no HTTP/2 frames: a send that shows a TLS call's
+    // plaintext ends here (each way on its own, so that the verifier does
+    // not walk the frames after every path of the records' walk).
+    if let Some(view) = tls::send_view(tid, sk, ret as u64, sends, plain) {
+        emit_sock(SOCK_SEND, sk, ret, now_ns(), view);
+        return;
+    }
+    let send = HeldSend {
+        sk,
+        skip: 0,
+        bytes: ret as u64,
+        args: plain.args,
+        head: plain.head,
+        span: plain.span,
+        ret,
+        sends,
+    };
+    tls_records::hand_over(ctx, program, state, send);
+    emit_sock(SOCK_SEND, sk, ret, now_ns(), plain);
+    if let Some(args) = args.read() {
         let range = h2::SendRange {
             skip: 0,
             new: ret as u32,
@@ -306,7 +327,7 @@ pub fn sock_send_length(ctx: TracePointContext) -> u32 {
     ) else {
         return 0;
     };
-    sent(sk, ret);
+    sent(&ctx, &HELD_SEND_TP, sk, ret);
     0
 }
 
@@ -323,7 +344,7 @@ pub fn raw_sock_recv_length(ctx: RawTracePointContext) -> i32 {
 #[raw_tracepoint(tracepoint = "sock_send_length")]
 pub fn raw_sock_send_length(ctx: RawTracePointContext) -> i32 {
     let (sk, ret): (u64, u64) = (ctx.arg(0), ctx.arg(1));
-    sent(sk, ret as i32);
+    sent(&ctx, &HELD_SEND_RAW, sk, ret as i32);
     0
 }
 
@@ -412,9 +433,8 @@ pub fn tcp_sendmsg_locked(ctx: RawTracePointContext) -> i32 {
         args.iov_offset = iov_skip;
         args.iov_kernel = 1;
     }
-    // Kernel memory (splice, sendfile) has no user buffer: the send is
-    // still counted, without its bytes.
-    let args = (args.buf != 0 || args.iov != 0).then_some(args);
+    // Kernel memory (splice, sendfile) has no user buffer (`args` all
+    // zero): the send is still counted, without its bytes.
     // SAFETY: live map value.
     unsafe { (*state).sent_seq = end };
     let sends = count_send(state);
@@ -430,13 +450,27 @@ pub fn tcp_sendmsg_locked(ctx: RawTracePointContext) -> i32 {
         span: count,
         flags: 0,
         plain: 0,
+        held: false,
     };
     let tid = bpf_get_current_pid_tgid() as u32;
-    let view = tls::send_view(tid, sk, bytes as u64, sends, plain);
-    let tls = view.flags != 0;
-    emit_sock(SOCK_SEND, sk, bytes, now_ns(), view);
-    // TLS records are no HTTP/2 frames.
-    if let Some(args) = args.filter(|_| !tls) {
+    // As in `sent`: a TLS call's plaintext ends here.
+    if let Some(view) = tls::send_view(tid, sk, bytes as u64, sends, plain) {
+        emit_sock(SOCK_SEND, sk, bytes, now_ns(), view);
+        return 0;
+    }
+    let send = HeldSend {
+        sk,
+        skip,
+        bytes: bytes as u64,
+        args: plain.args,
+        head: plain.head,
+        span: plain.span,
+        ret: bytes,
+        sends,
+    };
+    tls_records::hand_over(&ctx, &HELD_SEND_RAW, state, send);
+    emit_sock(SOCK_SEND, sk, bytes, now_ns(), plain);
+    if let Some(args) = args.read() {
         let new = new as u32;
         let range = h2::SendRange {
             skip: skip as u32,

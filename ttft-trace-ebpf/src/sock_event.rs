@@ -9,7 +9,7 @@ use ttft_trace_common::{
 };
 
 use crate::{
-    maps::{EVENTS, bump_stat, wakeup_flag},
+    maps::{EVENTS, SEND_RECORDS, bump_stat, wakeup_flag},
     mem::segment,
 };
 
@@ -18,9 +18,13 @@ use crate::{
 const MAX_IOV: u64 = 8;
 
 /// What a socket event shows of the bytes moved.
+#[derive(Clone, Copy)]
 pub struct SendView {
     /// The buffer whose bytes the event carries.
-    pub args: Option<SendArgs>,
+    /// All zero: none. Not an `Option`: a `None`'s payload is left
+    /// uninitialised, and a copy of the view that reads it is refused by
+    /// the verifier.
+    pub args: SendArgs,
     /// Most bytes of the head read (0: none).
     pub head: u64,
     /// Bytes of `args` the send covers: its tail is read at their end (0:
@@ -30,6 +34,9 @@ pub struct SendView {
     pub flags: u32,
     /// With `SOCK_TLS_PLAIN`, the plaintext bytes the send carried.
     pub plain: u32,
+    /// The head and tail are the held records' (`tls_records.rs`), gathered
+    /// in `SEND_RECORDS`, in place of `args`'.
+    pub held: bool,
 }
 
 impl SendView {
@@ -37,11 +44,12 @@ impl SendView {
     #[inline(always)]
     pub fn flags_only(flags: u32) -> Self {
         Self {
-            args: None,
+            args: SendArgs::NONE,
             head: 0,
             span: 0,
             flags,
             plain: 0,
+            held: false,
         }
     }
 }
@@ -70,7 +78,13 @@ pub(crate) fn emit_sock(dir: u32, sk: u64, ret: i32, t_ns: u64, view: SendView) 
         (*ev).tail_len = 0;
         (*ev).flags = view.flags;
         (*ev).plain_bytes = view.plain;
-        if let Some(args) = view.args {
+        if view.held
+            && let Some(rec) = SEND_RECORDS.get_ptr(0)
+        {
+            (*ev).head_len = copy_kernel(&mut (*ev).head, &(*rec).head, (*rec).head_len);
+            (*ev).tail_len = copy_kernel(&mut (*ev).tail, &(*rec).tail, (*rec).tail_len);
+        }
+        if let Some(args) = view.args.read() {
             if view.head > 0
                 && let Some((base, seg_len)) = head_segment(&args)
             {
@@ -89,7 +103,7 @@ pub(crate) fn emit_sock(dir: u32, sk: u64, ret: i32, t_ns: u64, view: SendView) 
 /// Reads `min(len, HEAD_BYTES)` bytes from user memory into `dst`; returns
 /// the count read (0 on a fault, e.g. a page not resident).
 #[inline(always)]
-fn read_user(dst: &mut [u8; HEAD_BYTES], src: u64, len: u64) -> u32 {
+pub(crate) fn read_user(dst: &mut [u8; HEAD_BYTES], src: u64, len: u64) -> u32 {
     let n = if len > HEAD_BYTES as u64 {
         HEAD_BYTES as u64
     } else {
@@ -109,7 +123,7 @@ fn read_user(dst: &mut [u8; HEAD_BYTES], src: u64, len: u64) -> u32 {
 /// Reads the last `min(len, TAIL_BYTES)` bytes ending at `src + len` into
 /// the start of `dst`. Two fixed shapes keep the verifier's bounds simple.
 #[inline(always)]
-fn read_user_tail(dst: &mut [u8; TAIL_BYTES], src: u64, len: u64) -> u32 {
+pub(crate) fn read_user_tail(dst: &mut [u8; TAIL_BYTES], src: u64, len: u64) -> u32 {
     let (from, n) = if len >= TAIL_BYTES as u64 {
         (src + len - TAIL_BYTES as u64, TAIL_BYTES as u64)
     } else {
@@ -157,4 +171,19 @@ fn tail_segment(args: &SendArgs, sent: u64) -> Option<(u64, u64)> {
         done += seg.1;
     }
     None
+}
+
+/// Copies the first `len` bytes of `src` to `dst` (kernel memory, both
+/// `N` bytes); returns the count copied.
+#[inline(always)]
+pub(crate) fn copy_kernel<const N: usize>(dst: &mut [u8; N], src: &[u8; N], len: u32) -> u32 {
+    let n = (len as usize).min(N);
+    if n == 0 {
+        return 0;
+    }
+    // SAFETY: both arrays hold N >= n bytes.
+    let rc = unsafe {
+        generated::bpf_probe_read_kernel(dst.as_mut_ptr().cast(), n as u32, src.as_ptr().cast())
+    };
+    if rc == 0 { n as u32 } else { 0 }
 }

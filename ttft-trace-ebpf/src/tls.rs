@@ -18,9 +18,11 @@
 //! is what a read received before it sent (a read that drives the
 //! handshake), reported at that send.
 //!
-//! A successful `SSL_write` that sent nothing on a followed connection (a
-//! memory BIO: the process sends the records later, outside the call, as
-//! asyncio does) is counted in `Stat::TlsUnbound`; its plaintext is not read.
+//! With a memory BIO the process sends the records later, outside the
+//! call, as asyncio does: the records are held and bound by their
+//! ciphertext (`tls_records.rs`). A successful `SSL_write` that neither sent
+//! on a followed connection nor held a record is counted in
+//! `Stat::TlsUnbound`; its plaintext is not read.
 
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user},
@@ -101,9 +103,14 @@ pub fn ssl_control(ctx: ProbeContext) -> u32 {
     enter(TLS_CALL_CONTROL, ctx.arg(0).unwrap_or(0), 0, 0)
 }
 
+/// Set in a `TLS_SOCKETS` value (a socket's address, so its low bits
+/// are free) where the `SSL` moved the connection's bytes inside a call: a
+/// socket BIO, whose records are never held (`tls_records.rs`).
+pub const SOCKET_BIO: u64 = 1;
+
 /// The key of `ssl` of the calling process.
 #[inline(always)]
-fn key(ssl: u64) -> TlsKey {
+pub(crate) fn key(ssl: u64) -> TlsKey {
     TlsKey {
         ssl,
         tgid: (bpf_get_current_pid_tgid() >> 32) as u32,
@@ -121,16 +128,17 @@ fn bind(call: &TlsCall, sk: u64) {
         return;
     }
     let key = key(call.ssl);
+    let bound = sk | SOCKET_BIO;
     // SAFETY: copied out at once.
-    if unsafe { TLS_SOCKETS.get(key) }.copied() != Some(sk) {
-        let _ = TLS_SOCKETS.insert(key, sk, 0);
+    if unsafe { TLS_SOCKETS.get(key) }.copied() != Some(bound) {
+        let _ = TLS_SOCKETS.insert(key, bound, 0);
     }
 }
 
 /// The thread's TLS call, if it is in one (of its own process: see
 /// [`TlsCall::tgid`]).
 #[inline(always)]
-fn current(tid: u32) -> Option<*mut TlsCall> {
+pub(crate) fn current(tid: u32) -> Option<*mut TlsCall> {
     let call = TLS_CALLS.get_ptr_mut(tid)?;
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     // SAFETY: a live map value.
@@ -149,7 +157,11 @@ pub fn ssl_return(ctx: RetProbeContext) -> u32 {
     let _ = TLS_CALLS.remove(tid);
     let ret: i32 = ctx.ret();
     match call.what {
-        TLS_CALL_WRITE if call.wire == 0 && ret > 0 => bump_stat(Stat::TlsUnbound),
+        TLS_CALL_WRITE if call.wire == 0 && ret > 0 => bump_stat(if call.held > 0 {
+            Stat::TlsHeld
+        } else {
+            Stat::TlsUnbound
+        }),
         TLS_CALL_READ | TLS_CALL_READ_EX => read_returned(&call, ret),
         _ => {}
     }
@@ -198,7 +210,7 @@ fn read_returned(call: &TlsCall, ret: i32) {
         ret as u64
     };
     // SAFETY: copied out at once.
-    let Some(sk) = unsafe { TLS_SOCKETS.get(key(call.ssl)) }.copied() else {
+    let Some(sk) = unsafe { TLS_SOCKETS.get(key(call.ssl)) }.map(|v| v & !SOCKET_BIO) else {
         return;
     };
     // Only on a connection still followed (an `SSL` freed and its address
@@ -217,17 +229,15 @@ fn read_returned(call: &TlsCall, ret: i32) {
 }
 
 /// A send of `bytes` new wire bytes by thread `tid`, `sends` the sends
-/// since the last receive on its connection: `plain` is what it shows
-/// outside a TLS call. Inside `SSL_write`, the call's plaintext: its head
+/// since the last receive on its connection, `plain` what it shows outside
+/// a TLS call: None where the thread is in none. Inside `SSL_write`, the call's plaintext: its head
 /// on the call's first send, its tail on the send that completes the wire
 /// bytes of the call (records are never smaller than their plaintext, so
 /// that is the last send at the latest; earlier only when the records'
 /// overhead passed the plaintext left, a few bytes).
 #[inline(always)]
-pub fn send_view(tid: u32, sk: u64, bytes: u64, sends: u32, plain: SendView) -> SendView {
-    let Some(call) = current(tid) else {
-        return plain;
-    };
+pub fn send_view(tid: u32, sk: u64, bytes: u64, sends: u32, plain: SendView) -> Option<SendView> {
+    let call = current(tid)?;
     // SAFETY: a live map value of this thread.
     unsafe {
         bind(&*call, sk);
@@ -243,10 +253,10 @@ pub fn send_view(tid: u32, sk: u64, bytes: u64, sends: u32, plain: SendView) -> 
             (*call).wire = 0;
         }
         if what != TLS_CALL_WRITE {
-            return SendView {
+            return Some(SendView {
                 flags: SOCK_TLS_CONTROL,
                 ..plain
-            };
+            });
         }
         let first = (*call).wire == 0;
         (*call).wire += bytes;
@@ -257,11 +267,11 @@ pub fn send_view(tid: u32, sk: u64, bytes: u64, sends: u32, plain: SendView) -> 
         let left = (*call).len.saturating_sub((*call).plain_sent);
         let plain = if tail { left } else { bytes.min(left) };
         (*call).plain_sent += plain;
-        SendView {
-            args: Some(SendArgs {
+        Some(SendView {
+            args: SendArgs {
                 buf: (*call).buf,
-                ..SendArgs::default()
-            }),
+                ..SendArgs::NONE
+            },
             head: if first && sends < HEAD_SENDS {
                 (*call).len
             } else {
@@ -270,7 +280,8 @@ pub fn send_view(tid: u32, sk: u64, bytes: u64, sends: u32, plain: SendView) -> 
             span: if tail { (*call).len } else { 0 },
             flags: SOCK_TLS_PLAIN,
             plain: plain.min(u64::from(u32::MAX)) as u32,
-        }
+            held: false,
+        })
     }
 }
 

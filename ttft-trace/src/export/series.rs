@@ -187,7 +187,9 @@ impl Series {
         self.core
             .set_kernel_stats(k.events_lost, k.segments_unseen, k.thread_state_dropped);
         self.core
-            .set_protocol_stats(k.h2_frames_dropped, k.h2_walk_lost, k.tls_unbound);
+            .set_protocol_stats(k.h2_frames_dropped, k.h2_walk_lost);
+        self.core
+            .set_tls_stats(k.tls_unbound, k.tls_held, k.tls_held_sent);
         for (map, total) in k.map_full {
             self.core.set_map_full(map, *total);
         }

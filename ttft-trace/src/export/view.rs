@@ -59,6 +59,10 @@ pub struct KernelView<'a> {
     pub h2_walk_lost: u64,
     /// `SSL_write` calls whose plaintext no followed send carried.
     pub tls_unbound: u64,
+    /// `SSL_write` calls whose records went to a memory BIO, and of them
+    /// the ones matched to a send.
+    pub tls_held: u64,
+    pub tls_held_sent: u64,
     /// Inserts refused by a full kernel map, per map.
     pub map_full: &'a [(&'static str, u64)],
     /// What tenants were refused past their share, per resource.

@@ -20,7 +20,7 @@ use super::{
     kernel::KernelDescription,
     plan::{Hooks, Overrides, Plan, SegmentChoice},
     segment_scope,
-    send_hook::{SYSCALL_SEND_TRACEPOINTS, attach_tcp, is_socket_length},
+    send_hook::{SYSCALL_SEND_TRACEPOINTS, attach_tcp, is_socket_length, load_held_sends},
     symbols,
 };
 use crate::host::caps;
@@ -140,6 +140,10 @@ fn attach(ebpf: &mut Ebpf, plan: &Plan) -> Result<Linked, ProbeError> {
     log::info!("{}", linked.hooks.segments_line());
     attach_classic(ebpf, plan, &mut linked)?;
     log::info!("{}", linked.hooks.event_line(plan.sched_programs));
+    let classic = linked.hooks.socket_lengths() && !linked.replaced.contains(&"sock_send_length");
+    if let Err(e) = load_held_sends(ebpf, classic) {
+        log::warn!("TLS records written to a memory BIO will not be bound to their sends: {e}");
+    }
     if linked.hooks.socket_lengths() {
         for &(name, tracepoint) in SYSCALL_SEND_TRACEPOINTS {
             attach_tracepoint(ebpf, name, "syscalls", tracepoint)?;

@@ -4,6 +4,8 @@
 //! workload and is never probed host-wide: a file carrying OpenSSL is
 //! probed for each traced process that maps it, so that the host's other
 //! processes calling `SSL_write` take no trap ([`super::symbols::TLS_FAMILIES`]).
+//! Its second table, [`OPENSSL_BIO`], is `libcrypto`'s record writes, which
+//! bind a memory BIO's records to the send that carries them.
 
 use super::family::{Family, ProbedSymbol, Role};
 
@@ -20,6 +22,30 @@ pub static OPENSSL: Family = Family {
         call("SSL_do_handshake", "ssl_control", Role::Completes),
         call("SSL_accept", "ssl_control", Role::Completes),
         call("SSL_shutdown", "ssl_control", Role::Completes),
+    ],
+};
+
+/// OpenSSL's `libcrypto` (or the same file as `libssl` where linked
+/// statically): the writes of records to a BIO, which inside a TLS call of
+/// a memory BIO's `SSL` hold each record for the TCP send that carries it
+/// later (the eBPF side's `tls_records.rs`). Entry only; a record held
+/// opens its wait for a send.
+pub static OPENSSL_BIO: Family = Family {
+    name: "openssl-bio",
+    markers: &["BIO_write"],
+    symbols: &[
+        ProbedSymbol {
+            name: "BIO_write",
+            program: "bio_write",
+            returns: None,
+            role: Role::Opens,
+        },
+        ProbedSymbol {
+            name: "BIO_write_ex",
+            program: "bio_write_ex",
+            returns: None,
+            role: Role::Opens,
+        },
     ],
 };
 

@@ -7,7 +7,8 @@
 
 use aya::{
     Ebpf,
-    programs::{RawTracePoint, raw_trace_point::RawTracePointLinkId},
+    maps::ProgramArray,
+    programs::{Program, ProgramError, RawTracePoint, raw_trace_point::RawTracePointLinkId},
 };
 
 use super::ProbeError;
@@ -102,4 +103,34 @@ fn attach_raw(ebpf: &mut Ebpf, name: &'static str) -> Result<RawTracePointLinkId
         .map_err(|e| ProbeError::Program(name, e))?;
     prog.load().map_err(|e| ProbeError::Program(name, e))?;
     prog.attach(name).map_err(|e| ProbeError::Program(name, e))
+}
+
+/// The program a send outside any TLS call is handed to where it may carry
+/// records a memory BIO held (the eBPF side's `tls_records::hand_over`),
+/// and the map that holds it: one per program type, for the raw
+/// tracepoints' hooks and for the classic `sock_send_length`.
+const HELD_SEND_RAW: (&str, &str) = ("held_send_raw", "HELD_SEND_RAW");
+const HELD_SEND_TP: (&str, &str) = ("held_send_tp", "HELD_SEND_TP");
+
+/// Loads the held-send program of the hook that reports sends (`classic`:
+/// the classic `sock_send_length`) into its map; the other is never
+/// called, so never verified. Where it fails, a memory BIO's records are
+/// not bound (its `SSL_write` calls show as held, never sent) and
+/// everything else is traced as before.
+pub(super) fn load_held_sends(ebpf: &mut Ebpf, classic: bool) -> Result<(), ProbeError> {
+    let (name, map) = if classic { HELD_SEND_TP } else { HELD_SEND_RAW };
+    let prog = ebpf.program_mut(name).ok_or(ProbeError::Missing(name))?;
+    let loaded = match prog {
+        Program::TracePoint(p) => p.load(),
+        Program::RawTracePoint(p) => p.load(),
+        _ => return Err(ProbeError::Missing(name)),
+    };
+    loaded.map_err(|e| ProbeError::Program(name, e))?;
+    let fd = prog
+        .fd()
+        .and_then(|fd| fd.try_clone().map_err(ProgramError::IOError))
+        .map_err(|e| ProbeError::Program(name, e))?;
+    let data = ebpf.map_mut(map).ok_or(ProbeError::Missing(map))?;
+    let mut slots = ProgramArray::try_from(data).map_err(|e| ProbeError::Map(map, e))?;
+    slots.set(0, &fd, 0).map_err(|e| ProbeError::Map(map, e))
 }

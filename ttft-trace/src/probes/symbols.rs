@@ -16,7 +16,7 @@ pub static FAMILIES: &[&Family] = &[&cuda::RUNTIME, &cuda::DRIVER];
 
 /// The TLS libraries read: probed only in processes traced already, for
 /// each process (never host-wide), and never a reason to trace one.
-pub static TLS_FAMILIES: &[&Family] = &[&openssl::OPENSSL];
+pub static TLS_FAMILIES: &[&Family] = &[&openssl::OPENSSL, &openssl::OPENSSL_BIO];
 
 /// Every family of both lists.
 fn all() -> impl Iterator<Item = &'static Family> {

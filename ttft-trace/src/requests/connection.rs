@@ -494,7 +494,11 @@ impl Connection {
             };
             hs.on_server(ev.t_ns, head);
         }
+        let first_flagged = !self.tls_read && ev.flags != 0;
         if self.tls_own_records(ev) {
+            if first_flagged {
+                self.retract_client_hello();
+            }
             // The response starts that much later in sequence space.
             let wire = u64::try_from(ev.bytes).unwrap_or(0);
             self.acks.sent_before_response(wire);
@@ -855,6 +859,19 @@ impl Connection {
             self.unreceived.pop_front();
         }
         None
+    }
+
+    /// The server's TLS calls showed themselves (a memory BIO's first
+    /// records, matched after they were sent): the client bytes read
+    /// before, outside any call, were its `ClientHello`, not a request.
+    /// The request they began is dropped, unreported, and its index given
+    /// back.
+    fn retract_client_hello(&mut self) {
+        if self.current.as_ref().is_some_and(|r| r.response.is_none()) {
+            self.current = None;
+            self.next_index = self.next_index.wrapping_sub(1);
+            self.acks.set_request_segment(None);
+        }
     }
 
     /// Whether the connection's handshake, followed from its opening, is

@@ -39,6 +39,8 @@ pub(super) fn kernel_view(k: &KernelStats) -> KernelView<'_> {
         h2_frames_dropped: k.h2_frames_dropped,
         h2_walk_lost: k.h2_walk_lost,
         tls_unbound: k.tls_unbound,
+        tls_held: k.tls_held,
+        tls_held_sent: k.tls_held_sent,
         map_full: &k.map_full,
         quota_exceeded: &k.quota_exceeded,
         listeners_followed: k.listeners_followed,

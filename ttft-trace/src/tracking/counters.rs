@@ -37,6 +37,10 @@ pub struct KernelStats {
     pub h2_walk_lost: u64,
     /// `SSL_write` plaintext not bound to a followed connection's send.
     pub tls_unbound: u64,
+    /// `SSL_write` calls whose records went to a memory BIO, and of them
+    /// the ones whose first record a followed connection's send carried.
+    pub tls_held: u64,
+    pub tls_held_sent: u64,
     /// Inserts refused by a full kernel map, per map.
     pub map_full: Vec<(&'static str, u64)>,
     /// What tenants were refused past their share, per resource.

@@ -268,6 +268,8 @@ impl Tracking {
                 h2_frames_dropped: probes.stat(Stat::H2FramesDropped)?,
                 h2_walk_lost: probes.stat(Stat::H2WalkLost)?,
                 tls_unbound: probes.stat(Stat::TlsUnbound)?,
+                tls_held: probes.stat(Stat::TlsHeld)?,
+                tls_held_sent: probes.stat(Stat::TlsHeldSent)?,
                 map_full: probes.map_full()?,
                 quota_exceeded: self.quotas.exceeded(probes)?,
                 listeners_followed: self.ports.followed(),

@@ -73,6 +73,8 @@ pub struct Metrics {
     h2_frames_dropped: IntCounter,
     h2_walk_lost: IntCounter,
     tls_unbound: IntCounter,
+    tls_held: IntCounter,
+    tls_held_sent: IntCounter,
     table_evictions: IntCounterVec,
     map_full: IntCounterVec,
     traced_processes: IntGauge,
@@ -163,9 +165,20 @@ impl Metrics {
         )?;
         let tls_unbound = IntCounter::new(
             "ttft_trace_tls_plaintext_unbound_total",
-            "SSL_write calls of traced processes that sent none of their records on a followed \
-             connection (a memory BIO, whose records the process sends itself later): their \
-             plaintext is not read, and their connections stay tls_unsupported",
+            "SSL_write calls of traced processes that neither sent their records on a followed \
+             connection nor held them for a later send (a memory BIO without OpenSSL's \
+             libcrypto probed): their plaintext is not read",
+        )?;
+        let tls_held = IntCounter::new(
+            "ttft_trace_tls_plaintext_held_total",
+            "SSL_write calls of traced processes whose records went to a memory BIO, held for \
+             the TCP send that carries them later (bound by their ciphertext)",
+        )?;
+        let tls_held_sent = IntCounter::new(
+            "ttft_trace_tls_plaintext_held_sent_total",
+            "Of ttft_trace_tls_plaintext_held_total, the calls whose first record a send on a \
+             followed connection carried; the difference was never bound (sent on a \
+             connection not followed, evicted, or split where its start was not found)",
         )?;
         let table_evictions = IntCounterVec::new(
             Opts::new(
@@ -272,6 +285,8 @@ impl Metrics {
             Box::new(h2_frames_dropped.clone()),
             Box::new(h2_walk_lost.clone()),
             Box::new(tls_unbound.clone()),
+            Box::new(tls_held.clone()),
+            Box::new(tls_held_sent.clone()),
             Box::new(table_evictions.clone()),
             Box::new(map_full.clone()),
             Box::new(traced_processes.clone()),
@@ -303,6 +318,8 @@ impl Metrics {
             h2_frames_dropped,
             h2_walk_lost,
             tls_unbound,
+            tls_held,
+            tls_held_sent,
             table_evictions,
             map_full,
             traced_processes,
@@ -414,13 +431,17 @@ impl Metrics {
         bump(&self.thread_state_dropped, state_dropped);
     }
 
-    /// Sets the HTTP/2 walk's and the TLS binding's counters to the
-    /// kernel's totals.
-    pub fn set_protocol_stats(&self, frames_dropped: u64, walk_lost: u64, tls_unbound: u64) {
-        let bump = |c: &IntCounter, total: u64| c.inc_by(total.saturating_sub(c.get()));
-        bump(&self.h2_frames_dropped, frames_dropped);
-        bump(&self.h2_walk_lost, walk_lost);
-        bump(&self.tls_unbound, tls_unbound);
+    /// Sets the HTTP/2 walk's counters to the kernel's totals.
+    pub fn set_protocol_stats(&self, frames_dropped: u64, walk_lost: u64) {
+        bump_to(&self.h2_frames_dropped, frames_dropped);
+        bump_to(&self.h2_walk_lost, walk_lost);
+    }
+
+    /// Sets the TLS binding's counters to the kernel's totals.
+    pub fn set_tls_stats(&self, unbound: u64, held: u64, held_sent: u64) {
+        bump_to(&self.tls_unbound, unbound);
+        bump_to(&self.tls_held, held);
+        bump_to(&self.tls_held_sent, held_sent);
     }
 
     /// Sets map `map`'s refused-insert counter to the kernel's total.
@@ -546,6 +567,11 @@ pub async fn serve_guarded(
     let guarded = connections::GuardedListener::new(listener, &registry_for_guard, max, deadline)
         .map_err(std::io::Error::other)?;
     axum::serve(guarded, app).await
+}
+
+/// Moves counter `c` up to the kernel's running `total`.
+fn bump_to(c: &IntCounter, total: u64) {
+    c.inc_by(total.saturating_sub(c.get()));
 }
 
 #[cfg(test)]

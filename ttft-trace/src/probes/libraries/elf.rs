@@ -18,7 +18,10 @@ use super::{
     tls::{TlsLibrary, TlsMarks},
 };
 use crate::host::deadline;
-use crate::probes::symbols::{self, FAMILIES, Family, ProbedSymbol, TLS_FAMILIES};
+use crate::probes::{
+    openssl,
+    symbols::{self, FAMILIES, Family, ProbedSymbol, TLS_FAMILIES},
+};
 
 /// Most bytes read of one ELF file: its headers and symbol tables, not its
 /// code. A large `libtorch_cuda.so` has symbol tables of tens of MiB.
@@ -119,7 +122,7 @@ fn inspect_budgeted(path: &Path, file: File, budget: u64) -> Result<Inspected, L
         Err(_) if cache.into_inner().exhausted => return Err(LibraryError::TooLarge(path.into())),
         Err(_) => return Ok(Inspected::default()),
     };
-    let tls = tls.library();
+    let (marks, tls) = (tls, tls.library());
     // A symbol table cut short by the budget reads as an empty one: say so
     // rather than call the file no library to probe.
     if cache.into_inner().exhausted {
@@ -130,11 +133,18 @@ fn inspect_budgeted(path: &Path, file: File, budget: u64) -> Result<Inspected, L
         .partition(|(f, _, _)| TLS_FAMILIES.contains(f));
     let cuda = found.iter().any(|(_, s, _)| symbols::is_marker(s.name));
     // Only OpenSSL's own `SSL_write` is read: a compatibility layer's or
-    // BoringSSL's is named, not probed.
-    let read_tls = tls == Some(TlsLibrary::OpenSsl)
-        && tls_found
-            .iter()
-            .any(|(f, s, _)| f.markers.contains(&s.name));
+    // BoringSSL's is named, not probed; and only OpenSSL's `BIO_write`.
+    let ours = |f: &Family| {
+        if *f == openssl::OPENSSL_BIO {
+            marks.openssl_crypto()
+        } else {
+            tls == Some(TlsLibrary::OpenSsl)
+        }
+    };
+    let tls_found: Vec<Found> = tls_found.into_iter().filter(|(f, _, _)| ours(f)).collect();
+    let read_tls = tls_found
+        .iter()
+        .any(|(f, s, _)| f.markers.contains(&s.name));
     if !cuda && !read_tls {
         return Ok(Inspected {
             tls,
@@ -269,6 +279,34 @@ mod tests {
                     Err(LibraryError::TooLarge(_))
                 ),
                 "{budget}"
+            );
+        }
+    }
+
+    /// This machine's OpenSSL 3 (Debian 12): `libssl` is probed for its TLS
+    /// calls, `libcrypto` for its record writes (a memory BIO's binding),
+    /// neither as a CUDA library.
+    #[test]
+    fn system_openssl_is_probed_in_both_files() {
+        let dir = Path::new("/usr/lib/x86_64-linux-gnu");
+        let cases = [
+            ("libssl.so.3", "SSL_write", Some(TlsLibrary::OpenSsl)),
+            ("libcrypto.so.3", "BIO_write", None),
+        ];
+        for (file, probed, tls) in cases {
+            let path = dir.join(file);
+            let Ok(opened) = rootfs::open_regular_file(&path) else {
+                eprintln!("{} absent here: not checked", path.display());
+                continue;
+            };
+            let got = inspect_file(&path, opened).expect("inspect");
+            assert!(got.library.is_none(), "{file}");
+            assert_eq!(got.tls, tls, "{file}");
+            let probes = got.tls_probes.expect("probes");
+            assert!(
+                probes.symbols.iter().any(|(s, _)| s.name == probed),
+                "{file}: {:?}",
+                probes.symbols
             );
         }
     }

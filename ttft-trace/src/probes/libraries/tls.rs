@@ -40,10 +40,11 @@ impl TlsLibrary {
     /// where its plaintext probes were found (the attach log, `check`).
     pub fn reading(self, probed: bool) -> &'static str {
         if probed {
-            "plaintext read where OpenSSL sends its own records (a socket BIO); where the \
-             process sends them itself (a memory BIO, as asyncio does), its connections are \
-             reported tls_unsupported, their handshakes timed from the wire, and the calls \
-             counted in ttft_trace_tls_plaintext_unbound_total"
+            "plaintext read where OpenSSL sends its own records (a socket BIO), and where \
+             the process sends them itself (a memory BIO, as asyncio does) when OpenSSL's \
+             libcrypto is mapped too, bound by their ciphertext; calls whose records were \
+             never seen sent are counted (ttft_trace_tls_plaintext_unbound_total, \
+             ttft_trace_tls_plaintext_held_total less ..._sent_total)"
         } else {
             "not traced (if it serves TLS itself, those connections are reported \
              tls_unsupported, their handshakes timed from the wire)"
@@ -73,6 +74,9 @@ pub(super) struct TlsMarks {
     /// OpenSSL's own API (1.1 and 3: its initialiser; 1.0 and later: the
     /// control call its macros expand to), which compatibility layers lack.
     openssl_api: bool,
+    /// OpenSSL's `libcrypto`: `BIO_write` and its initialiser, exported.
+    bio_write: bool,
+    crypto_api: bool,
     boringssl_api: bool,
     gnutls: bool,
     nss: bool,
@@ -97,6 +101,8 @@ impl TlsMarks {
             "SSL_write" if exported => self.ssl_write = true,
             "SSL_write" => self.ssl_write_hidden = true,
             "OPENSSL_init_ssl" | "SSL_CTX_ctrl" => self.openssl_api = true,
+            "BIO_write" if exported => self.bio_write = true,
+            "OPENSSL_init_crypto" if exported => self.crypto_api = true,
             // BoringSSL's own API, which OpenSSL does not have.
             "SSL_CTX_set_grease_enabled" | "CRYPTO_BUFFER_new" => self.boringssl_api = true,
             "gnutls_record_send" => self.gnutls = true,
@@ -108,6 +114,13 @@ impl TlsMarks {
             _ if base.starts_with("_R") && v0_crate(base, "6rustls") => self.rustls = true,
             _ => {}
         }
+    }
+
+    /// Whether the file is OpenSSL's `libcrypto` (on its own, or linked in
+    /// with `libssl`): its record writes are probed
+    /// ([`crate::probes::openssl::OPENSSL_BIO`]).
+    pub fn openssl_crypto(&self) -> bool {
+        self.bio_write && self.crypto_api && !self.boringssl_api
     }
 
     /// The library the file carries, the exported OpenSSL API first (its
@@ -179,6 +192,33 @@ mod tests {
             of(&[("crypto/tls.(*Conn).Write", false)]),
             Some(TlsLibrary::GoCryptoTls)
         );
+    }
+
+    /// OpenSSL's `libcrypto` (its record writes probed) is no TLS library
+    /// of its own; BoringSSL's is neither.
+    #[test]
+    fn openssls_libcrypto_by_its_symbols() {
+        let marks = |names: &[(&str, bool)]| {
+            let mut m = TlsMarks::default();
+            for (n, exported) in names {
+                m.see(n, *exported);
+            }
+            m
+        };
+        let crypto = marks(&[
+            ("BIO_write@@OPENSSL_3.0.0", true),
+            ("OPENSSL_init_crypto@@OPENSSL_3.0.0", true),
+        ]);
+        assert!(crypto.openssl_crypto());
+        assert_eq!(crypto.library(), None);
+        let boring = marks(&[
+            ("BIO_write", true),
+            ("OPENSSL_init_crypto", true),
+            ("CRYPTO_BUFFER_new", true),
+        ]);
+        assert!(!boring.openssl_crypto());
+        let hidden = marks(&[("BIO_write", false), ("OPENSSL_init_crypto", true)]);
+        assert!(!hidden.openssl_crypto());
     }
 
     #[test]

@@ -266,6 +266,21 @@ fn hello_answered(flight: &[u8]) -> Wire {
     w
 }
 
+/// The server's plaintext response from 30 ms (its first chunk at 40 ms,
+/// acknowledged at 41 ms), the connection closed: its one request.
+fn sse_answered(w: &mut Wire) -> Vec<crate::requests::RequestRecord> {
+    use ttft_trace_common::SOCK_TLS_PLAIN;
+    w.tls_flags = SOCK_TLS_PLAIN;
+    w.send(SK, T0 + ms(30), HEADERS);
+    w.send(SK, T0 + ms(40), SSE_CHUNK);
+    w.segment(SK, T0 + ms(41), 0);
+    w.send(SK, T0 + ms(50), b"0\r\n\r\n");
+    w.close(SK, T0 + ms(100));
+    let rs = w.drain(ms(10_000));
+    assert_eq!(rs.len(), 1, "{rs:#?}");
+    rs
+}
+
 /// nginx's read-ahead: the client's `Finished` and its request arrive
 /// together, and the handshake's receive takes both; the `SSL_read` that
 /// returns the request receives nothing (its plaintext comes from
@@ -281,14 +296,7 @@ fn a_request_read_ahead_with_the_handshake_arrived_then() {
     // The event loop comes back to the connection 3 ms later.
     w.tls_flags = SOCK_TLS_PLAIN | SOCK_TLS_BUFFERED;
     w.recv(SK, T0 + ms(10), 250);
-    w.tls_flags = SOCK_TLS_PLAIN;
-    w.send(SK, T0 + ms(30), HEADERS);
-    w.send(SK, T0 + ms(40), SSE_CHUNK);
-    w.segment(SK, T0 + ms(41), 0);
-    w.send(SK, T0 + ms(50), b"0\r\n\r\n");
-    w.close(SK, T0 + ms(100));
-    let rs = w.drain(ms(10_000));
-    assert_eq!(rs.len(), 1, "{rs:#?}");
+    let rs = sse_answered(&mut w);
     assert_eq!(rs[0].outcome, Outcome::Ok, "{rs:#?}");
     assert_eq!(rs[0].t_arrive_ns, T0 + ms(7), "{rs:#?}");
     assert_eq!(rs[0].ttft_ns, Some(ms(33)), "{rs:#?}");
@@ -323,4 +331,49 @@ fn a_request_received_with_the_clients_finished_is_a_request() {
         (Some(true), Some(ms(9))),
         "{rs:#?}"
     );
+}
+
+/// A memory BIO (asyncio): every receive is outside the TLS calls, so the
+/// `ClientHello` reads as a request until the server's first flight is
+/// matched to the records its handshake call wrote (flagged TLS's own).
+/// That request is taken back; the client's `Finished` and its request are
+/// received outside any call (TLS's own, on a connection whose calls are
+/// seen), and the `SSL_read` that returns the request's plaintext is dated
+/// by the last of them; the tickets, sent after it, come before the
+/// response in sequence space.
+#[test]
+fn a_memory_bios_hello_is_no_request() {
+    use crate::requests::tls::tests::{TLS13_FULL, TLS13_FULL_SECOND};
+    use ttft_trace_common::{SOCK_TLS_BUFFERED, SOCK_TLS_CONTROL, SOCK_TLS_PLAIN};
+    let us = |v: u64| v * 1000;
+    let mut w = Wire::new();
+    w.exact_acks = true;
+    w.open_at_handshake(SK, T0 - ms(1), 1000);
+    w.segment(SK, T0, 517);
+    w.recv(SK, T0 + ms(1), 517);
+    w.tls_flags = SOCK_TLS_CONTROL;
+    w.send(SK, T0 + ms(2), TLS13_FULL);
+    w.tls_flags = 0;
+    w.segment(SK, T0 + ms(7), 80);
+    w.segment(SK, T0 + ms(7) + us(100), 300);
+    w.recv(SK, T0 + ms(7) + us(200), 80);
+    w.recv(SK, T0 + ms(7) + us(300), 300);
+    w.tls_flags = SOCK_TLS_PLAIN | SOCK_TLS_BUFFERED;
+    w.recv(SK, T0 + ms(8), 250);
+    w.tls_flags = SOCK_TLS_CONTROL;
+    w.send(SK, T0 + ms(9), TLS13_FULL_SECOND);
+    let rs = sse_answered(&mut w);
+    let r = &rs[0];
+    assert_eq!((r.outcome, r.request_index), (Outcome::Ok, 0), "{r:#?}");
+    assert_eq!(
+        (r.t_arrive_ns, r.bytes_in),
+        (T0 + ms(7) + us(300), 250),
+        "{r:#?}"
+    );
+    assert_eq!(r.ttft_ns, Some(ms(33) - us(300)), "{r:#?}");
+    assert_eq!(r.t_first_token_acked_ns, Some(T0 + ms(41)), "{r:#?}");
+    // The handshake ends with the client's bytes read after the flight
+    // (the request's segment came before that read: its time).
+    let tls = r.tls.expect("handshake facts");
+    assert_eq!(tls.handshake_ns, Some(ms(7) + us(100)), "{r:#?}");
 }

@@ -79,9 +79,10 @@ impl Scan {
 #[derive(Debug, Clone)]
 enum Seen {
     Library(Arc<Library>),
-    /// No library to probe, but a TLS library, with the probes that read
-    /// its plaintext where it is one read: not tried again.
-    Tls(TlsLibrary, Option<Arc<Library>>),
+    /// No library to probe, but a TLS library (or OpenSSL's `libcrypto`,
+    /// which names none), with the probes that read its plaintext where
+    /// it is one read: not tried again.
+    Tls(Option<TlsLibrary>, Option<Arc<Library>>),
     /// No library to probe, or a file that cannot be inspected (not regular,
     /// not the mapped file, unreadable): not tried again.
     Other,
@@ -270,7 +271,9 @@ impl Scanner {
                     scan.libraries.push(lib);
                 }
                 Seen::Tls(tls, probes) => {
-                    scan.tls.push((path, tls));
+                    if let Some(tls) = tls {
+                        scan.tls.push((path, tls));
+                    }
                     scan.tls_probes.extend(probes);
                 }
                 Seen::Denied => scan.denied.push(path),
@@ -488,9 +491,9 @@ fn inspect_mapped(mapped: &maps::MappedFile) -> Option<(Seen, Option<Stamp>)> {
         }) => Seen::Library(Arc::new(lib)),
         Ok(elf::Inspected {
             library: None,
-            tls: Some(tls),
+            tls,
             tls_probes,
-        }) => Seen::Tls(tls, tls_probes.map(Arc::new)),
+        }) if tls.is_some() || tls_probes.is_some() => Seen::Tls(tls, tls_probes.map(Arc::new)),
         Ok(elf::Inspected { .. }) => Seen::Other,
         Err(e) if e.is_transient() => return None,
         Err(e) => {
