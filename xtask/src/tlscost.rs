@@ -1,10 +1,11 @@
 //! What reading TLS costs the traced server (issue 30): requests per second
 //! over one kept-alive TLS connection, and the time of one `SSL_write`
 //! timed inside the server, for a server traced by `attach` and an identical
-//! one untraced, in the same run; and the same server in plain HTTP, traced
-//! and not, for the share a followed connection costs without TLS
-//! (`tests/stacks/tls_bench.py`). Rounds alternate the four; medians.
-//! Stated, not judged.
+//! one untraced, in the same run: with a socket BIO (blocking `ssl`) and
+//! with a memory BIO (`asyncio`, its records bound by their ciphertext);
+//! and the blocking server in plain HTTP, traced and not, for the share a
+//! followed connection costs without TLS (`tests/stacks/tls_bench.py`).
+//! Each pair's rounds alternate; medians. Stated, not judged.
 
 use std::{
     io::{BufRead, BufReader},
@@ -30,8 +31,17 @@ struct Server {
     port: u16,
 }
 
+/// How the bench server serves.
+#[derive(Clone, Copy)]
+enum Kind {
+    /// A thread per connection on blocking sockets (TLS: a socket BIO).
+    Blocking,
+    /// `asyncio` (TLS: a memory BIO).
+    Asyncio,
+}
+
 impl Server {
-    fn start(root: &Path, cert: Option<(&Path, &Path)>) -> Result<Self> {
+    fn start(root: &Path, cert: Option<(&Path, &Path)>, kind: Kind) -> Result<Self> {
         let (c, k) = cert.map_or(("-".into(), "-".into()), |(c, k)| {
             (c.display().to_string(), k.display().to_string())
         });
@@ -39,6 +49,7 @@ impl Server {
             .arg(root.join("tests/stacks/tls_bench.py"))
             .args(["server", &c, &k])
             .arg(root.join("target/fixtures/libcudart.so.12"))
+            .args(matches!(kind, Kind::Asyncio).then_some("asyncio"))
             .stdout(Stdio::piped())
             .spawn()
             .context("starting tests/stacks/tls_bench.py")?;
@@ -102,8 +113,16 @@ fn certificate(dir: &Path) -> Result<()> {
 /// Alternates `rounds` client runs on an untraced and a traced server
 /// (`cert` None: plain HTTP), the latter under `attach`: (untraced,
 /// traced) runs.
-fn pair(root: &Path, cert: Option<(&Path, &Path)>, rounds: usize) -> Result<[Vec<(f64, f64)>; 2]> {
-    let (untraced, traced) = (Server::start(root, cert)?, Server::start(root, cert)?);
+fn pair(
+    root: &Path,
+    cert: Option<(&Path, &Path)>,
+    kind: Kind,
+    rounds: usize,
+) -> Result<[Vec<(f64, f64)>; 2]> {
+    let (untraced, traced) = (
+        Server::start(root, cert, kind)?,
+        Server::start(root, cert, kind)?,
+    );
     let args = [
         "--pid".to_string(),
         traced.child.id().to_string(),
@@ -130,9 +149,10 @@ pub fn run(root: &Path, rounds: usize) -> Result<Value> {
     std::fs::create_dir_all(&dir)?;
     certificate(&dir)?;
     let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
-    let [tu, tt] = pair(root, Some((&cert, &key)), rounds)?;
-    let [pu, pt] = pair(root, None, rounds)?;
-    let runs = [tu, tt, pu, pt];
+    let [tu, tt] = pair(root, Some((&cert, &key)), Kind::Blocking, rounds)?;
+    let [pu, pt] = pair(root, None, Kind::Blocking, rounds)?;
+    let [au, at] = pair(root, Some((&cert, &key)), Kind::Asyncio, rounds)?;
+    let runs = [tu, tt, pu, pt, au, at];
     let med = |i: usize| {
         (
             median(runs[i].iter().map(|r| r.0).collect()),
@@ -141,6 +161,7 @@ pub fn run(root: &Path, rounds: usize) -> Result<Value> {
     };
     let ((tu_rps, tu_ns), (tt_rps, tt_ns)) = (med(0), med(1));
     let ((pu_rps, pu_ns), (pt_rps, pt_ns)) = (med(2), med(3));
+    let ((au_rps, au_ns), (at_rps, at_ns)) = (med(4), med(5));
     println!(
         "TLS (CPython ssl, socket BIO): {tu_rps:.0} requests/s untraced, {tt_rps:.0} traced \
          ({:+.0} %); one SSL_write {:.1} µs untraced, {:.1} µs traced ({:+.1} µs)",
@@ -157,6 +178,15 @@ pub fn run(root: &Path, rounds: usize) -> Result<Value> {
         pt_ns / 1e3,
         (pt_ns - pu_ns) / 1e3
     );
+    println!(
+        "TLS (asyncio, memory BIO): {au_rps:.0} requests/s untraced, {at_rps:.0} traced \
+         ({:+.0} %); one write (SSL_write and its send) {:.1} µs untraced, {:.1} µs traced \
+         ({:+.1} µs)",
+        (at_rps / au_rps - 1.0) * 100.0,
+        au_ns / 1e3,
+        at_ns / 1e3,
+        (at_ns - au_ns) / 1e3
+    );
     let pairs = |i: usize| {
         runs[i]
             .iter()
@@ -171,5 +201,8 @@ pub fn run(root: &Path, rounds: usize) -> Result<Value> {
         "plain": {"untraced_rps": pu_rps, "traced_rps": pt_rps,
                   "untraced_ns_per_send": pu_ns, "traced_ns_per_send": pt_ns,
                   "runs_untraced": pairs(2), "runs_traced": pairs(3)},
+        "tls_asyncio": {"untraced_rps": au_rps, "traced_rps": at_rps,
+                        "untraced_ns_per_write": au_ns, "traced_ns_per_write": at_ns,
+                        "runs_untraced": pairs(4), "runs_traced": pairs(5)},
     }))
 }

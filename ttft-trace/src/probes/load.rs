@@ -34,6 +34,13 @@ struct Linked {
     replaced: Vec<&'static str>,
 }
 
+impl Linked {
+    /// Whether sends are reported by the classic `sock_send_length`.
+    fn classic_sends(&self) -> bool {
+        self.hooks.socket_lengths() && !self.replaced.contains(&"sock_send_length")
+    }
+}
+
 impl Probes {
     /// Loads every program, attaches the process-tree tracepoints. Uprobes
     /// wait for [`Probes::attach_library`].
@@ -56,7 +63,28 @@ impl Probes {
         Self::loaded_as(ebpf, &plan, linked)
     }
 
+    /// Loads the program a send that may carry a memory BIO's records is
+    /// handed to, once, where the first traced process maps OpenSSL's
+    /// `libcrypto`: a host with no such process never verifies it.
+    pub fn want_held_sends(&mut self) {
+        let Some(classic) = self.held_sends.take() else {
+            return;
+        };
+        let started = Instant::now();
+        match load_held_sends(&mut self.ebpf, classic) {
+            Ok(()) => log::info!(
+                "TLS records written to a memory BIO: bound to their sends (program verified \
+                 in {:.0} ms)",
+                started.elapsed().as_secs_f64() * 1e3
+            ),
+            Err(e) => log::warn!(
+                "TLS records written to a memory BIO will not be bound to their sends: {e}"
+            ),
+        }
+    }
+
     fn loaded_as(ebpf: Ebpf, plan: &Plan, linked: Linked) -> Result<Self, ProbeError> {
+        let held_sends = Some(linked.classic_sends());
         let scope = segment_scope::Scope::new(match &linked.hooks.segments {
             SegmentChoice::Cgroups(mount) => Ok(mount.clone()),
             SegmentChoice::Raw(why) | SegmentChoice::Classic(why) => Err(why.clone()),
@@ -70,6 +98,7 @@ impl Probes {
             scope,
             tracepoints: linked.tracepoints,
             netns_known: plan.namespaces.is_ok(),
+            held_sends,
             attached: HashMap::new(),
             map_full: BTreeMap::new(),
         })
@@ -140,10 +169,6 @@ fn attach(ebpf: &mut Ebpf, plan: &Plan) -> Result<Linked, ProbeError> {
     log::info!("{}", linked.hooks.segments_line());
     attach_classic(ebpf, plan, &mut linked)?;
     log::info!("{}", linked.hooks.event_line(plan.sched_programs));
-    let classic = linked.hooks.socket_lengths() && !linked.replaced.contains(&"sock_send_length");
-    if let Err(e) = load_held_sends(ebpf, classic) {
-        log::warn!("TLS records written to a memory BIO will not be bound to their sends: {e}");
-    }
     if linked.hooks.socket_lengths() {
         for &(name, tracepoint) in SYSCALL_SEND_TRACEPOINTS {
             attach_tracepoint(ebpf, name, "syscalls", tracepoint)?;

@@ -125,6 +125,10 @@ pub struct Probes {
     /// The probes read a socket's network namespace: listening ports are
     /// kept per namespace.
     netns_known: bool,
+    /// The held-send program waits to be loaded (`Some(classic)`: the
+    /// classic hook's), until a traced process maps OpenSSL's `libcrypto`
+    /// ([`Probes::want_held_sends`]); None once tried.
+    held_sends: Option<bool>,
 }
 
 /// Tracepoints and the programs attached to them: (program, category, name).

@@ -17,6 +17,7 @@ use super::{Change, launch_layer::LaunchLayer};
 use crate::probes::{
     ProbeError, Probes, Reach, cuda,
     libraries::{self, FileId, Library, LibraryError, ReadStats, Scan, Scanner, TlsLibrary},
+    openssl,
 };
 
 /// A library no scan has found mapped for this long, and not probed, is
@@ -157,6 +158,9 @@ impl Libraries {
         pid: u32,
         changes: &mut Vec<Change>,
     ) {
+        if lib.is(&openssl::OPENSSL_BIO) {
+            probes.want_held_sends();
+        }
         if let Some(pid) = NonZeroU32::new(pid) {
             self.attach_at(probes, lib, Reach::Process(pid), changes);
         }
