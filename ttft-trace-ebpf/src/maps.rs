@@ -129,6 +129,13 @@ pub static TLS_SOCKETS: LruHashMap<TlsKey, u64> = LruHashMap::with_max_entries(1
 #[map]
 pub static TLS_RECORDS: LruHashMap<RecordKey, HeldRecord> = LruHashMap::with_max_entries(4096, 0);
 
+/// Processes whose `SSL_write` returned having neither sent on a followed
+/// connection nor held a record: a memory BIO whose `BIO_write` is not
+/// probed yet. Userspace probes that process's `libcrypto` then, so that a
+/// socket BIO's server never takes the trap. LRU: bounded.
+#[map]
+pub static TLS_MEMORY_BIO: LruHashMap<u32, u32> = LruHashMap::with_max_entries(1024, 0);
+
 /// Processes that held a record in `TLS_RECORDS`: only their sends outside
 /// a TLS call are looked up there. LRU: bounded.
 #[map]

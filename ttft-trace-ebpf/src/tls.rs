@@ -36,7 +36,7 @@ use ttft_trace_common::{
 };
 
 use crate::{
-    maps::{CONNS, TLS_CALLS, TLS_SOCKETS, bump_stat, is_tracked},
+    maps::{CONNS, TLS_CALLS, TLS_MEMORY_BIO, TLS_SOCKETS, bump_stat, is_tracked},
     mem::now_ns,
     sock_event::{SendView, emit_sock},
 };
@@ -157,11 +157,14 @@ pub fn ssl_return(ctx: RetProbeContext) -> u32 {
     let _ = TLS_CALLS.remove(tid);
     let ret: i32 = ctx.ret();
     match call.what {
-        TLS_CALL_WRITE if call.wire == 0 && ret > 0 => bump_stat(if call.held > 0 {
-            Stat::TlsHeld
-        } else {
-            Stat::TlsUnbound
-        }),
+        TLS_CALL_WRITE if call.wire == 0 && ret > 0 && call.held > 0 => bump_stat(Stat::TlsHeld),
+        TLS_CALL_WRITE if call.wire == 0 && ret > 0 => {
+            bump_stat(Stat::TlsUnbound);
+            // SAFETY: copied out at once.
+            if unsafe { TLS_MEMORY_BIO.get(call.tgid) }.is_none() {
+                let _ = TLS_MEMORY_BIO.insert(call.tgid, 1, 0);
+            }
+        }
         TLS_CALL_READ | TLS_CALL_READ_EX => read_returned(&call, ret),
         _ => {}
     }

@@ -321,6 +321,16 @@ impl Probes {
     }
 
     /// A kernel statistic, summed over CPUs.
+    /// Whether process `pid` showed a memory BIO (an `SSL_write` that
+    /// neither sent nor held: `TLS_MEMORY_BIO`); false where the map cannot
+    /// be read.
+    pub fn memory_bio_seen(&self, pid: u32) -> bool {
+        self.ebpf
+            .map("TLS_MEMORY_BIO")
+            .and_then(|m| BpfHashMap::<_, u32, u32>::try_from(m).ok())
+            .is_some_and(|m| m.get(&pid, 0).is_ok())
+    }
+
     pub fn stat(&self, stat: Stat) -> Result<u64, ProbeError> {
         let map: PerCpuArray<_, u64> = PerCpuArray::try_from(
             self.ebpf

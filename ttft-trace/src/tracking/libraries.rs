@@ -212,6 +212,12 @@ impl Libraries {
             self.attach_found(probes, lib, pid, changes);
         }
         for lib in &scan.tls_probes {
+            // `libcrypto`'s record writes wait for the process to show a
+            // memory BIO (an `SSL_write` that neither sent nor held): a
+            // socket BIO's server never takes their trap.
+            if lib.is(&openssl::OPENSSL_BIO) && !probes.memory_bio_seen(pid) {
+                continue;
+            }
             self.attach_tls(probes, lib, pid, changes);
         }
         let tls = scan.tls_read().map(|(p, l, r)| (p.clone(), l, r)).collect();
