@@ -127,11 +127,17 @@ fn bind(call: &TlsCall, sk: u64) {
     if call.wire != 0 {
         return;
     }
-    let key = key(call.ssl);
-    let bound = sk | SOCKET_BIO;
+    set_socket(call.ssl, sk | SOCKET_BIO);
+}
+
+/// Writes `ssl`'s connection (`value`: a socket, with [`SOCKET_BIO`] or
+/// not) only where it changed: a lookup, not an LRU update, per call.
+#[inline(always)]
+pub(crate) fn set_socket(ssl: u64, value: u64) {
+    let key = key(ssl);
     // SAFETY: copied out at once.
-    if unsafe { TLS_SOCKETS.get(key) }.copied() != Some(bound) {
-        let _ = TLS_SOCKETS.insert(key, bound, 0);
+    if unsafe { TLS_SOCKETS.get(key) }.copied() != Some(value) {
+        let _ = TLS_SOCKETS.insert(key, value, 0);
     }
 }
 

@@ -39,7 +39,7 @@ use crate::{
     },
     mem::{now_ns, segment},
     sock_event::{SendView, copy_kernel, emit_sock, read_user, read_user_tail},
-    tls::{SOCKET_BIO, current, key},
+    tls::{SOCKET_BIO, current, key, set_socket},
 };
 
 /// Records looked up in one send after its first (a flush of several
@@ -306,10 +306,7 @@ unsafe fn next_record(walk: *mut SendRecords, tgid: u32, sk: u64, sends: u32) ->
         if (*rec).first != 0 {
             bump_stat(Stat::TlsHeldSent);
         }
-        let ssl_key = key((*rec).ssl);
-        if TLS_SOCKETS.get(ssl_key).copied() != Some(sk) {
-            let _ = TLS_SOCKETS.insert(ssl_key, sk, 0);
-        }
+        set_socket((*rec).ssl, sk);
         (*walk).last_control = u32::from((*rec).flags == SOCK_TLS_CONTROL);
         core::ptr::write_volatile(&mut (*walk).at, at + u64::from((*rec).wire));
         let _ = TLS_RECORDS.remove(record);
