@@ -32,17 +32,19 @@ const PREFILL_NS: u64 = 20_000_000;
 const DECODE_NS: u64 = 5_000_000;
 
 /// Token `i` of `n` (the last gives its finish reason, as OpenAI's API does).
+/// The fields in the order OpenAI's API, vLLM and TGI's router write them,
+/// `choices` last (serde_json's map would sort them, its finish reason then
+/// ~80 bytes before the event's end).
 fn chunk(path: &str, i: u64, n: u64) -> Bytes {
-    let word = format!(" tok{i}");
-    let finish = (i + 1 == n).then_some("length");
+    let word = serde_json::json!(format!(" tok{i}"));
+    let finish = serde_json::json!((i + 1 == n).then_some("length"));
     let body = match path {
-        "/v1/chat/completions" => serde_json::json!({
-            "id": "chatcmpl-stack", "object": "chat.completion.chunk", "created": 0,
-            "model": "stack",
-            "choices": [{"index": 0, "delta": {"content": word}, "finish_reason": finish}]}),
-        "/v1/completions" => serde_json::json!({
-            "id": "cmpl-stack", "object": "text_completion", "created": 0, "model": "stack",
-            "choices": [{"index": 0, "text": word, "finish_reason": finish}]}),
+        "/v1/chat/completions" => format!(
+            r#"{{"id":"chatcmpl-stack","object":"chat.completion.chunk","created":0,"model":"stack","choices":[{{"index":0,"delta":{{"content":{word}}},"finish_reason":{finish}}}]}}"#
+        ),
+        "/v1/completions" => format!(
+            r#"{{"id":"cmpl-stack","object":"text_completion","created":0,"model":"stack","choices":[{{"index":0,"text":{word},"finish_reason":{finish}}}]}}"#
+        ),
         _ => {
             return Bytes::from(format!(
                 "{}\n",

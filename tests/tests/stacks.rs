@@ -771,6 +771,13 @@ fn judge(stack: &str, run: Run) -> Result<()> {
                 problems.push(format!("a whole stream judged truncated: {t}"));
             }
             finish_read += usize::from(end["finish_reason"] == "length");
+            // Every OpenAI stream here ends with `"finish_reason":"length"`
+            // in its last event's last 40 bytes, and every send ends at an
+            // event's end: each stack's write shape (hyper's and nginx's
+            // `writev` of size line, data and CRLF) shows it in the tail.
+            if c.path.starts_with("/v1/") && end["finish_reason"] != "length" {
+                problems.push(format!("the last finish reason not read: {t}"));
+            }
         }
         for n in t["notes"].as_array().into_iter().flatten() {
             let n = n.as_str().unwrap_or_default().to_string();

@@ -134,6 +134,15 @@ pub const HEAD_BYTES: usize = 256;
 /// terminator `data: [DONE]` with its framing, or the last event's
 /// `"finish_reason":...}]}` (issue 31).
 pub const TAIL_BYTES: usize = 64;
+/// iovec entries of a vectored send walked for its head and to find the
+/// one holding its last byte (a send whose last byte lies further has no
+/// tail): hyper writes a chunk as three buffers (size line, data, CRLF).
+/// 16 doubled the send hook's verification (0.8 to 1.6 s).
+pub const SEND_IOV_WALKED: u64 = 8;
+/// Buffers of a vectored send, from the last back, whose bytes make its
+/// `tail`: a tail shorter than [`TAIL_BYTES`] on a longer send starts at a
+/// buffer's start (these ran out, or the one before could not be read).
+pub const TAIL_BUFFERS: u64 = 7;
 /// How many sends after each receive carry a `head`: the response's first
 /// send (HTTP status line and headers) and the one after it (the first body
 /// chunk when headers are flushed alone).
@@ -166,10 +175,11 @@ pub struct SockEvent {
     /// send takes at most its wire bytes, the last the rest).
     pub plain_bytes: u32,
     /// The last bytes of the send's buffer, in order from `tail[0]` (end of
-    /// response markers such as the chunked terminator `0\r\n\r\n`).
+    /// response markers such as the chunked terminator `0\r\n\r\n`),
+    /// across a vectored send's last [`TAIL_BUFFERS`] buffers.
     pub tail: [u8; TAIL_BYTES],
-    /// The first bytes of the send's buffer, for the first [`HEAD_SENDS`]
-    /// sends after a receive.
+    /// The first bytes of the send's buffer (across a vectored send's
+    /// buffers), for the first [`HEAD_SENDS`] sends after a receive.
     pub head: [u8; HEAD_BYTES],
 }
 

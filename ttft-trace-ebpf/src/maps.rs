@@ -170,6 +170,12 @@ pub struct SendRecords {
 #[map]
 pub static SEND_RECORDS: PerCpuArray<SendRecords> = PerCpuArray::with_max_entries(1, 0);
 
+/// Where a vectored send's head and tail are gathered across its buffers
+/// before they are copied into its event (`sock_event.rs`): twice the
+/// head, so that every piece's offset and length are bounded apart.
+#[map]
+pub static SEND_GATHER: PerCpuArray<[u8; 2 * HEAD_BYTES]> = PerCpuArray::with_max_entries(1, 0);
+
 /// The program a send that may carry held records is handed to
 /// (`tls_records::hand_over`): one per program type, as a tail call stays
 /// within its type; the raw tracepoints' hooks and the classic one. Set by

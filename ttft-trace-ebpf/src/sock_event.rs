@@ -5,17 +5,13 @@
 use aya_ebpf::helpers::{bpf_get_current_pid_tgid, generated};
 use ttft_trace_common::{
     EVENT_SOCK, SendArgs, SockEvent, Stat,
-    event::{HEAD_BYTES, TAIL_BYTES},
+    event::{HEAD_BYTES, SEND_IOV_WALKED, TAIL_BUFFERS, TAIL_BYTES},
 };
 
 use crate::{
-    maps::{EVENTS, SEND_RECORDS, bump_stat, wakeup_flag},
+    maps::{EVENTS, SEND_GATHER, SEND_RECORDS, bump_stat, wakeup_flag},
     mem::segment,
 };
-
-/// iovec entries walked to find the first with data and the one holding a
-/// send's last byte.
-const MAX_IOV: u64 = 8;
 
 /// What a socket event shows of the bytes moved.
 #[derive(Clone, Copy)]
@@ -85,15 +81,11 @@ pub(crate) fn emit_sock(dir: u32, sk: u64, ret: i32, t_ns: u64, view: SendView) 
             (*ev).tail_len = copy_kernel(&mut (*ev).tail, &(*rec).tail, (*rec).tail_len);
         }
         if let Some(args) = view.args.read() {
-            if view.head > 0
-                && let Some((base, seg_len)) = head_segment(&args)
-            {
-                (*ev).head_len = read_user(&mut (*ev).head, base, view.head.min(seg_len));
+            if view.head > 0 {
+                (*ev).head_len = gather_head(&args, view.head, &mut (*ev).head);
             }
-            if view.span > 0
-                && let Some((tail_base, tail_len)) = tail_segment(&args, view.span)
-            {
-                (*ev).tail_len = read_user_tail(&mut (*ev).tail, tail_base, tail_len);
+            if view.span > 0 {
+                (*ev).tail_len = gather_tail(&args, view.span, &mut (*ev).tail);
             }
         }
     }
@@ -139,38 +131,142 @@ pub(crate) fn read_user_tail(dst: &mut [u8; TAIL_BYTES], src: u64, len: u64) -> 
     if rc == 0 { n as u32 } else { 0 }
 }
 
-/// (base, length) of the first segment with data: the plain buffer, or the
-/// first non-empty iovec (servers pass empty ones, e.g. an empty prefix).
+/// Reads the send's first `want` bytes (at most [`HEAD_BYTES`]) across
+/// its first [`SEND_IOV_WALKED`] buffers into `dst`; returns the count
+/// read, contiguous from the first byte (a buffer that faults ends it).
 #[inline(always)]
-fn head_segment(args: &SendArgs) -> Option<(u64, u64)> {
+fn gather_head(args: &SendArgs, want: u64, dst: &mut [u8; HEAD_BYTES]) -> u32 {
+    let want = want.min(HEAD_BYTES as u64);
     if args.buf != 0 {
-        return Some((args.buf, u64::MAX));
+        return read_user(dst, args.buf, want);
     }
-    for i in 0..MAX_IOV {
-        let seg = segment(args, i)?;
-        if seg.1 > 0 {
-            return Some(seg);
+    let Some(buf) = SEND_GATHER.get_ptr_mut(0) else {
+        return 0;
+    };
+    let mut filled = 0u64;
+    for i in 0..SEND_IOV_WALKED {
+        if filled >= want {
+            break;
         }
+        let Some((base, len)) = segment(args, i) else {
+            break;
+        };
+        let n = len.min(want - filled).min(HEAD_BYTES as u64);
+        if n == 0 {
+            continue;
+        }
+        // filled < want <= HEAD_BYTES, a power of two: the mask keeps the
+        // offset below it for the verifier, and the scratch is twice that.
+        let at = (filled & (HEAD_BYTES as u64 - 1)) as usize;
+        // SAFETY: at < HEAD_BYTES and n <= HEAD_BYTES: inside the
+        // scratch's 2 * HEAD_BYTES; the helper checks the user address.
+        let rc = unsafe {
+            generated::bpf_probe_read_user(
+                (*buf).as_mut_ptr().add(at).cast(),
+                n as u32,
+                base as *const _,
+            )
+        };
+        if rc != 0 {
+            break;
+        }
+        filled += n;
     }
-    None
+    copy_gathered(dst, buf, 0, filled)
 }
 
-/// (base, bytes) of the segment that holds the send's last byte, with
-/// `bytes` the part of that segment that was sent.
+/// Reads the last bytes of the send's first `span` bytes, up to
+/// [`TAIL_BYTES`], across its last [`TAIL_BUFFERS`] buffers into `dst`;
+/// returns the count read, contiguous to the last byte. Shorter than both
+/// `span` and [`TAIL_BYTES`], the bytes start at a buffer's start.
 #[inline(always)]
-fn tail_segment(args: &SendArgs, sent: u64) -> Option<(u64, u64)> {
+fn gather_tail(args: &SendArgs, span: u64, dst: &mut [u8; TAIL_BYTES]) -> u32 {
     if args.buf != 0 {
-        return Some((args.buf, sent));
+        return read_user_tail(dst, args.buf, span);
     }
+    // The buffer that holds the last byte, and the part of it sent.
     let mut done = 0u64;
-    for i in 0..MAX_IOV {
-        let seg = segment(args, i)?;
-        if done + seg.1 >= sent {
-            return Some((seg.0, sent - done));
+    let mut last = None;
+    for i in 0..SEND_IOV_WALKED {
+        let Some((base, len)) = segment(args, i) else {
+            break;
+        };
+        if done + len >= span {
+            last = Some((i, base, span - done));
+            break;
         }
-        done += seg.1;
+        done += len;
     }
-    None
+    let Some((mut i, mut base, mut len)) = last else {
+        return 0;
+    };
+    let Some(buf) = SEND_GATHER.get_ptr_mut(0) else {
+        return 0;
+    };
+    // Filled backwards from `END`: each piece goes before the last.
+    const END: u64 = 2 * TAIL_BYTES as u64;
+    let mut have = 0u64;
+    for _ in 0..TAIL_BUFFERS {
+        if have >= TAIL_BYTES as u64 {
+            break;
+        }
+        let n = len.min(TAIL_BYTES as u64 - have);
+        if n > 0 {
+            let at = END - have - n;
+            // Read back from the stack, so that LLVM cannot fold the
+            // subtraction into the pointer: the verifier refuses a map
+            // pointer less a variable, and keeps a spilled scalar's bounds.
+            // SAFETY: a read of a local.
+            let at = unsafe { core::ptr::read_volatile(&at) };
+            // SAFETY: have + n <= TAIL_BYTES, so TAIL_BYTES <= at < END
+            // and at + n <= END, inside the scratch; the helper checks the
+            // user address.
+            let rc = unsafe {
+                generated::bpf_probe_read_user(
+                    (*buf).as_mut_ptr().add(at as usize).cast(),
+                    n as u32,
+                    (base + len - n) as *const _,
+                )
+            };
+            if rc != 0 {
+                break;
+            }
+            have += n;
+        }
+        if i == 0 {
+            break;
+        }
+        i -= 1;
+        let Some((b, l)) = segment(args, i) else {
+            break;
+        };
+        (base, len) = (b, l);
+    }
+    copy_gathered(dst, buf, END - have, have)
+}
+
+/// Copies `len` gathered bytes from `from` in the scratch `buf` to `dst`.
+#[inline(always)]
+fn copy_gathered<const N: usize>(
+    dst: &mut [u8; N],
+    buf: *mut [u8; 2 * HEAD_BYTES],
+    from: u64,
+    len: u64,
+) -> u32 {
+    let n = len.min(N as u64);
+    if n == 0 || from >= HEAD_BYTES as u64 {
+        return 0;
+    }
+    // SAFETY: from < HEAD_BYTES and n <= N <= HEAD_BYTES: inside the
+    // scratch; dst holds N >= n bytes.
+    let rc = unsafe {
+        generated::bpf_probe_read_kernel(
+            dst.as_mut_ptr().cast(),
+            n as u32,
+            (*buf).as_ptr().add(from as usize).cast(),
+        )
+    };
+    if rc == 0 { n as u32 } else { 0 }
 }
 
 /// Copies the first `len` bytes of `src` to `dst` (kernel memory, both

@@ -22,12 +22,13 @@
 //! While lost, every send is taken as carrying chunk data unless those
 //! checks show it is framing only.
 //!
-//! The kernel captures a vectored send's tail from its last buffer only: a
-//! tail shorter than [`TAIL_BYTES`] on a longer send is that whole buffer.
-//! A last buffer that reads alone as the body's end (the zero-size chunk
-//! through the final CRLF) ends the body, with what came before it unseen:
-//! hyper writes each chunk as `size`, data, `\r\n`, and the end as a
-//! buffer `0\r\n\r\n` of its own in the same `writev`.
+//! The kernel captures a vectored send's tail across its last few buffers
+//! (`TAIL_BUFFERS`): a tail shorter than [`TAIL_BYTES`] on a longer send
+//! starts at a buffer's start (those buffers ran out, or the one before
+//! faulted). Such a tail that reads alone as the body's end (the zero-size
+//! chunk through the final CRLF) ends the body, with what came before it
+//! unseen: hyper writes each chunk as `size`, data, `\r\n`, and the end as
+//! a buffer `0\r\n\r\n` of its own in the same `writev`.
 
 use ttft_trace_common::event::TAIL_BYTES;
 
@@ -66,8 +67,8 @@ pub(crate) struct View<'a> {
     pub first: &'a [u8],
     pub gap: u64,
     pub last: &'a [u8],
-    /// `last` is the whole last buffer of a vectored send, after bytes not
-    /// seen (so a chunk boundary may fall right before it).
+    /// `last` starts at a buffer's start in a vectored send, after bytes
+    /// not seen (so a chunk boundary may fall right before it).
     pub last_is_buffer: bool,
 }
 
@@ -90,9 +91,8 @@ impl<'a> View<'a> {
                 first: head,
                 gap: bytes - h - t,
                 last: tail,
-                // The probe reads the tail within the buffer holding the
-                // send's last byte: shorter than it could be, it is that
-                // buffer, whole (0 is a fault, not a buffer).
+                // Shorter than it could be, the tail the probe gathered
+                // starts at a buffer's start (0 is a fault, not a buffer).
                 last_is_buffer: t > 0 && t < TAIL_BYTES as u64,
             }
         }

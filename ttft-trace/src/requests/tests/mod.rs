@@ -20,7 +20,7 @@ use ttft_trace_common::{
     CONN_CLOSE, CONN_OPEN, CONN_STATE, ConnEvent, EVENT_CONN, EVENT_EPISODE, EVENT_SEGMENT,
     EpisodeEvent, SEGMENT_ACK_EXACT, SEGMENT_ACKED, SEGMENT_DATA, SOCK_RECV, SOCK_SEND,
     SOCK_TLS_PLAIN, SegmentEvent, SockEvent,
-    event::{HEAD_BYTES, HEAD_SENDS, TAIL_BYTES},
+    event::{HEAD_BYTES, HEAD_SENDS, SEND_IOV_WALKED, TAIL_BUFFERS, TAIL_BYTES},
 };
 
 use super::{Correlator, CorrelatorConfig, RequestRecord};
@@ -144,23 +144,30 @@ impl Wire {
         }
     }
 
-    /// A vectored send (`writev`) of `bufs`, captured as the probes would:
-    /// the head from the first non-empty buffer, the tail from the last.
+    /// A vectored send (`writev`) of `bufs`, captured as the probes would
+    /// (`sock_event.rs`): the head across the first [`SEND_IOV_WALKED`]
+    /// buffers, the tail across the last [`TAIL_BUFFERS`] (none where the
+    /// last byte lies past the first [`SEND_IOV_WALKED`]).
     pub fn send_vectored(&mut self, sk: u64, t: u64, bufs: &[&[u8]]) {
         let data = bufs.concat();
         let mut ev = self.send_event(sk, t, &data);
-        let first = bufs
-            .iter()
-            .find(|b| !b.is_empty())
-            .copied()
-            .unwrap_or_default();
-        let h = (ev.head_len as usize).min(first.len());
-        ev.head_len = h as u32;
-        let last = bufs.last().copied().unwrap_or_default();
-        let k = last.len().min(TAIL_BYTES);
+        let walked = bufs.len().min(SEND_IOV_WALKED as usize);
+        let head = bufs[..walked].concat();
+        ev.head_len = (ev.head_len as usize).min(head.len()) as u32;
+        let mut done = 0;
+        let last = bufs[..walked].iter().position(|b| {
+            done += b.len();
+            done >= data.len()
+        });
         ev.tail = [0; TAIL_BYTES];
-        ev.tail[..k].copy_from_slice(&last[last.len() - k..]);
-        ev.tail_len = k as u32;
+        ev.tail_len = 0;
+        if let Some(last) = last {
+            let from = (last + 1).saturating_sub(TAIL_BUFFERS as usize);
+            let seen = bufs[from..=last].concat();
+            let k = seen.len().min(TAIL_BYTES);
+            ev.tail[..k].copy_from_slice(&seen[seen.len() - k..]);
+            ev.tail_len = k as u32;
+        }
         self.c.on_sock(&ev);
         if let Some(q) = self.seq.get_mut(&sk) {
             q.snd_nxt = q.snd_nxt.wrapping_add(data.len() as u32);

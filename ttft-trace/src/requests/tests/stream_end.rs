@@ -2,11 +2,16 @@
 //! probes capture them (two heads after a receive, every send's tail):
 //! chunks that grow, and the three ways a stream is truncated.
 
+use ttft_trace_common::event::SEND_IOV_WALKED;
+
 use super::{SSE_HEADERS, Wire, ms, sse_done};
 use crate::{
     causes::CauseConfig,
     judging::{Judge, JudgedStalls, Truncation, WorkloadSignals},
-    requests::stream_stalls::StallConfig,
+    requests::{
+        stream_end::{Finish, Terminator},
+        stream_stalls::StallConfig,
+    },
     signals::SignalStore,
 };
 
@@ -90,24 +95,79 @@ fn each_kind_of_truncation_is_named() {
     assert_eq!(cut.truncated, Some(Truncation::Cut));
 }
 
-#[test]
-fn an_end_not_seen_is_not_judged() {
-    // The terminator in a send longer than a tail, with the zero-size chunk
-    // in a buffer of its own (hyper's writev): the end is not in sight.
+/// The chunk of [`events`] as hyper writes it: its size line, and its data
+/// without the CRLF after it.
+fn size_and_data(tokens: &[&str], finish: &str) -> (Vec<u8>, Vec<u8>) {
+    let c = events(tokens, finish);
+    let line = c.iter().position(|&b| b == b'\n').unwrap_or(0) + 1;
+    (c[..line].to_vec(), c[line..c.len() - 2].to_vec())
+}
+
+/// hyper's writes (axum, TGI's router): each chunk as a size line, its
+/// data and a CRLF, each a buffer of one `writev`; the openai client's
+/// close at `[DONE]` before the body's end.
+fn hyper_stream(end: &[&[u8]], close: bool) -> crate::requests::RequestRecord {
     let mut w = Wire::new();
     w.open(SK, 0);
     w.recv(SK, T0, 300);
-    w.send(SK, T0 + ms(1), SSE_HEADERS);
+    w.send_vectored(SK, T0 + ms(1), &[SSE_HEADERS]);
     for i in 0..4u64 {
-        w.send(SK, T0 + ms(10 + i), &events(&[" tok"], "null"));
+        let (size, data) = size_and_data(&[" tok"], if i == 3 { "\"stop\"" } else { "null" });
+        w.send_vectored(SK, T0 + ms(10 + i), &[&size, &data, b"\r\n"]);
     }
-    let mut last = events(&[" tok"; 3], "\"stop\"");
-    last.extend_from_slice(b"e\r\ndata: [DONE]\n\n\r\n");
-    w.send_vectored(SK, T0 + ms(20), &[&last, b"0\r\n\r\n"]);
-    let r = w.one(ms(10_000));
-    assert_eq!(r.outcome, crate::requests::Outcome::Ok);
-    assert_eq!(
-        r.ending.terminator,
-        crate::requests::stream_end::Terminator::Unknown
+    w.send_vectored(SK, T0 + ms(20), end);
+    if close {
+        w.close(SK, T0 + ms(21));
+    }
+    w.one(ms(10_000))
+}
+
+#[test]
+fn an_end_across_buffers_is_seen() {
+    // `[DONE]` as a chunk of three buffers: its tail reads across them
+    // (was: the CRLF alone, the protocol never recognised, and a close at
+    // `[DONE]` judged a cut).
+    let r = hyper_stream(&[b"e\r\n", b"data: [DONE]\n\n", b"\r\n"], true);
+    assert_eq!(r.outcome, crate::requests::Outcome::ClosedMidResponse);
+    assert_eq!(r.ending.terminator, Terminator::Seen);
+    assert_eq!(r.ending.finish, Finish::Reason("stop".into()));
+    let r = hyper_stream(
+        &[b"e\r\n", b"data: [DONE]\n\n", b"\r\n", b"0\r\n\r\n"],
+        false,
     );
+    assert_eq!(r.outcome, crate::requests::Outcome::Ok);
+    assert_eq!(r.ending.terminator, Terminator::Seen);
+    // The last token, `[DONE]` and the end coalesced in one `writev` of
+    // seven buffers (the real-stacks test saw it on axum): the last
+    // event's finish reason is in the tail still.
+    let (size, data) = size_and_data(&[" tok"], "\"length\"");
+    let r = hyper_stream(
+        &[
+            &size,
+            &data,
+            b"\r\n",
+            b"e\r\n",
+            b"data: [DONE]\n\n",
+            b"\r\n",
+            b"0\r\n\r\n",
+        ],
+        false,
+    );
+    assert_eq!(r.outcome, crate::requests::Outcome::Ok);
+    assert_eq!(r.ending.terminator, Terminator::Seen);
+    assert_eq!(r.ending.finish, Finish::Reason("length".into()));
+}
+
+#[test]
+fn an_end_not_seen_is_not_judged() {
+    // The terminator in a `writev` whose last byte lies past the buffers
+    // the probe walks (hyper coalescing three chunks and the end under
+    // load): no tail, the end is not in sight.
+    let chunk: &[&[u8]] = &[b"5\r\n", b"data:", b"\r\n"];
+    let done: &[&[u8]] = &[b"e\r\n", b"data: [DONE]\n\n", b"\r\n", b"0\r\n\r\n"];
+    let end = [chunk, chunk, done].concat();
+    assert!(end.len() > SEND_IOV_WALKED as usize);
+    let r = hyper_stream(&end, false);
+    assert_eq!(r.outcome, crate::requests::Outcome::Ok);
+    assert_eq!(r.ending.terminator, Terminator::Unknown);
 }
