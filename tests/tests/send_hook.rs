@@ -3,7 +3,8 @@
 //! `tcp:tcp_rcv_space_adjust`, and the syscall tracepoints with the socket
 //! lengths they replace), for every way a server writes: plain sends,
 //! `sendmsg` and `writev` with several iovecs (empty ones, a chunk split
-//! across iovecs), one multi-megabyte send that the kernel copies in many
+//! across iovecs, hyper's three buffers a chunk whose bytes are read across
+//! them), one multi-megabyte send that the kernel copies in many
 //! steps, and the same sent non-blocking (partial sends, retries after
 //! `EAGAIN`), whose bytes must be counted once. The server
 //! stamps its own sends on the tracer's clock (CLOCK_MONOTONIC). The socket
@@ -28,7 +29,9 @@ use ttft_trace_tests::{
 const SEND_HOOK_ENV: &str = "TTFT_TRACE_SEND_HOOK";
 /// ttft-trace's switch for the event hook (`probes::EVENT_HOOK_ENV`).
 const EVENT_HOOK_ENV: &str = "TTFT_TRACE_EVENT_HOOK";
-const SHAPES: u64 = 5;
+const SHAPES: u64 = 6;
+/// The shape written as hyper writes an OpenAI stream (`send_shapes.py`).
+const HYPER_SHAPE: usize = 4;
 /// The server's delay between headers and body in shapes 0-2.
 const BODY_DELAY_NS: u64 = 40_000_000;
 /// How far past the server's stamp after a send call the traced time of the
@@ -167,7 +170,14 @@ fn check(hook: &str, run: &Run) {
             "{what}: first token {first_token} not in the server's first body send {}",
             stamp["body"]
         );
-        if i < 3 {
+        if i == HYPER_SHAPE {
+            // Read across the buffers of each writev: the stream's
+            // protocol, its last finish reason and its `[DONE]`.
+            let end = &r["stalls"];
+            assert_eq!(end["finish_reason"], "length", "{what}");
+            assert!(end["truncated"].is_null(), "{what}");
+        }
+        if i < 3 || i == HYPER_SHAPE {
             assert!(
                 first_token - first_byte >= BODY_DELAY_NS,
                 "{what}: headers taken for the first token"

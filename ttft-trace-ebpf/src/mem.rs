@@ -17,6 +17,18 @@ pub(crate) fn kernel<T>(addr: u64) -> Option<T> {
     unsafe { bpf_probe_read_kernel(addr as *const T) }.ok()
 }
 
+/// `x`, read back from the stack: LLVM can neither fold it into the
+/// arithmetic around it nor drop a bounds check on it that it can prove
+/// from another copy. The verifier keeps a spilled scalar's bounds, but
+/// checks the register a helper is passed: a check LLVM moved onto another
+/// copy of the value (or a variable subtracted from a map pointer) is
+/// refused.
+#[inline(always)]
+pub(crate) fn opaque(x: u64) -> u64 {
+    // SAFETY: a read of a local.
+    unsafe { core::ptr::read_volatile(&x) }
+}
+
 /// The `i`th iovec of the send, less what was sent of the first before the
 /// send began.
 #[inline(always)]

@@ -10,7 +10,7 @@ use ttft_trace_common::{
 
 use crate::{
     maps::{EVENTS, SEND_GATHER, SEND_RECORDS, bump_stat, wakeup_flag},
-    mem::segment,
+    mem::{opaque, segment},
 };
 
 /// What a socket event shows of the bytes moved.
@@ -121,6 +121,8 @@ pub(crate) fn read_user_tail(dst: &mut [u8; TAIL_BYTES], src: u64, len: u64) -> 
     } else {
         (src, len)
     };
+    // Opaque: else LLVM drops the check, proven on another copy of `len`.
+    let n = opaque(n);
     if n == 0 || n > TAIL_BYTES as u64 {
         return 0;
     }
@@ -212,12 +214,8 @@ fn gather_tail(args: &SendArgs, span: u64, dst: &mut [u8; TAIL_BYTES]) -> u32 {
         }
         let n = len.min(TAIL_BYTES as u64 - have);
         if n > 0 {
-            let at = END - have - n;
-            // Read back from the stack, so that LLVM cannot fold the
-            // subtraction into the pointer: the verifier refuses a map
-            // pointer less a variable, and keeps a spilled scalar's bounds.
-            // SAFETY: a read of a local.
-            let at = unsafe { core::ptr::read_volatile(&at) };
+            // Opaque: else LLVM subtracts from the pointer.
+            let at = opaque(END - have - n);
             // SAFETY: have + n <= TAIL_BYTES, so TAIL_BYTES <= at < END
             // and at + n <= END, inside the scratch; the helper checks the
             // user address.
