@@ -9,16 +9,31 @@ stamps CLOCK_MONOTONIC at its first line and just before it hands the stack its 
   uvicorn apps:asgi / hypercorn apps:asgi     (ASGI, no framework)
   gunicorn apps:wsgi                          (WSGI, sync workers)
   python apps.py aiohttp PORT | tornado PORT
+
+With STACK_TLS_CERT and STACK_TLS_KEY set, aiohttp serves TLS with that certificate (CPython's
+ssl under asyncio: a memory BIO).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import ssl
 import sys
 
 import gpu
 
 PATHS = ("/v1/chat/completions", "/v1/completions", "/api/generate")
+
+
+def tls_context() -> ssl.SSLContext | None:
+    """The server's TLS context from STACK_TLS_CERT / STACK_TLS_KEY, or None without them."""
+    cert, key = os.environ.get("STACK_TLS_CERT"), os.environ.get("STACK_TLS_KEY")
+    if not cert or not key:
+        return None
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    return ctx
 
 
 async def asgi(scope, receive, send):
@@ -93,7 +108,8 @@ def serve_aiohttp(port: int) -> None:
     app = web.Application()
     for p in PATHS:
         app.router.add_post(p, handle)
-    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
+    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None,
+                ssl_context=tls_context())
 
 
 def serve_tornado(port: int) -> None:

@@ -4,8 +4,8 @@
 //! from inside `SSL_write`/`SSL_read` and bound to the connection by the
 //! send the call made (gunicorn's sync workers too, whose first `SSL_read`
 //! drives the handshake). Where the process sends the records itself
-//! (uvicorn: CPython's `ssl` under asyncio, a memory BIO), each record is
-//! bound to the send that carries it by its ciphertext. Either way every
+//! (uvicorn and aiohttp: CPython's `ssl` under asyncio, a memory BIO), each
+//! record is bound to the send that carries it by its ciphertext. Either way every
 //! request is `ok`, timed when its records crossed TCP, against the
 //! client's own TTFT within the plaintext matrix's tolerances, no handshake
 //! is read as a request, and no `SSL_write` is left unbound. Each
@@ -378,7 +378,7 @@ fn each_tls_handshake_is_timed_from_the_wire() -> Result<()> {
     judge_handshakes("nginx", group.pid(), port, Binding::SocketBio, true)?;
     drop(group);
     if let Err(why) = venv_ready() {
-        ttft_trace_tests::skip_or_fail("gunicorn and uvicorn with TLS", &why);
+        ttft_trace_tests::skip_or_fail("gunicorn, uvicorn and aiohttp with TLS", &why);
         return Ok(());
     }
     // gunicorn's sync workers with a certfile: CPython's ssl on blocking
@@ -391,16 +391,11 @@ fn each_tls_handshake_is_timed_from_the_wire() -> Result<()> {
         .args(["-m", "gunicorn", "--preload", "-w", "2", "-k", "sync"])
         .args(["-b", &format!("127.0.0.1:{port}")])
         .args(["--certfile", &cert, "--keyfile", &key])
-        .args(["--log-level", "warning", "apps:wsgi"])
-        .current_dir(stacks_dir())
-        .env("STACK_CUDART", &cudart);
-    let mut group = Group::spawn(gunicorn)?;
-    wait_listening(port, || group.0.try_wait())?;
+        .args(["--log-level", "warning", "apps:wsgi"]);
     // Each worker has its own session cache and ticket keys: a client
     // resumes only when it meets the same worker again, which the plan
     // cannot choose.
-    judge_handshakes("gunicorn", group.pid(), port, Binding::SocketBio, false)?;
-    drop(group);
+    python_server("gunicorn", gunicorn, port, Binding::SocketBio, false)?;
     // uvicorn: CPython's ssl under asyncio, a memory BIO (the event loop
     // sends the ciphertext after the SSL call, from libcrypto's BIO).
     let port = free_port()?;
@@ -408,10 +403,33 @@ fn each_tls_handshake_is_timed_from_the_wire() -> Result<()> {
     uvicorn
         .args(["-m", "uvicorn", "apps:asgi", "--port", &port.to_string()])
         .args(["--ssl-keyfile", &key, "--ssl-certfile", &cert])
-        .args(["--no-access-log", "--log-level", "warning"])
-        .current_dir(stacks_dir())
-        .env("STACK_CUDART", &cudart);
-    let mut group = Group::spawn(uvicorn)?;
+        .args(["--no-access-log", "--log-level", "warning"]);
+    python_server("uvicorn", uvicorn, port, Binding::MemoryBio, true)?;
+    // aiohttp with an SSL context: asyncio's SSL protocol, a memory BIO of
+    // its own framework's making.
+    let port = free_port()?;
+    let mut aiohttp = Command::new(venv_python());
+    aiohttp.args(["apps.py", "aiohttp", &port.to_string()]);
+    aiohttp
+        .env("STACK_TLS_CERT", &cert)
+        .env("STACK_TLS_KEY", &key);
+    python_server("aiohttp", aiohttp, port, Binding::MemoryBio, true)
+}
+
+/// Runs `server` (a Python stack of `tests/stacks/`, serving `port`) and
+/// judges its handshakes and requests (`resumes`: as [`judge_handshakes`]).
+fn python_server(
+    name: &str,
+    mut server: Command,
+    port: u16,
+    binding: Binding,
+    resumes: bool,
+) -> Result<()> {
+    server.current_dir(stacks_dir()).env(
+        "STACK_CUDART",
+        fixtures::existing_fixture(fixtures::STUB_CUDART)?,
+    );
+    let mut group = Group::spawn(server)?;
     wait_listening(port, || group.0.try_wait())?;
-    judge_handshakes("uvicorn", group.pid(), port, Binding::MemoryBio, true)
+    judge_handshakes(name, group.pid(), port, binding, resumes)
 }
