@@ -1303,6 +1303,11 @@ const ACK_AFTER_READ_TOLERANCE_MS: f64 = 5.0;
 /// The objective of [`estimate_under_loss_on_a_closing_stack`]: the
 /// tracer's default SLO.
 const OBJECTIVE_S: f64 = 0.350;
+/// Requests per hook in [`estimate_under_loss_on_a_closing_stack`]: 60
+/// until 2026-12-07 (58-59 of 60 retransmitted, each judged on its own);
+/// 30 take the test, which runs alone while a harness thread waits, 91 s
+/// (CI took ~57 min against the ~45 asked).
+const ESTIMATE_UNDER_LOSS_REQUESTS: usize = 30;
 
 /// The client TTFT estimate under loss on a stack that closes after every
 /// response (gunicorn's sync workers), against the client's own stamp of its
@@ -1328,7 +1333,7 @@ fn estimate_under_loss_on_a_closing_stack() -> Result<()> {
     for in_root_cgroup in [false, true] {
         let load = Load {
             clients: "httpx",
-            requests: 60,
+            requests: ESTIMATE_UNDER_LOSS_REQUESTS,
             loss: Some(35),
             loss_spares_handshake: true,
             tokens: TOKENS,
