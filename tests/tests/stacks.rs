@@ -170,7 +170,9 @@ fn server(
     match stack {
         "uvicorn-h11" | "uvicorn-httptools" => {
             let http = stack.trim_start_matches("uvicorn-");
+            // asyncio's loop by name: uvloop is installed (the TLS test's).
             c.args(["-m", "uvicorn", "apps:asgi", "--http", http, "--port", &p])
+                .args(["--loop", "asyncio"])
                 .args(["--no-access-log", "--log-level", "warning"]);
         }
         "hypercorn" => {

@@ -398,13 +398,18 @@ fn each_tls_handshake_is_timed_from_the_wire() -> Result<()> {
     python_server("gunicorn", gunicorn, port, Binding::SocketBio, false)?;
     // uvicorn: CPython's ssl under asyncio, a memory BIO (the event loop
     // sends the ciphertext after the SSL call, from libcrypto's BIO).
-    let port = free_port()?;
-    let mut uvicorn = Command::new(venv_python());
-    uvicorn
-        .args(["-m", "uvicorn", "apps:asgi", "--port", &port.to_string()])
-        .args(["--ssl-keyfile", &key, "--ssl-certfile", &cert])
-        .args(["--no-access-log", "--log-level", "warning"]);
-    python_server("uvicorn", uvicorn, port, Binding::MemoryBio, true)?;
+    // uvloop's port of it: vLLM's OpenAI server with `--ssl-keyfile` (its
+    // uvicorn picks uvloop where installed, as vLLM's requirements do).
+    for (name, event_loop) in [("uvicorn", "asyncio"), ("uvicorn-uvloop", "uvloop")] {
+        let port = free_port()?;
+        let mut uvicorn = Command::new(venv_python());
+        uvicorn
+            .args(["-m", "uvicorn", "apps:asgi", "--port", &port.to_string()])
+            .args(["--loop", event_loop])
+            .args(["--ssl-keyfile", &key, "--ssl-certfile", &cert])
+            .args(["--no-access-log", "--log-level", "warning"]);
+        python_server(name, uvicorn, port, Binding::MemoryBio, true)?;
+    }
     // aiohttp with an SSL context: asyncio's SSL protocol, a memory BIO of
     // its own framework's making.
     let port = free_port()?;

@@ -128,7 +128,8 @@ fn validators(log: &mut Log) -> Result<Outcome> {
 }
 
 /// The real HTTP stacks and clients of tests/tests/stacks.rs (uvicorn with h11
-/// and httptools, hypercorn, aiohttp, gunicorn, tornado; openai, httpx), pinned
+/// and httptools, hypercorn, aiohttp, gunicorn, tornado; openai, httpx) and
+/// tests/tests/tls.rs (uvloop under uvicorn), pinned
 /// in tests/stacks/requirements.txt, in a venv of the cache.
 fn http_stacks(log: &mut Log) -> Result<Outcome> {
     venv(log, "stacks-venv", "tests/stacks/requirements.txt")
