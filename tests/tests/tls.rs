@@ -20,7 +20,7 @@ use serde::Deserialize;
 use ttft_trace_tests::{
     demo::DemoServer,
     fixtures::{self, temp_path},
-    prometheus::free_port,
+    prometheus::{free_port, run_ok},
     stacks::{CLIENT_READ_P50_MS, CLIENT_READ_P99_MS},
     stacks::{Group, stacks_dir, venv_python, venv_ready, wait_listening},
     tracer::{Tracer, http_get, metric_total, root_test},
@@ -163,13 +163,15 @@ enum Binding {
 /// against the client's TTFT, and the binding's counters: no `SSL_write`
 /// unbound (a memory BIO's first connection, before its `libcrypto` is
 /// probed, is a warm-up), and a memory BIO's each held and sent. `resumes`:
-/// the server resumes the plan's sessions.
+/// the server resumes the plan's sessions; `ssl_file`: (part of) the name
+/// of the file its OpenSSL is found in.
 fn judge_handshakes(
     server: &str,
     pid: u32,
     port: u16,
     binding: Binding,
     resumes: bool,
+    ssl_file: &str,
 ) -> Result<()> {
     let listen: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
     let args = vec![
@@ -196,7 +198,7 @@ fn judge_handshakes(
     // The server's TLS library named in the attach log, read.
     ensure!(
         out.stderr.lines().any(|l| l.contains(": TLS via OpenSSL (")
-            && l.contains("libssl.so")
+            && l.contains(ssl_file)
             && l.contains("plaintext read")),
         "{server}: its OpenSSL not named: {}",
         out.stderr
@@ -357,7 +359,14 @@ fn each_tls_handshake_is_timed_from_the_wire() -> Result<()> {
     let (cert, key) = certificate()?;
     // CPython's ssl, a blocking socket per connection thread.
     let demo = DemoServer::start(&["--tls-cert", &cert, "--tls-key", &key])?;
-    let result = judge_handshakes("demo", demo.pid, demo.port, Binding::SocketBio, true);
+    let result = judge_handshakes(
+        "demo",
+        demo.pid,
+        demo.port,
+        Binding::SocketBio,
+        true,
+        LIBSSL,
+    );
     demo.stop()?;
     result?;
     // nginx: OpenSSL on non-blocking sockets (a socket BIO), a session
@@ -375,7 +384,27 @@ fn each_tls_handshake_is_timed_from_the_wire() -> Result<()> {
     let mut group = Group::spawn(nginx)?;
     wait_listening(port, || group.0.try_wait())?;
     wait_listening(upstream, || group.0.try_wait())?;
-    judge_handshakes("nginx", group.pid(), port, Binding::SocketBio, true)?;
+    judge_handshakes("nginx", group.pid(), port, Binding::SocketBio, true, LIBSSL)?;
+    drop(group);
+    // OpenSSL linked into the server's own executable with its symbols
+    // exported (as Node ships it): found in the binary, not in a libssl.so.
+    let bin = build_tls_static()?;
+    let port = free_port()?;
+    let mut server = Command::new(&bin);
+    server
+        .arg(port.to_string())
+        .args([&cert, &key])
+        .arg(&cudart);
+    let mut group = Group::spawn(server)?;
+    wait_listening(port, || group.0.try_wait())?;
+    judge_handshakes(
+        "static OpenSSL",
+        group.pid(),
+        port,
+        Binding::SocketBio,
+        true,
+        TLS_STATIC,
+    )?;
     drop(group);
     if let Err(why) = venv_ready() {
         ttft_trace_tests::skip_or_fail("gunicorn, uvicorn and aiohttp with TLS", &why);
@@ -436,5 +465,34 @@ fn python_server(
     );
     let mut group = Group::spawn(server)?;
     wait_listening(port, || group.0.try_wait())?;
-    judge_handshakes(name, group.pid(), port, binding, resumes)
+    judge_handshakes(name, group.pid(), port, binding, resumes, LIBSSL)
+}
+
+/// The system's OpenSSL, as the Python servers and nginx map it.
+const LIBSSL: &str = "libssl.so";
+/// The server of `tests/stacks/tls_static.c`, as built here.
+const TLS_STATIC: &str = "stack-tls-static";
+
+/// Builds `tests/stacks/tls_static.c` with OpenSSL's static libraries
+/// linked in whole and exported (`-rdynamic`).
+fn build_tls_static() -> Result<std::path::PathBuf> {
+    ensure!(
+        Path::new("/usr/include/openssl/ssl.h").is_file(),
+        "libssl-dev is not installed: run `cargo xtask setup`"
+    );
+    let bin = fixtures::fixture_dir().join(TLS_STATIC);
+    run_ok(
+        Command::new("cc")
+            .args(["-O2", "-Wall", "-Wextra", "-Werror", "-o"])
+            .arg(&bin)
+            .arg(stacks_dir().join("tls_static.c"))
+            .args(["-rdynamic", "-Wl,--whole-archive", "-l:libssl.a"])
+            .args([
+                "-Wl,--no-whole-archive",
+                "-l:libcrypto.a",
+                "-ldl",
+                "-lpthread",
+            ]),
+    )?;
+    Ok(bin)
 }

@@ -22,6 +22,12 @@ impl Family {
     pub fn name(&self) -> &'static str {
         self.name
     }
+
+    /// Whether `sym` is one of this family's probed functions (the same
+    /// entry of its table, not one of another family of the same name).
+    pub fn owns(&self, sym: &ProbedSymbol) -> bool {
+        self.symbols.iter().any(|s| std::ptr::eq(s, sym))
+    }
 }
 
 /// A family stands for its name in debug output (its table is long).

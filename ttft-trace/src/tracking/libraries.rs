@@ -214,8 +214,14 @@ impl Libraries {
         for lib in &scan.tls_probes {
             // `libcrypto`'s record writes wait for the process to show a
             // memory BIO (an `SSL_write` that neither sent nor held): a
-            // socket BIO's server never takes their trap.
+            // socket BIO's server never takes their trap. A file that is
+            // `libssl` too (OpenSSL linked into one binary) has that part
+            // probed now.
             if lib.is(&openssl::OPENSSL_BIO) && !probes.memory_bio_seen(pid) {
+                let libssl = lib.without(&openssl::OPENSSL_BIO);
+                if !libssl.apis.is_empty() {
+                    self.attach_tls(probes, &libssl, pid, changes);
+                }
                 continue;
             }
             self.attach_tls(probes, lib, pid, changes);

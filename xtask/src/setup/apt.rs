@@ -18,6 +18,7 @@ pub const PACKAGES: &[&str] = &[
     "prometheus",
     "nginx-light",
     "libmicrohttpd-dev",
+    "libssl-dev",
     "systemd",
     "bpftool",
     "bpftrace",
@@ -47,14 +48,20 @@ pub const PROMETHEUS: Step = Step {
 
 /// nginx (the reverse proxy) and libmicrohttpd (the C server library) of
 /// the real-stacks test (tests/tests/stacks.rs), which starts its own nginx
-/// on loopback and builds its libmicrohttpd server itself.
+/// on loopback and builds its libmicrohttpd server itself; OpenSSL's static
+/// libraries, linked into the TLS test's own server (tests/tests/tls.rs).
 pub const HTTP_STACK_PACKAGES: Step = Step {
-    what: "nginx-light and libmicrohttpd-dev (the real-stacks test)",
+    what: "nginx-light, libmicrohttpd-dev and libssl-dev (the real-stacks and TLS tests)",
     log: "nginx-microhttpd",
     run: |log| {
         let present = Path::new("/usr/sbin/nginx").is_file()
-            && Path::new("/usr/include/microhttpd.h").is_file();
-        install_unless(log, present, &["nginx-light", "libmicrohttpd-dev"])
+            && Path::new("/usr/include/microhttpd.h").is_file()
+            && Path::new("/usr/include/openssl/ssl.h").is_file();
+        install_unless(
+            log,
+            present,
+            &["nginx-light", "libmicrohttpd-dev", "libssl-dev"],
+        )
     },
 };
 

@@ -45,17 +45,27 @@ pub enum Reach {
 
 type Links = Vec<(&'static str, UProbeLinkId)>;
 
-/// One file's probes: what was attached, and the links to detach them by,
-/// per reach.
+/// One file's probes: what was attached, and per reach the families
+/// attached and the links to detach them by.
 pub(in crate::probes) struct Probed {
     report: Attached,
-    links: BTreeMap<Reach, Links>,
+    links: BTreeMap<Reach, ReachProbes>,
+}
+
+/// The probes of one file for one reach.
+#[derive(Default)]
+struct ReachProbes {
+    families: Vec<&'static Family>,
+    links: Links,
 }
 
 impl Probes {
-    /// Attaches the probes to one library for `reach`, once per file and
-    /// reach. Returns the report the first time the file is probed, None
-    /// after (another process, or the same again).
+    /// Attaches the probes to one library for `reach`, once per file,
+    /// family and reach: a file attached for some of its families (OpenSSL
+    /// linked into one binary, whose `libcrypto` table waits for a memory
+    /// BIO) gets the others' probes when they come. Returns the report when
+    /// families new to the file were probed, None after (another process,
+    /// or the same again).
     pub fn attach_library(
         &mut self,
         lib: &Library,
@@ -63,23 +73,34 @@ impl Probes {
     ) -> Result<Option<Attached>, ProbeError> {
         // The real file's identity: one set of probes per reach however
         // many mount namespaces or overlays show it.
-        if self
-            .attached
-            .get(&lib.id)
-            .is_some_and(|p| p.links.contains_key(&reach))
-        {
+        let (in_reach, in_file) = match self.attached.get(&lib.id) {
+            Some(p) => (
+                p.links.get(&reach).map(|r| r.families.clone()),
+                p.report.apis.clone(),
+            ),
+            None => (None, Vec::new()),
+        };
+        let has = |of: &[&'static Family], f: &Family| of.iter().any(|h| h.name == f.name);
+        let new: Vec<&'static Family> = lib
+            .apis
+            .iter()
+            .copied()
+            .filter(|f| !has(in_reach.as_deref().unwrap_or_default(), f))
+            .collect();
+        if new.is_empty() {
             return Ok(None);
         }
         let started = std::time::Instant::now();
         let mut report = Attached {
             path: lib.path.clone(),
-            apis: lib.apis.clone(),
+            apis: new.clone(),
             symbols: 0,
             failed: Vec::new(),
             attach_ms: 0.0,
         };
         let mut links = Vec::new();
-        for (sym, offset) in &lib.symbols {
+        let of_new = |sym: &ProbedSymbol| new.iter().any(|f| f.owns(sym));
+        for (sym, offset) in lib.symbols.iter().filter(|(sym, _)| of_new(sym)) {
             match self.attach_symbol(sym, *offset, lib, reach) {
                 Ok(mut attached) => {
                     report.symbols += 1;
@@ -95,20 +116,36 @@ impl Probes {
             }
         }
         report.attach_ms = started.elapsed().as_secs_f64() * 1e3;
-        if let Some(probed) = self.attached.get_mut(&lib.id) {
-            probed.links.insert(reach, links);
-            log::debug!(
-                "probes on {} for {reach:?} in {:.1} ms",
-                lib.path.display(),
-                report.attach_ms
-            );
+        let new_to_file = new.iter().any(|f| !has(&in_file, f));
+        let Some(probed) = self.attached.get_mut(&lib.id) else {
+            let probed = Probed {
+                report: report.clone(),
+                links: BTreeMap::from([(
+                    reach,
+                    ReachProbes {
+                        families: new,
+                        links,
+                    },
+                )]),
+            };
+            self.attached.insert(lib.id.clone(), probed);
+            return Ok(Some(report));
+        };
+        let r = probed.links.entry(reach).or_default();
+        r.families.extend(new.iter().copied());
+        r.links.append(&mut links);
+        log::debug!(
+            "probes on {} for {reach:?} in {:.1} ms",
+            lib.path.display(),
+            report.attach_ms
+        );
+        if !new_to_file {
             return Ok(None);
         }
-        let probed = Probed {
-            report: report.clone(),
-            links: BTreeMap::from([(reach, links)]),
-        };
-        self.attached.insert(lib.id.clone(), probed);
+        probed
+            .report
+            .apis
+            .extend(new.iter().copied().filter(|f| !has(&in_file, f)));
         Ok(Some(report))
     }
 
@@ -118,7 +155,7 @@ impl Probes {
     /// own, so the event loop does not wait.
     pub fn detach_library(&mut self, id: &FileId) -> Option<Attached> {
         let probed = self.attached.remove(id)?;
-        self.detach_links(probed.links.into_values().flatten().collect());
+        self.detach_links(probed.links.into_values().flat_map(|r| r.links).collect());
         Some(probed.report)
     }
 
@@ -128,9 +165,9 @@ impl Probes {
         let mut gone = Vec::new();
         let mut emptied = Vec::new();
         for (id, probed) in &mut self.attached {
-            probed.links.retain(|reach, links| match reach {
+            probed.links.retain(|reach, r| match reach {
                 Reach::Process(pid) if !keep(pid.get()) => {
-                    gone.append(links);
+                    gone.append(&mut r.links);
                     false
                 }
                 _ => true,
@@ -178,7 +215,7 @@ impl Probes {
             if file.is_some_and(|f| f != id) {
                 continue;
             }
-            if let Some(links) = probed.links.get_mut(&reach) {
+            if let Some(ReachProbes { links, .. }) = probed.links.get_mut(&reach) {
                 let (picked, rest): (Links, Links) = std::mem::take(links)
                     .into_iter()
                     .partition(|(program, _)| which(program));

@@ -162,6 +162,25 @@ impl Library {
     pub fn is(&self, family: &Family) -> bool {
         self.apis.contains(&family)
     }
+
+    /// The library less `family`'s functions (to probe the rest first).
+    pub fn without(&self, family: &Family) -> Library {
+        Library {
+            apis: self
+                .apis
+                .iter()
+                .copied()
+                .filter(|f| f.name != family.name)
+                .collect(),
+            symbols: self
+                .symbols
+                .iter()
+                .copied()
+                .filter(|(sym, _)| !family.owns(sym))
+                .collect(),
+            ..self.clone()
+        }
+    }
 }
 
 #[cfg(test)]
