@@ -511,8 +511,7 @@ fn traced_run(stack: &str, cudart: &Path, load: &Load) -> Result<Option<Run>> {
             .iter()
             .filter(move |l| l["type"] == "request" && l["server_port"].as_u64() == Some(p.into()))
     };
-    let traced: HashMap<(u64, u64), Value> =
-        on_port(port).map(|r| (request_key(r), r.clone())).collect();
+    let traced = by_port_order(on_port(port));
     // Behind the proxy, the demo's own requests come from nginx's pool of
     // upstream connections: each one traced, on fewer connections than
     // requests (kept alive).
@@ -537,18 +536,17 @@ fn traced_run(stack: &str, cudart: &Path, load: &Load) -> Result<Option<Run>> {
         }
         // The clients ask one at a time: the n-th request to arrive at the
         // proxy is the n-th to arrive at the demo.
-        let mut front: Vec<&Value> = on_port(port).collect();
+        let mut front: Vec<(&(u64, u64), &Value)> = traced.iter().collect();
         ensure!(
             front.len() == behind.len(),
             "{stack}: {} requests at the proxy, {} behind it",
             front.len(),
             behind.len()
         );
-        let arrival = |r: &&Value| r["t_arrive_ns"].as_u64().unwrap_or(0);
-        front.sort_by_key(arrival);
-        behind.sort_by_key(arrival);
-        for (f, b) in front.iter().zip(&behind) {
-            upstream_chunks.insert(request_key(f), b["chunks"].as_u64().unwrap_or(0));
+        front.sort_by_key(|(_, r)| arrival(r));
+        behind.sort_by_key(|r| arrival(r));
+        for ((key, _), b) in front.iter().zip(&behind) {
+            upstream_chunks.insert(**key, b["chunks"].as_u64().unwrap_or(0));
         }
         format!("upstream: {} requests on {conns} connections", behind.len())
     } else {
@@ -628,6 +626,33 @@ impl LossPulses {
             .join()
             .map_err(|_| anyhow::anyhow!("the loss pulses' thread panicked"))?
     }
+}
+
+fn arrival(r: &Value) -> u64 {
+    r["t_arrive_ns"].as_u64().unwrap_or(0)
+}
+
+/// The traced requests keyed as the client counts its own: by client port
+/// and order of arrival from 1. The tracer's `request_index` starts again
+/// with each connection, and the kernel may give a client port to a new
+/// connection at once where the server closed the last (no TIME_WAIT on
+/// the client's side): under loss on gunicorn's sync workers, a client's
+/// second request on a port was keyed as the first and missed ("not
+/// traced", the flake of 2026-12-05 and 2026-12-07).
+fn by_port_order<'a>(records: impl Iterator<Item = &'a Value>) -> HashMap<(u64, u64), Value> {
+    let mut by_port: HashMap<u64, Vec<&Value>> = HashMap::new();
+    for r in records {
+        let port = r["client_port"].as_u64().unwrap_or(0);
+        by_port.entry(port).or_default().push(r);
+    }
+    let mut keyed = HashMap::new();
+    for (port, mut rs) in by_port {
+        rs.sort_by_key(|r| arrival(r));
+        for (i, r) in rs.into_iter().enumerate() {
+            keyed.insert((port, i as u64 + 1), r.clone());
+        }
+    }
+    keyed
 }
 
 /// The last count of each request in a server's writes log (none when the
@@ -1004,8 +1029,10 @@ fn print_row(r: &Row) {
 
 /// [`estimate_under_loss_on_a_closing_stack`] runs alone, the other two
 /// side by side: beside them it twice lost a request's record under 35 %
-/// loss on 2 CPUs (2026-12-05, `req_on_conn: 2 ... not traced`); alone it
-/// passed. Why is not known yet (docs/limits.md).
+/// loss on 2 CPUs (2026-12-05, `req_on_conn: 2 ... not traced`). That was
+/// the test's own matching, a client port given again to a new connection
+/// (seen alone too, 2026-12-07; [`by_port_order`]); it still runs alone, its
+/// ACK timings then judged on a machine it does not share.
 static ALONE: RwLock<()> = RwLock::new(());
 
 #[test]
