@@ -272,6 +272,8 @@ fn sent<C: EbpfContext>(ctx: &C, program: &ProgramArray, sk: u64, ret: i32) {
         flags: 0,
         plain: 0,
         held: false,
+        // A partial send's last byte may lie in any entry.
+        span_is_all: false,
     };
     // TLS records are no HTTP/2 frames: a send that shows a TLS call's
     // plaintext ends here (each way on its own, so that the verifier does
@@ -451,6 +453,8 @@ pub fn tcp_sendmsg_locked(ctx: RawTracePointContext) -> i32 {
         flags: 0,
         plain: 0,
         held: false,
+        // `count` is every byte the iterator has left.
+        span_is_all: true,
     };
     let tid = bpf_get_current_pid_tgid() as u32;
     // As in `sent`: a TLS call's plaintext ends here.

@@ -5,7 +5,7 @@
 use aya_ebpf::helpers::{bpf_get_current_pid_tgid, generated};
 use ttft_trace_common::{
     EVENT_SOCK, SendArgs, SockEvent, Stat,
-    event::{HEAD_BYTES, SEND_IOV_WALKED, TAIL_BUFFERS, TAIL_BYTES},
+    event::{HEAD_BYTES, HEAD_IOV_WALKED, SEND_IOV_WALKED, TAIL_BUFFERS, TAIL_BYTES},
 };
 
 use crate::{
@@ -33,6 +33,11 @@ pub struct SendView {
     /// The head and tail are the held records' (`tls_records.rs`), gathered
     /// in `SEND_RECORDS`, in place of `args`'.
     pub held: bool,
+    /// `span` is every byte left in `args` (the TCP hook's iterator): the
+    /// last byte is in the last non-empty iovec entry, found from the end.
+    /// A constant at each hook, so that each program is verified with one
+    /// way of finding it only.
+    pub span_is_all: bool,
 }
 
 impl SendView {
@@ -46,6 +51,7 @@ impl SendView {
             flags,
             plain: 0,
             held: false,
+            span_is_all: false,
         }
     }
 }
@@ -85,7 +91,7 @@ pub(crate) fn emit_sock(dir: u32, sk: u64, ret: i32, t_ns: u64, view: SendView) 
                 (*ev).head_len = gather_head(&args, view.head, &mut (*ev).head);
             }
             if view.span > 0 {
-                (*ev).tail_len = gather_tail(&args, view.span, &mut (*ev).tail);
+                (*ev).tail_len = gather_tail(&args, view.span, view.span_is_all, &mut (*ev).tail);
             }
         }
     }
@@ -134,7 +140,7 @@ pub(crate) fn read_user_tail(dst: &mut [u8; TAIL_BYTES], src: u64, len: u64) -> 
 }
 
 /// Reads the send's first `want` bytes (at most [`HEAD_BYTES`]) across
-/// its first [`SEND_IOV_WALKED`] buffers into `dst`; returns the count
+/// its first [`HEAD_IOV_WALKED`] buffers into `dst`; returns the count
 /// read, contiguous from the first byte (a buffer that faults ends it).
 #[inline(always)]
 fn gather_head(args: &SendArgs, want: u64, dst: &mut [u8; HEAD_BYTES]) -> u32 {
@@ -146,7 +152,7 @@ fn gather_head(args: &SendArgs, want: u64, dst: &mut [u8; HEAD_BYTES]) -> u32 {
         return 0;
     };
     let mut filled = 0u64;
-    for i in 0..SEND_IOV_WALKED {
+    for i in 0..HEAD_IOV_WALKED {
         if filled >= want {
             break;
         }
@@ -182,23 +188,15 @@ fn gather_head(args: &SendArgs, want: u64, dst: &mut [u8; HEAD_BYTES]) -> u32 {
 /// returns the count read, contiguous to the last byte. Shorter than both
 /// `span` and [`TAIL_BYTES`], the bytes start at a buffer's start.
 #[inline(always)]
-fn gather_tail(args: &SendArgs, span: u64, dst: &mut [u8; TAIL_BYTES]) -> u32 {
+fn gather_tail(args: &SendArgs, span: u64, span_is_all: bool, dst: &mut [u8; TAIL_BYTES]) -> u32 {
     if args.buf != 0 {
         return read_user_tail(dst, args.buf, span);
     }
-    // The buffer that holds the last byte, and the part of it sent.
-    let mut done = 0u64;
-    let mut last = None;
-    for i in 0..SEND_IOV_WALKED {
-        let Some((base, len)) = segment(args, i) else {
-            break;
-        };
-        if done + len >= span {
-            last = Some((i, base, span - done));
-            break;
-        }
-        done += len;
-    }
+    let last = if span_is_all {
+        last_entry(args)
+    } else {
+        entry_of_byte(args, span)
+    };
     let Some((mut i, mut base, mut len)) = last else {
         return 0;
     };
@@ -241,6 +239,40 @@ fn gather_tail(args: &SendArgs, span: u64, dst: &mut [u8; TAIL_BYTES]) -> u32 {
         (base, len) = (b, l);
     }
     copy_gathered(dst, buf, END - have, have)
+}
+
+/// The last non-empty iovec entry of the send (its index, base and
+/// length), looked for back from the array's end past [`HEAD_IOV_WALKED`]
+/// entries at most.
+#[inline(always)]
+fn last_entry(args: &SendArgs) -> Option<(u64, u64, u64)> {
+    let mut i = args.iovlen;
+    for _ in 0..HEAD_IOV_WALKED {
+        if i == 0 {
+            return None;
+        }
+        i -= 1;
+        let (base, len) = segment(args, i)?;
+        if len > 0 {
+            return Some((i, base, len));
+        }
+    }
+    None
+}
+
+/// The iovec entry among the first [`SEND_IOV_WALKED`] that holds the
+/// send's byte `span` (its last), with the part of it sent.
+#[inline(always)]
+fn entry_of_byte(args: &SendArgs, span: u64) -> Option<(u64, u64, u64)> {
+    let mut done = 0u64;
+    for i in 0..SEND_IOV_WALKED {
+        let (base, len) = segment(args, i)?;
+        if done + len >= span {
+            return Some((i, base, span - done));
+        }
+        done += len;
+    }
+    None
 }
 
 /// Copies `len` gathered bytes from `from` in the scratch `buf` to `dst`.

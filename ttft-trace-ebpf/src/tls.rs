@@ -247,6 +247,7 @@ fn read_returned(call: &TlsCall, ret: i32) {
 #[inline(always)]
 pub fn send_view(tid: u32, sk: u64, bytes: u64, sends: u32, plain: SendView) -> Option<SendView> {
     let call = current(tid)?;
+    let span_is_all = plain.span_is_all;
     // SAFETY: a live map value of this thread.
     unsafe {
         bind(&*call, sk);
@@ -290,6 +291,8 @@ pub fn send_view(tid: u32, sk: u64, bytes: u64, sends: u32, plain: SendView) -> 
             flags: SOCK_TLS_PLAIN,
             plain: plain.min(u64::from(u32::MAX)) as u32,
             held: false,
+            // A plain buffer (the call's): the hook's own, for one way.
+            span_is_all,
         })
     }
 }

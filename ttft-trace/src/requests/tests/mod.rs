@@ -20,7 +20,7 @@ use ttft_trace_common::{
     CONN_CLOSE, CONN_OPEN, CONN_STATE, ConnEvent, EVENT_CONN, EVENT_EPISODE, EVENT_SEGMENT,
     EpisodeEvent, SEGMENT_ACK_EXACT, SEGMENT_ACKED, SEGMENT_DATA, SOCK_RECV, SOCK_SEND,
     SOCK_TLS_PLAIN, SegmentEvent, SockEvent,
-    event::{HEAD_BYTES, HEAD_SENDS, SEND_IOV_WALKED, TAIL_BUFFERS, TAIL_BYTES},
+    event::{HEAD_BYTES, HEAD_IOV_WALKED, HEAD_SENDS, SEND_IOV_WALKED, TAIL_BUFFERS, TAIL_BYTES},
 };
 
 use super::{Correlator, CorrelatorConfig, RequestRecord};
@@ -145,14 +145,15 @@ impl Wire {
     }
 
     /// A vectored send (`writev`) of `bufs`, captured as the probes would
-    /// (`sock_event.rs`): the head across the first [`SEND_IOV_WALKED`]
-    /// buffers, the tail across the last [`TAIL_BUFFERS`] (none where the
-    /// last byte lies past the first [`SEND_IOV_WALKED`]).
+    /// (`sock_event.rs`): the head across the first [`HEAD_IOV_WALKED`]
+    /// buffers, the tail across the last [`TAIL_BUFFERS`]; none where the
+    /// last byte lies past the first [`SEND_IOV_WALKED`], as the syscall
+    /// hook reads it (the TCP hook finds it from the end).
     pub fn send_vectored(&mut self, sk: u64, t: u64, bufs: &[&[u8]]) {
         let data = bufs.concat();
         let mut ev = self.send_event(sk, t, &data);
         let walked = bufs.len().min(SEND_IOV_WALKED as usize);
-        let head = bufs[..walked].concat();
+        let head = bufs[..bufs.len().min(HEAD_IOV_WALKED as usize)].concat();
         ev.head_len = (ev.head_len as usize).min(head.len()) as u32;
         let mut done = 0;
         let last = bufs[..walked].iter().position(|b| {
