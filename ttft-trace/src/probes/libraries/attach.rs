@@ -73,23 +73,20 @@ impl Probes {
     ) -> Result<Option<Attached>, ProbeError> {
         // The real file's identity: one set of probes per reach however
         // many mount namespaces or overlays show it.
-        let (in_reach, in_file) = match self.attached.get(&lib.id) {
-            Some(p) => (
-                p.links.get(&reach).map(|r| r.families.clone()),
-                p.report.apis.clone(),
-            ),
-            None => (None, Vec::new()),
+        // Checked on every rescan: no allocation until something is new.
+        let probed = self.attached.get(&lib.id);
+        let in_reach = |f: &&'static Family| {
+            probed
+                .and_then(|p| p.links.get(&reach))
+                .is_some_and(|r| r.families.contains(f))
         };
-        let has = |of: &[&'static Family], f: &Family| of.iter().any(|h| h.name == f.name);
-        let new: Vec<&'static Family> = lib
-            .apis
-            .iter()
-            .copied()
-            .filter(|f| !has(in_reach.as_deref().unwrap_or_default(), f))
-            .collect();
-        if new.is_empty() {
+        if lib.apis.iter().all(in_reach) {
             return Ok(None);
         }
+        let new: Vec<&'static Family> = lib.apis.iter().copied().filter(|f| !in_reach(f)).collect();
+        let in_file = |f: &&'static Family| probed.is_some_and(|p| p.report.apis.contains(f));
+        let new_to_file: Vec<&'static Family> =
+            new.iter().copied().filter(|f| !in_file(f)).collect();
         let started = std::time::Instant::now();
         let mut report = Attached {
             path: lib.path.clone(),
@@ -116,7 +113,6 @@ impl Probes {
             }
         }
         report.attach_ms = started.elapsed().as_secs_f64() * 1e3;
-        let new_to_file = new.iter().any(|f| !has(&in_file, f));
         let Some(probed) = self.attached.get_mut(&lib.id) else {
             let probed = Probed {
                 report: report.clone(),
@@ -139,13 +135,10 @@ impl Probes {
             lib.path.display(),
             report.attach_ms
         );
-        if !new_to_file {
+        if new_to_file.is_empty() {
             return Ok(None);
         }
-        probed
-            .report
-            .apis
-            .extend(new.iter().copied().filter(|f| !has(&in_file, f)));
+        probed.report.apis.extend(new_to_file);
         Ok(Some(report))
     }
 
