@@ -499,13 +499,7 @@ impl Connection {
             if first_flagged {
                 self.retract_client_hello();
             }
-            // The response starts that much later in sequence space.
-            let wire = u64::try_from(ev.bytes).unwrap_or(0);
-            self.acks.sent_before_response(wire);
-            self.read_ahead = self.read_ahead.map(|s| s.after(wire));
-            if let Some(seg) = self.current.as_mut().and_then(|r| r.segment.as_mut()) {
-                *seg = seg.after(wire);
-            }
+            self.sent_before_response(u64::try_from(ev.bytes).unwrap_or(0));
             return;
         }
         if self.streams.is_some() {
@@ -859,6 +853,24 @@ impl Connection {
             self.unreceived.pop_front();
         }
         None
+    }
+
+    /// The server sent `wire` bytes of TLS's own records: a response to a
+    /// segment that arrived before (held for its request, or not yet
+    /// received) starts that much later in sequence space. Every such
+    /// segment is moved, whichever of them turns out to be the request's:
+    /// under uvloop the tickets can go out between a request's segment and
+    /// the receive that takes it.
+    fn sent_before_response(&mut self, wire: u64) {
+        self.acks.sent_before_response(wire);
+        self.read_ahead = self.read_ahead.map(|s| s.after(wire));
+        self.last_data_segment = self.last_data_segment.map(|s| s.after(wire));
+        for (seg, _) in &mut self.unreceived {
+            *seg = seg.after(wire);
+        }
+        if let Some(seg) = self.current.as_mut().and_then(|r| r.segment.as_mut()) {
+            *seg = seg.after(wire);
+        }
     }
 
     /// The server's TLS calls showed themselves (a memory BIO's first

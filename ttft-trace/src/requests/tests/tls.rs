@@ -266,12 +266,31 @@ fn hello_answered(flight: &[u8]) -> Wire {
     w
 }
 
-/// The server's plaintext response from 30 ms (its first chunk at 40 ms,
-/// acknowledged at 41 ms), the connection closed: its one request.
+/// A memory BIO's connection (asyncio): the `ClientHello` received
+/// outside any call at 1 ms, the server's first flight matched to its
+/// handshake call's records (flagged TLS's own) at 2 ms.
+fn memory_bio_hello_answered() -> Wire {
+    use crate::requests::tls::tests::TLS13_FULL;
+    use ttft_trace_common::SOCK_TLS_CONTROL;
+    let mut w = Wire::new();
+    w.exact_acks = true;
+    w.open_at_handshake(SK, T0 - ms(1), 1000);
+    w.segment(SK, T0, 517);
+    w.recv(SK, T0 + ms(1), 517);
+    w.tls_flags = SOCK_TLS_CONTROL;
+    w.send(SK, T0 + ms(2), TLS13_FULL);
+    w.tls_flags = 0;
+    w
+}
+
+/// The server's plaintext response from 30 ms (the headers acknowledged at
+/// 31 ms, its first chunk sent at 40 ms and acknowledged at 41 ms), the
+/// connection closed: its one request.
 fn sse_answered(w: &mut Wire) -> Vec<crate::requests::RequestRecord> {
     use ttft_trace_common::SOCK_TLS_PLAIN;
     w.tls_flags = SOCK_TLS_PLAIN;
     w.send(SK, T0 + ms(30), HEADERS);
+    w.segment(SK, T0 + ms(31), 0);
     w.send(SK, T0 + ms(40), SSE_CHUNK);
     w.segment(SK, T0 + ms(41), 0);
     w.send(SK, T0 + ms(50), b"0\r\n\r\n");
@@ -343,17 +362,10 @@ fn a_request_received_with_the_clients_finished_is_a_request() {
 /// response in sequence space.
 #[test]
 fn a_memory_bios_hello_is_no_request() {
-    use crate::requests::tls::tests::{TLS13_FULL, TLS13_FULL_SECOND};
+    use crate::requests::tls::tests::TLS13_FULL_SECOND;
     use ttft_trace_common::{SOCK_TLS_BUFFERED, SOCK_TLS_CONTROL, SOCK_TLS_PLAIN};
     let us = |v: u64| v * 1000;
-    let mut w = Wire::new();
-    w.exact_acks = true;
-    w.open_at_handshake(SK, T0 - ms(1), 1000);
-    w.segment(SK, T0, 517);
-    w.recv(SK, T0 + ms(1), 517);
-    w.tls_flags = SOCK_TLS_CONTROL;
-    w.send(SK, T0 + ms(2), TLS13_FULL);
-    w.tls_flags = 0;
+    let mut w = memory_bio_hello_answered();
     w.segment(SK, T0 + ms(7), 80);
     w.segment(SK, T0 + ms(7) + us(100), 300);
     w.recv(SK, T0 + ms(7) + us(200), 80);
@@ -376,4 +388,32 @@ fn a_memory_bios_hello_is_no_request() {
     // (the request's segment came before that read: its time).
     let tls = r.tls.expect("handshake facts");
     assert_eq!(tls.handshake_ns, Some(ms(7) + us(100)), "{r:#?}");
+}
+
+/// uvloop's order (seen on 1 connection in 160, 2026-12-07): the client's
+/// `Finished` is received alone, its request's segment arrives, the
+/// tickets go out, and only then is the request's ciphertext received. The
+/// segment's `snd_nxt` predates the tickets: the response starts after
+/// them, and the client's ACK of the headers (and tickets) is not the
+/// first token's.
+#[test]
+fn tickets_sent_between_a_requests_segment_and_its_receive_come_first() {
+    use crate::requests::tls::tests::TLS13_FULL_SECOND;
+    use ttft_trace_common::{SOCK_TLS_BUFFERED, SOCK_TLS_CONTROL, SOCK_TLS_PLAIN};
+    let us = |v: u64| v * 1000;
+    let mut w = memory_bio_hello_answered();
+    w.segment(SK, T0 + ms(7), 80);
+    w.recv(SK, T0 + ms(7) + us(100), 80);
+    w.segment(SK, T0 + ms(7) + us(200), 300);
+    w.tls_flags = SOCK_TLS_CONTROL;
+    w.send(SK, T0 + ms(7) + us(800), TLS13_FULL_SECOND);
+    w.tls_flags = 0;
+    w.recv(SK, T0 + ms(8), 300);
+    w.tls_flags = SOCK_TLS_PLAIN | SOCK_TLS_BUFFERED;
+    w.recv(SK, T0 + ms(8) + us(100), 250);
+    let rs = sse_answered(&mut w);
+    let r = &rs[0];
+    assert_eq!(r.outcome, Outcome::Ok, "{r:#?}");
+    assert_eq!(r.t_request_segment_ns, Some(T0 + ms(7) + us(200)), "{r:#?}");
+    assert_eq!(r.t_first_token_acked_ns, Some(T0 + ms(41)), "{r:#?}");
 }
