@@ -85,6 +85,10 @@ def connection(port, ctx, session, delay_s):
             continue
         except ssl.SSLWantReadError:
             pass
+        # Acknowledge what comes at once: the tracer's client TTFT estimate
+        # reads this ACK, and a delayed one (Linux delays it when the client
+        # looks interactive) would be its error, not the tracer's.
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
         chunk = sock.recv(65536)
         t_received = time.monotonic_ns()
         if not chunk:

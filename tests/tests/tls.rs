@@ -130,9 +130,13 @@ const PLAN: &[&str] = &[
 
 /// The server's view of a handshake against the client's stamps: what
 /// lies between them is a loopback segment's way in each direction and a
-/// wakeup (µs), on a shared 2-CPU machine; the client's delays are 5 to
-/// 25 ms apart.
-const HANDSHAKE_TOLERANCE_MS: f64 = 2.0;
+/// wakeup (µs; P50 0.05 ms in the runs of 2026-12-07), on a shared 2-CPU
+/// machine where a wakeup once took 2.4 ms (the other test of this binary
+/// running). Each within 3 ms, and at P50 within 0.5 ms: the plan's
+/// delays are 5 to 25 ms apart, so a figure taken from the wrong flight
+/// or connection fails either way.
+const HANDSHAKE_TOLERANCE_MS: f64 = 3.0;
+const HANDSHAKE_P50_TOLERANCE_MS: f64 = 0.5;
 
 fn handshakes(port: u16, plan: &[&str]) -> Result<Vec<ClientHandshake>> {
     let out = Command::new("python3")
@@ -216,7 +220,7 @@ fn judge_handshakes(
         }
     }
     eprintln!("{server}: version resumed  client_ms  traced_ms  error_ms");
-    let mut worst: f64 = 0.0;
+    let mut errors = Vec::new();
     for c in &client {
         let Some(t) = traced.get(&c.client_port) else {
             bail!(
@@ -235,28 +239,21 @@ fn judge_handshakes(
             c.server_view_ns as f64 / 1e6,
             traced_ns as f64 / 1e6
         );
-        worst = worst.max(error_ms.abs());
+        errors.push(error_ms.abs());
     }
+    errors.sort_by(f64::total_cmp);
+    let (p50, worst) = (errors[errors.len() / 2], errors[errors.len() - 1]);
     ensure!(
-        worst <= HANDSHAKE_TOLERANCE_MS,
-        "{server}: a handshake off by {worst:.3} ms (tolerance {HANDSHAKE_TOLERANCE_MS} ms)"
+        worst <= HANDSHAKE_TOLERANCE_MS && p50 <= HANDSHAKE_P50_TOLERANCE_MS,
+        "{server}: handshakes off by P50 {p50:.3} ms, at most {worst:.3} ms (tolerances \
+         {HANDSHAKE_P50_TOLERANCE_MS}, {HANDSHAKE_TOLERANCE_MS} ms)"
     );
     ensure!(
         !resumes || client.iter().any(|c| c.resumed) && client.iter().any(|c| !c.resumed),
         "{server}: the plan's resumptions did not happen: {client:?}"
     );
     // The client's connections (not nginx's plaintext one to the demo).
-    let requests = out.requests();
-    // Under asyncio the server's TLS 1.3 tickets go out after the request
-    // is read, with the response's headers; the client then delays its ACK
-    // of the first chunk until the second arrives (measured 2026-12-07:
-    // +6 ms, one chunk's interval, on every TLS 1.3 connection), and the
-    // estimate, read from that ACK, is as late.
-    let estimate_tolerance_ms = match binding {
-        Binding::SocketBio => ESTIMATE_TOLERANCE_MS,
-        Binding::MemoryBio => CLIENT_READ_P99_MS,
-    };
-    judge_ttft(server, &client, &requests, estimate_tolerance_ms)?;
+    judge_ttft(server, &client, &out.requests())?;
     // The warm-up's response: its headers, a chunk per token and the end.
     let warm_up_writes = warm_up as u64 * 8;
     ensure!(
@@ -274,12 +271,14 @@ fn judge_handshakes(
     Ok(())
 }
 
-/// The client TTFT estimate against the client's own, at P50 (as in the
-/// plaintext matrix, `tests/stacks.rs`: its time to read on loopback); each
-/// within [`CLIENT_READ_P99_MS`]. Measured 2026-12-06: within 0.05 ms, but
-/// 4.5 to 4.8 ms long on some TLS 1.3 connections, where the client
-/// delayed its ACK of the first chunk until the next one came (seen in the
-/// segments, 2026-12-07): the estimate reads that ACK.
+/// The client TTFT estimate against the client's own, at P50; each within
+/// [`CLIENT_READ_P99_MS`] (as in the plaintext matrix, `tests/stacks.rs`:
+/// the client's time to read on loopback). The client acknowledges at once
+/// (`TCP_QUICKACK`): a delayed ACK, which the estimate reads, made it one
+/// or two chunks late (+6 or +13 ms) on TLS 1.3 connections whose tickets
+/// went out with the response. Measured 2026-12-07 with it, 160
+/// connections each on uvicorn's asyncio and uvloop: within 1 ms but 2,
+/// at most 1.6 ms early (the client's wakeup to read).
 const ESTIMATE_TOLERANCE_MS: f64 = 1.0;
 
 /// Each connection's one request against the client's own TTFT: the
@@ -290,7 +289,6 @@ fn judge_ttft(
     server: &str,
     client: &[ClientHandshake],
     requests: &[ttft_trace::jsonl_schema::Request],
-    estimate_tolerance_ms: f64,
 ) -> Result<()> {
     eprintln!("{server}: client_port  client_ttft_ms  traced_ttft_ms  error_ms  estimate_error_ms");
     let (mut errors, mut estimates) = (Vec::new(), Vec::new());
@@ -336,9 +334,9 @@ fn judge_ttft(
     let estimate_p50 = estimates[estimates.len() / 2];
     eprintln!("{server}: client estimate off by P50 {estimate_p50:.3} ms");
     ensure!(
-        estimate_p50 <= estimate_tolerance_ms,
+        estimate_p50 <= ESTIMATE_TOLERANCE_MS,
         "{server}: client estimate off by P50 {estimate_p50:.3} ms (tolerance \
-         {estimate_tolerance_ms} ms)"
+         {ESTIMATE_TOLERANCE_MS} ms)"
     );
     errors.sort_by(f64::total_cmp);
     let (p50, max) = (errors[errors.len() / 2], errors[errors.len() - 1]);
