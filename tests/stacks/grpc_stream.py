@@ -1,13 +1,17 @@
-"""A gRPC server-streaming service on grpcio (C core), and its client.
+"""A gRPC streaming service on grpcio (C core), and its client.
 
-`serve PORT`: method /ttft.Gen/Stream streams MSGS messages per call, each after one step of
-the emulated GPU (gpu.py: the stub CUDA runtime of $STACK_CUDART; prefill before the first,
-a decode step before each later one). Bytes in and out: no protobuf needed.
+`serve PORT`: method /ttft.Gen/Stream (server streaming) streams MSGS messages per call, each
+after one step of the emulated GPU (gpu.py: the stub CUDA runtime of $STACK_CUDART; prefill
+before the first, a decode step before each later one); /ttft.Gen/Chat (bidirectional) reads the
+prompt, its first message, then streams the same (the client's later messages are left unread).
+Bytes in and out: no protobuf needed.
 
 `client PORT OUT`: opens CALLS calls on one channel, started one after the other from one
 thread (so call k is HTTP/2 stream 2k+1), each read by a thread of its own, which stamps
-CLOCK_MONOTONIC when it has read the call's first message; call CANCEL is cancelled after its
-first message (the client sends RST_STREAM CANCEL). Writes one JSON line per call.
+CLOCK_MONOTONIC when it has read the call's first message. The odd calls are bidirectional:
+the client sends its prompt, a second message once it has read the first answer, then half
+closes (a client DATA frame in the middle of the response). The calls in CANCELLED are cancelled
+after their first message (the client sends RST_STREAM CANCEL). Writes one JSON line per call.
 """
 
 import json
@@ -20,8 +24,9 @@ import grpc
 
 MSGS = 6
 CALLS = 6
-CANCEL = 2
+CANCELLED = (2, 5)
 METHOD = "/ttft.Gen/Stream"
+BIDI_METHOD = "/ttft.Gen/Chat"
 
 
 def now() -> int:
@@ -38,8 +43,16 @@ def serve(port: int) -> None:
                 return
             yield b"token %d" % i
 
+    def chat(requests, context):
+        next(requests)
+        yield from stream(None, context)
+
     handler = grpc.method_handlers_generic_handler(
-        "ttft.Gen", {"Stream": grpc.unary_stream_rpc_method_handler(stream)}
+        "ttft.Gen",
+        {
+            "Stream": grpc.unary_stream_rpc_method_handler(stream),
+            "Chat": grpc.stream_stream_rpc_method_handler(chat),
+        },
     )
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2 * CALLS))
     server.add_generic_rpc_handlers((handler,))
@@ -52,7 +65,15 @@ def client(port: int, out: str) -> None:
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     grpc.channel_ready_future(channel).result(timeout=10)
     call = channel.unary_stream(METHOD)
-    rows = [dict(stream=2 * k + 1, cancelled=(k == CANCEL)) for k in range(CALLS)]
+    chat = channel.stream_stream(BIDI_METHOD)
+    rows = [dict(stream=2 * k + 1, cancelled=(k in CANCELLED), bidi=(k % 2 == 1))
+            for k in range(CALLS)]
+    first_read = [threading.Event() for _ in range(CALLS)]
+
+    def requests(k: int):
+        yield b"prompt"
+        first_read[k].wait(10)
+        yield b"more"
 
     def read(k: int, it) -> None:
         msgs = 0
@@ -60,8 +81,9 @@ def client(port: int, out: str) -> None:
             for _ in it:
                 if msgs == 0:
                     rows[k]["t_first"] = now()
+                    first_read[k].set()
                 msgs += 1
-                if k == CANCEL:
+                if rows[k]["cancelled"]:
                     it.cancel()
         except grpc.RpcError as e:
             rows[k]["code"] = e.code().name
@@ -70,7 +92,7 @@ def client(port: int, out: str) -> None:
     readers = []
     for k in range(CALLS):
         rows[k]["t_start"] = now()
-        it = call(b"prompt")
+        it = chat(requests(k)) if rows[k]["bidi"] else call(b"prompt")
         t = threading.Thread(target=read, args=(k, it))
         t.start()
         readers.append(t)

@@ -1,12 +1,15 @@
 //! The tonic stack of tests/tests/grpc.rs: the server-streaming method
-//! `/ttft.Gen/Stream` of tests/stacks/grpc_stream.py, on tonic (Rust,
-//! hyper's HTTP/2) instead of grpcio's C core. Bytes in and out, no
+//! `/ttft.Gen/Stream` and the bidirectional `/ttft.Gen/Chat` of
+//! tests/stacks/grpc_stream.py, on tonic (Rust, hyper's HTTP/2) instead of
+//! grpcio's C core. Bytes in and out, no
 //! protobuf (a pass-through codec, as the grpcio server's generic handler
 //! has): the same Python client calls either. Each call streams `MSGS`
 //! messages, each after a step of the stub CUDA runtime of tests/fixtures
 //! (dlopen): a 20 ms prefill before the first, a 5 ms decode step before
 //! each later one, one GPU for all calls (gpu.py's pacing). A cancelled
-//! call (its receiver dropped) stops at its next message.
+//! call (its receiver dropped) stops at its next message. A bidirectional
+//! call streams the same once it has read its first message (the prompt);
+//! the client's later messages are read and dropped.
 //!
 //!   stack-tonic PORT CUDART
 
@@ -27,7 +30,7 @@ use tonic::{
     body::Body,
     codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder},
     codegen::{Service, http},
-    server::{Grpc, NamedService, ServerStreamingService},
+    server::{Grpc, NamedService, ServerStreamingService, StreamingService},
 };
 use ttft_trace_tests::stub_gpu::StubGpu;
 
@@ -36,6 +39,7 @@ const MSGS: u32 = 6;
 const PREFILL_NS: u64 = 20_000_000;
 const DECODE_NS: u64 = 5_000_000;
 const METHOD: &str = "/ttft.Gen/Stream";
+const BIDI_METHOD: &str = "/ttft.Gen/Chat";
 
 /// Messages as they are on the wire: bytes.
 #[derive(Clone, Copy, Default)]
@@ -83,12 +87,9 @@ struct Generate {
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
-impl ServerStreamingService<Bytes> for Generate {
-    type Response = Bytes;
-    type ResponseStream = ReceiverStream<Result<Bytes, Status>>;
-    type Future = BoxFuture<Result<tonic::Response<Self::ResponseStream>, Status>>;
-
-    fn call(&mut self, _request: tonic::Request<Bytes>) -> Self::Future {
+impl Generate {
+    /// A call's answer: `MSGS` messages from a GPU thread of its own.
+    fn answer(&self) -> ReceiverStream<Result<Bytes, Status>> {
         let gpu = self.gpu.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(MSGS as usize);
         std::thread::spawn(move || {
@@ -106,11 +107,39 @@ impl ServerStreamingService<Bytes> for Generate {
                 }
             }
         });
-        Box::pin(async move { Ok(tonic::Response::new(ReceiverStream::new(rx))) })
+        ReceiverStream::new(rx)
     }
 }
 
-/// The service `ttft.Gen`: routes its one method, refuses the others.
+impl ServerStreamingService<Bytes> for Generate {
+    type Response = Bytes;
+    type ResponseStream = ReceiverStream<Result<Bytes, Status>>;
+    type Future = BoxFuture<Result<tonic::Response<Self::ResponseStream>, Status>>;
+
+    fn call(&mut self, _request: tonic::Request<Bytes>) -> Self::Future {
+        let answer = self.answer();
+        Box::pin(async move { Ok(tonic::Response::new(answer)) })
+    }
+}
+
+impl StreamingService<Bytes> for Generate {
+    type Response = Bytes;
+    type ResponseStream = ReceiverStream<Result<Bytes, Status>>;
+    type Future = BoxFuture<Result<tonic::Response<Self::ResponseStream>, Status>>;
+
+    fn call(&mut self, request: tonic::Request<tonic::Streaming<Bytes>>) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move {
+            let mut input = request.into_inner();
+            input.message().await?;
+            // The client's later messages, until it half closes.
+            tokio::spawn(async move { while let Ok(Some(_)) = input.message().await {} });
+            Ok(tonic::Response::new(this.answer()))
+        })
+    }
+}
+
+/// The service `ttft.Gen`: routes its two methods, refuses the others.
 #[derive(Clone)]
 struct Gen(Generate);
 
@@ -134,10 +163,11 @@ where
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
         let method = self.0.clone();
         Box::pin(async move {
-            if req.uri().path() != METHOD {
-                return Ok(Status::unimplemented(req.uri().path().to_string()).into_http());
+            match req.uri().path() {
+                METHOD => Ok(Grpc::new(RawCodec).server_streaming(method, req).await),
+                BIDI_METHOD => Ok(Grpc::new(RawCodec).streaming(method, req).await),
+                other => Ok(Status::unimplemented(other.to_string()).into_http()),
             }
-            Ok(Grpc::new(RawCodec).server_streaming(method, req).await)
         })
     }
 }

@@ -1,34 +1,34 @@
 //! Root-only: a gRPC server-streaming service on `grpcio` (C core, installed
-//! by `cargo xtask setup` into the gRPC venv), and the same method on
-//! `tonic` (tests/stacks/tonic.rs, bin stack-tonic), under `ttft-trace
-//! attach`, each message after a step of the stub CUDA runtime
+//! by `cargo xtask setup` into the gRPC venv), the same method on
+//! `tonic` (tests/stacks/tonic.rs, bin stack-tonic) and on `grpclib` (pure
+//! Python on the `h2` library), and OpenAI-style SSE over h2c from
+//! `hypercorn`, under `ttft-trace attach`, each message after a step of the stub CUDA runtime
 //! (tests/stacks/gpu.py; tests/src/stub_gpu.rs), in a cgroup of its own
 //! (the client's frames are read at its ingress).
 //! One client opens several concurrent calls on one channel
-//! (tests/stacks/grpc_stream.py) and stamps CLOCK_MONOTONIC when it reads
-//! each call's first message; one call is cancelled after its first
-//! message. Every call must be one record (its HTTP/2 stream), the traced
-//! first token within the HTTP/1.1 matrix's bounds of the client's read
-//! (tests/tests/stacks.rs: P50 3 ms, P99 10 ms), the cancelled call
-//! `reset` by the client with CANCEL, the others `ok` with every message
-//! a chunk and a GPU breakdown.
+//! (tests/stacks/grpc_stream.py), server streaming and bidirectional in
+//! turn (a bidirectional call sends a second message once it has read the
+//! first answer: a client DATA frame inside the response), and stamps
+//! CLOCK_MONOTONIC when it reads each call's first message; two calls (one
+//! of each kind) are cancelled after their first message. Every call must
+//! be one record (its HTTP/2 stream), the traced first token within the
+//! HTTP/1.1 matrix's bounds of the client's read (tests/tests/stacks.rs:
+//! P50 3 ms, P99 10 ms), the cancelled calls `reset` by the client with
+//! CANCEL, the others `ok` with every message a chunk and a GPU breakdown.
 
-use std::{
-    collections::HashMap,
-    path::PathBuf,
-    process::{Command, Stdio},
-    thread,
-    time::Duration,
-};
+use std::{collections::HashMap, path::PathBuf, process::Command, thread, time::Duration};
 
 use anyhow::{Context as _, Result, ensure};
 use serde::Deserialize;
 use serde_json::Value;
 use ttft_trace_tests::{
     container::PodCgroup,
-    fixtures::{self, ChildGuard, cache_dir},
+    fixtures::{self, cache_dir},
     prometheus::free_port,
-    stacks::{CLIENT_READ_P50_MS, CLIENT_READ_P99_MS, stacks_dir, wait_listening},
+    stacks::{
+        CLIENT_READ_P50_MS, CLIENT_READ_P99_MS, Group, stacks_dir, venv_python, venv_ready,
+        wait_listening,
+    },
     tracer::{ATTACHED, Tracer, root_test},
 };
 
@@ -42,6 +42,9 @@ const CANCEL: u64 = 8;
 struct Call {
     stream: u64,
     cancelled: bool,
+    /// grpc_stream.py: a bidirectional call.
+    #[serde(default)]
+    bidi: bool,
     t_start: u64,
     t_first: Option<u64>,
     msgs: u32,
@@ -72,6 +75,43 @@ fn tonic_streams_are_one_request_each() -> Result<()> {
     grpcio_client_on("tonic_streams_are_one_request_each", Server::Tonic, "tonic")
 }
 
+/// The same client and checks against grpclib (pure Python on the `h2`
+/// library: its own HPACK encoder, flow control and writes), a third gRPC
+/// implementation.
+#[test]
+fn grpclib_streams_are_one_request_each() -> Result<()> {
+    grpcio_client_on(
+        "grpclib_streams_are_one_request_each",
+        Server::Grpclib,
+        "grpclib",
+    )
+}
+
+/// OpenAI-style SSE over HTTP/2 in clear text: hypercorn (on the `h2`
+/// library) serving tests/stacks/apps.py, and a client on the `h2`
+/// library (tests/stacks/h2_sse_client.py) with six streams on one
+/// connection, the third reset by the client after its first event. Each
+/// token is a DATA frame of its own send; hypercorn writes `data: [DONE]`
+/// with the last token or after it, so a stream brings 5 or 6 DATA frames
+/// with payload, and the tracer's chunks must be the frames the client read.
+#[test]
+fn hypercorn_h2c_sse_streams_are_one_request_each() -> Result<()> {
+    let name = "hypercorn_h2c_sse_streams_are_one_request_each";
+    let Some((calls, records)) = traced_grpc_calls(name, Server::HypercornSse, |port, out| {
+        Command::new(venv_python())
+            .current_dir(stacks_dir())
+            .args(["h2_sse_client.py", &port.to_string()])
+            .arg(out)
+            .status()
+            .context("running the h2 SSE client")
+    })?
+    else {
+        return Ok(());
+    };
+    let records: Vec<&Value> = records.iter().collect();
+    check("hypercorn h2c SSE", &calls, &records, MSGS - 1..=MSGS)
+}
+
 /// The same client and checks against a server that cuts every frame
 /// header it sends between two sends (after 1 to 8 bytes, in turn), as
 /// grpc-go and Go's `net/http2` do where a frame straddles their write
@@ -100,7 +140,7 @@ fn grpcio_client_on(name: &str, server: Server, label: &str) -> Result<()> {
         return Ok(());
     };
     let records: Vec<&Value> = records.iter().collect();
-    check(label, &calls, &records)
+    check(label, &calls, &records, MSGS..=MSGS)
 }
 
 /// A raw h2c client (tests/stacks/h2_cut_client.py) that cuts every
@@ -128,7 +168,7 @@ fn grpc_frame_headers_cut_between_segments() -> Result<()> {
         return Ok(());
     };
     let records: Vec<&Value> = records.iter().collect();
-    check("h2c, headers cut", &calls, &records)?;
+    check("h2c, headers cut", &calls, &records, MSGS..=MSGS)?;
     for c in &calls {
         let t_cut = c.t_cut.context("no t_cut")?;
         let r = records
@@ -156,6 +196,10 @@ enum Server {
     /// tests/stacks/h2_cut_server.py: a raw h2c server that cuts every
     /// frame header it sends between two sends.
     CutHeaders,
+    /// tests/stacks/grpclib_stream.py (grpclib, on the `h2` library).
+    Grpclib,
+    /// Not gRPC: hypercorn serving tests/stacks/apps.py's SSE over h2c.
+    HypercornSse,
 }
 
 /// `server` in a cgroup of its own under the tracer, and
@@ -174,18 +218,38 @@ fn traced_grpc_calls(
         ttft_trace_tests::skip_or_fail(name, "no gRPC venv: run `cargo xtask setup`");
         return Ok(None);
     }
+    if let (Server::HypercornSse, Err(why)) = (server, venv_ready()) {
+        ttft_trace_tests::skip_or_fail(name, &why);
+        return Ok(None);
+    }
     let cudart = fixtures::existing_fixture(fixtures::STUB_CUDART)?;
     let port = free_port()?;
     let cgroup = PodCgroup::new()?;
     let mut cmd = match server {
-        Server::Grpcio | Server::CutHeaders => {
-            let script = match server {
-                Server::Grpcio => "grpc_stream.py serve",
-                _ => "h2_cut_server.py",
+        Server::Grpcio | Server::CutHeaders | Server::Grpclib | Server::HypercornSse => {
+            let bind = format!("127.0.0.1:{port}");
+            let (python, args) = match server {
+                Server::Grpcio => (grpc_python(), vec!["grpc_stream.py", "serve"]),
+                Server::CutHeaders => (grpc_python(), vec!["h2_cut_server.py"]),
+                Server::Grpclib => (grpc_python(), vec!["grpclib_stream.py"]),
+                _ => (
+                    venv_python(),
+                    vec![
+                        "-m",
+                        "hypercorn",
+                        "apps:asgi",
+                        "--log-level",
+                        "warning",
+                        "--bind",
+                    ],
+                ),
             };
-            let mut c = Command::new(grpc_python());
-            c.args(script.split(' '))
-                .arg(port.to_string())
+            let mut c = Command::new(python);
+            c.args(args)
+                .arg(match server {
+                    Server::HypercornSse => bind,
+                    _ => port.to_string(),
+                })
                 .env("STACK_CUDART", &cudart)
                 .env("PYTHONUNBUFFERED", "1")
                 .env("PYTHONDONTWRITEBYTECODE", "1");
@@ -197,21 +261,14 @@ fn traced_grpc_calls(
             c
         }
     };
-    cmd.current_dir(stacks_dir())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null());
+    cmd.current_dir(stacks_dir());
     cgroup.place(&mut cmd)?;
-    let mut server = ChildGuard::new(cmd.spawn().context("starting the gRPC server")?);
-    wait_listening(port, || {
-        server
-            .child_mut()
-            .map(|c| c.try_wait())
-            .transpose()
-            .map(Option::flatten)
-    })?;
+    // A group: hypercorn serves from a worker process of its own.
+    let mut server = Group::spawn(cmd)?;
+    wait_listening(port, || server.0.try_wait())?;
     let args: Vec<String> = vec![
         "--pid".into(),
-        server.id().to_string(),
+        server.pid().to_string(),
         "--interval".into(),
         "60".into(),
         "--no-nvml".into(),
@@ -245,8 +302,14 @@ fn traced_grpc_calls(
     Ok(Some((calls, records)))
 }
 
-/// Every call one record, matched by its stream id on the one connection.
-fn check(client: &str, calls: &[Call], records: &[&Value]) -> Result<()> {
+/// Every call one record, matched by its stream id on the one connection;
+/// an uncancelled call read `msgs` messages, each a chunk of its record.
+fn check(
+    client: &str,
+    calls: &[Call],
+    records: &[&Value],
+    msgs: std::ops::RangeInclusive<u32>,
+) -> Result<()> {
     ensure!(calls.len() == CALLS, "client wrote {} calls", calls.len());
     ensure!(
         records.len() == CALLS,
@@ -296,7 +359,9 @@ fn check(client: &str, calls: &[Call], records: &[&Value]) -> Result<()> {
             );
         } else {
             ensure!(
-                r["outcome"] == "ok" && c.msgs == MSGS && field("chunks")? == u64::from(MSGS),
+                r["outcome"] == "ok"
+                    && msgs.contains(&c.msgs)
+                    && field("chunks")? == u64::from(c.msgs),
                 "stream {}: {} messages read, record {r}",
                 c.stream,
                 c.msgs
@@ -311,8 +376,9 @@ fn check(client: &str, calls: &[Call], records: &[&Value]) -> Result<()> {
     reads_ms.sort_by(f64::total_cmp);
     let p50 = reads_ms[reads_ms.len() / 2];
     let max = reads_ms[reads_ms.len() - 1];
+    let bidi = calls.iter().filter(|c| c.bidi).count();
     println!(
-        "{client}: {CALLS} streams matched, client read after the traced first token: P50 {p50:.2} ms, max {max:.2} ms"
+        "{client}: {CALLS} streams matched ({bidi} bidirectional), client read after the traced first token: P50 {p50:.2} ms, max {max:.2} ms"
     );
     ensure!(
         p50 <= CLIENT_READ_P50_MS && max <= CLIENT_READ_P99_MS,
