@@ -51,6 +51,9 @@ def main(port: int, out: str) -> None:
     open_streams = set(rows)
     sock.settimeout(30)
     while open_streams:
+        # Acknowledge at once (the kernel clears it again): the test compares the tracer's
+        # client TTFT estimate, dated by this client's ACK, with the client's own.
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
         data = sock.recv(65536)
         if not data:
             raise EOFError(f"connection closed with streams {sorted(open_streams)} open")

@@ -25,8 +25,12 @@ def grpc_message(msg: bytes) -> bytes:
 
 
 def read_exact(sock: socket.socket, n: int) -> bytes:
+    """`n` bytes; every segment acknowledged at once (TCP_QUICKACK, which the kernel clears
+    again): the test compares the tracer's client TTFT estimate, dated by the client's ACK, with
+    the client's own, and a delayed ACK (up to 40 ms and more) would be read as a late client."""
     buf = b""
     while len(buf) < n:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
         got = sock.recv(n - len(buf))
         if not got:
             raise EOFError("connection closed")

@@ -607,6 +607,11 @@ impl Connection {
             .get_or_insert_with(|| StreamTable::new(self.itl_cap));
         let mut done = Vec::new();
         streams.on_frames(ev, &mut done);
+        // Awaited before the streams finish: their ACK may come first.
+        for ft in streams.take_first_tokens() {
+            let d = self.acks.first_token(ft.stream, ft.end_seq, ft.t_ns);
+            out.deliveries.insert((self.info.serial, ft.stream), d);
+        }
         self.finish_streams(done, Cause::Ended, out);
     }
 

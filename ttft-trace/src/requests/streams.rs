@@ -11,7 +11,13 @@
 //!   in one send reach the client together: one chunk);
 //! - end: END_STREAM from the server (DATA, or trailers HEADERS), a
 //!   RST_STREAM from either side, a GOAWAY whose last stream is below it,
-//!   or the connection's end (cut).
+//!   or the connection's end (cut);
+//! - the first token's delivery: where the send's TCP sequence number is
+//!   known (the TCP send hook; not the syscall hook), the first DATA
+//!   frame's end in sequence space ([`FirstToken`]), whose ACK the
+//!   connection then awaits as for HTTP/1.1 (the client TTFT estimate, the
+//!   network cause). The whole frame, not the send: a frame's payload is
+//!   delivered to the stream only once it is all there.
 //!
 //! The status is read where the response's header block starts with an
 //! HPACK static-table index (`0x88` is `:status: 200`); a literal status
@@ -43,6 +49,15 @@ const STATIC_STATUS: [(u8, u16); 7] = [
     (13, 404),
     (14, 500),
 ];
+
+/// A stream's first token, sent at `t_ns`, its DATA frame's last byte
+/// ending at sequence number `end_seq` (that byte + 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FirstToken {
+    pub stream: u32,
+    pub t_ns: u64,
+    pub end_seq: u32,
+}
 
 /// Who sent a RST_STREAM or GOAWAY.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,6 +116,9 @@ pub(crate) struct StreamTable {
     /// Server frames on streams whose HEADERS were never seen (opened
     /// before tracing, or their segments not walked).
     pub unseen_frames: u64,
+    /// First tokens sent with a known sequence number since the last
+    /// [`StreamTable::take_first_tokens`].
+    first_tokens: Vec<FirstToken>,
 }
 
 impl StreamTable {
@@ -129,6 +147,9 @@ impl StreamTable {
             Side::Server
         };
         let mut chunked: Vec<u32> = Vec::new();
+        // 0: the syscall hook, which does not know it (a real 0 is one
+        // sequence number in 2^32: that stream's delivery goes unknown).
+        let seq = (ev.seq != 0).then_some(ev.seq);
         for (i, f) in ev.frames().iter().enumerate() {
             // A first frame whose header an earlier call's end cut: its
             // first byte came then (a request's arrival, a response's
@@ -140,9 +161,21 @@ impl StreamTable {
             };
             match side {
                 Side::Client => self.client_frame(t_header, f, done),
-                Side::Server => self.server_frame(ev.t_ns, t_header, f, &mut chunked, done),
+                Side::Server => {
+                    let sent = Sent {
+                        t_ns: ev.t_ns,
+                        t_header,
+                        seq,
+                    };
+                    self.server_frame(&sent, f, &mut chunked, done);
+                }
             }
         }
+    }
+
+    /// The first tokens sent since the last call, in sending order.
+    pub fn take_first_tokens(&mut self) -> Vec<FirstToken> {
+        std::mem::take(&mut self.first_tokens)
     }
 
     fn client_frame(&mut self, t_ns: u64, f: &H2Frame, done: &mut Vec<(Stream, StreamEnd)>) {
@@ -176,12 +209,16 @@ impl StreamTable {
 
     fn server_frame(
         &mut self,
-        t_ns: u64,
-        t_header: u64,
+        sent: &Sent,
         f: &H2Frame,
         chunked: &mut Vec<u32>,
         done: &mut Vec<(Stream, StreamEnd)>,
     ) {
+        let Sent {
+            t_ns,
+            t_header,
+            seq,
+        } = *sent;
         if f.kind == H2_GOAWAY {
             return self.go_away(f, Side::Server, done);
         }
@@ -203,6 +240,21 @@ impl StreamTable {
                 s.bytes_out = s.bytes_out.saturating_add(u64::from(payload));
                 if payload > 0 && !chunked.contains(&f.stream) {
                     chunked.push(f.stream);
+                    if s.t_first_token.is_none()
+                        && let Some(seq) = seq
+                    {
+                        // Offsets wrap below the call's start for a header
+                        // an earlier call began: the arithmetic is modulo
+                        // 2^32, as sequence numbers are.
+                        let end_seq = seq
+                            .wrapping_add(f.offset)
+                            .wrapping_add(H2_FRAME_HEADER + f.len);
+                        self.first_tokens.push(FirstToken {
+                            stream: f.stream,
+                            t_ns,
+                            end_seq,
+                        });
+                    }
                     s.chunk(t_ns, self.itl_cap);
                 }
             }
@@ -282,6 +334,15 @@ impl Stream {
 }
 
 /// A RST_STREAM's end, with its error code (0 where not captured).
+/// A server call's frames: when it was sent, when its first frame's
+/// header began (an earlier call's, where that cut it), and the sequence
+/// number of its first byte walked where known.
+struct Sent {
+    t_ns: u64,
+    t_header: u64,
+    seq: Option<u32>,
+}
+
 fn reset(f: &H2Frame, by: Side) -> StreamEnd {
     StreamEnd::Reset {
         code: be32(f.head(), 0).unwrap_or(0),

@@ -44,6 +44,14 @@ pub(super) fn walked(dir: u32, t: u64, bytes: &[u8]) -> Box<H2FramesEvent> {
     walked_after(dir, t, bytes, &mut CutHeader::default())
 }
 
+/// [`walked`] for a send whose first byte is at sequence number `seq`, as
+/// the TCP send hook reports it.
+fn walked_at(t: u64, seq: u32, bytes: &[u8]) -> Box<H2FramesEvent> {
+    let mut ev = walked(H2_SEND, t, bytes);
+    ev.seq = seq;
+    ev
+}
+
 /// The event the kernel sends for one call that starts on a frame header
 /// or on the rest of the direction's cut one, `cut`, and ends on a
 /// frame's end or in a header (then kept in `cut`).
@@ -66,18 +74,32 @@ fn walked_after(dir: u32, t: u64, bytes: &[u8], cut: &mut CutHeader) -> Box<H2Fr
     ev
 }
 
-#[test]
-fn each_stream_is_a_request_and_a_cancelled_one_is_reset() {
-    let mut w = Wire::new();
-    w.open(SK, 0);
-    // Two requests in one segment (HEADERS with `:method: POST`, then the
-    // request message with END_STREAM), read at T0 + 1 ms.
+/// Two requests in one segment at T0 (HEADERS with `:method: POST`, then
+/// the request message with END_STREAM) on streams 1 and 3, read at
+/// T0 + 1 ms.
+fn two_requests(w: &mut Wire) {
     let mut req = frame(1, 4, 1, &[0x83, 0x86]);
     req.extend(frame(0, 1, 1, &[0, 0, 0, 0, 1, 7]));
     req.extend(frame(1, 4, 3, &[0x83, 0x86]));
     req.extend(frame(0, 1, 3, &[0, 0, 0, 0, 1, 7]));
     w.c.on_h2(walked(H2_RECV, T0, &req));
     w.recv(SK, T0 + ms(1), req.len() as i64);
+}
+
+/// The connection closed at T0 + 100 ms: the records of streams 1 and 3.
+fn streams_one_and_three(w: &mut Wire) -> Vec<RequestRecord> {
+    w.close(SK, T0 + ms(100));
+    let mut rs = w.drain(ms(10_000));
+    rs.sort_by_key(|r| r.request_index);
+    assert_eq!(rs.len(), 2, "{rs:#?}");
+    rs
+}
+
+#[test]
+fn each_stream_is_a_request_and_a_cancelled_one_is_reset() {
+    let mut w = Wire::new();
+    w.open(SK, 0);
+    two_requests(&mut w);
     // Response headers of both in one send, then messages interleaved.
     let mut heads = frame(1, 4, 1, &[0x88]);
     heads.extend(frame(1, 4, 3, &[0x88]));
@@ -99,10 +121,7 @@ fn each_stream_is_a_request_and_a_cancelled_one_is_reset() {
     let trailers = frame(1, 5, 1, &[0x40, 0x0b]);
     w.send(SK, T0 + ms(50), &trailers);
     w.c.on_h2(walked(H2_SEND, T0 + ms(50), &trailers));
-    w.close(SK, T0 + ms(100));
-    let mut rs = w.drain(ms(10_000));
-    rs.sort_by_key(|r| r.request_index);
-    assert_eq!(rs.len(), 2, "{rs:#?}");
+    let rs = streams_one_and_three(&mut w);
     let (one, three) = (&rs[0], &rs[1]);
     assert_eq!((one.http2_stream_id, one.outcome), (Some(1), Outcome::Ok));
     assert_eq!(one.framing, Some(Framing::Http2));
@@ -182,4 +201,75 @@ fn frame_headers_cut_between_calls_keep_their_first_byte_time() {
     assert_eq!(r.t_first_byte_ns, Some(T0 + ms(10)));
     assert_eq!(r.t_first_token_ns, Some(T0 + ms(20)));
     assert_eq!((r.http_status, r.chunks), (Some(200), 1));
+}
+
+/// Each stream's first token is acknowledged when the client's ACK reaches
+/// past its first DATA frame's last byte (the frame, not the send that
+/// carries it): the client TTFT estimate from the stream's request segment,
+/// as on HTTP/1.1. A send whose sequence number is unknown (the syscall
+/// hook) leaves the delivery unknown.
+#[test]
+fn a_streams_first_token_is_acknowledged_past_its_first_data_frame() {
+    const ISN: u32 = u32::MAX - 40; // the response's sequence numbers wrap
+    let mut w = Wire::new();
+    w.exact_acks = true;
+    w.open(SK, 0);
+    w.seq_from(SK, ISN);
+    two_requests(&mut w);
+    let send = |w: &mut Wire, dt: u64, bytes: &[u8]| {
+        let seq = w.seq[&SK].snd_nxt;
+        w.send(SK, T0 + dt, bytes);
+        w.c.on_h2(walked_at(T0 + dt, seq, bytes));
+    };
+    let mut heads = frame(1, 4, 1, &[0x88]);
+    heads.extend(frame(1, 4, 3, &[0x88]));
+    send(&mut w, ms(5), &heads);
+    // Stream 3's first message, acknowledged 2 ms later.
+    send(&mut w, ms(20), &frame(0, 0, 3, &[0, 0, 0, 0, 2, 1, 2]));
+    w.segment(SK, T0 + ms(22), 0);
+    // Stream 1's first message behind a WINDOW_UPDATE in one send; an ACK
+    // of part of its frame (the client's window, a segment boundary) is not
+    // its delivery, the next one is.
+    let mut one = frame(8, 0, 0, &[0, 0, 1, 0]);
+    let data_at = one.len() as u32;
+    one.extend(frame(0, 0, 1, &[0, 0, 0, 0, 2, 1, 2]));
+    let base = w.seq[&SK].snd_nxt;
+    send(&mut w, ms(30), &one);
+    w.segment_acking(SK, T0 + ms(31), 0, base.wrapping_add(data_at + 9 + 3));
+    w.segment(SK, T0 + ms(33), 0);
+    // Stream 1's end; stream 3's end with a send whose sequence number is
+    // unknown changes nothing of its delivery, already known.
+    let trailers = frame(1, 5, 1, &[0x40, 0x0b]);
+    send(&mut w, ms(40), &trailers);
+    let end3 = frame(0, 1, 3, &[0, 0, 0, 0, 2, 3, 4]);
+    w.send(SK, T0 + ms(41), &end3);
+    w.c.on_h2(walked(H2_SEND, T0 + ms(41), &end3));
+    let rs = streams_one_and_three(&mut w);
+    let (one, three) = (&rs[0], &rs[1]);
+    assert_eq!(one.t_first_token_ns, Some(T0 + ms(30)));
+    assert_eq!(one.t_first_token_acked_ns, Some(T0 + ms(33)));
+    assert_eq!(one.client_ttft_estimate_ns, Some(ms(33)));
+    assert_eq!(three.t_first_token_acked_ns, Some(T0 + ms(22)));
+    assert_eq!(three.client_ttft_estimate_ns, Some(ms(22)));
+
+    // The same first message from the syscall hook: no sequence number.
+    let mut w = Wire::new();
+    w.exact_acks = true;
+    w.open(SK, 0);
+    w.seq_from(SK, ISN);
+    let req = frame(1, 5, 1, &[0x83, 0x86]);
+    w.c.on_h2(walked(H2_RECV, T0, &req));
+    w.recv(SK, T0 + ms(1), req.len() as i64);
+    let mut resp = frame(1, 4, 1, &[0x88]);
+    resp.extend(frame(0, 1, 1, &[0, 0, 0, 0, 2, 1, 2]));
+    w.send(SK, T0 + ms(20), &resp);
+    w.c.on_h2(walked(H2_SEND, T0 + ms(20), &resp));
+    w.segment(SK, T0 + ms(22), 0);
+    w.close(SK, T0 + ms(100));
+    let r = w.one(ms(10_000));
+    assert_eq!(r.t_first_token_ns, Some(T0 + ms(20)));
+    assert_eq!(
+        (r.t_first_token_acked_ns, r.client_ttft_estimate_ns),
+        (None, None)
+    );
 }
