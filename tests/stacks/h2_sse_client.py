@@ -8,6 +8,9 @@ payload), started one after the other (stream k is 2k+1). Stamps CLOCK_MONOTONIC
 request's HEADERS are sent and when the stream's first DATA payload has been read; stream
 CANCEL is reset (RST_STREAM CANCEL) once its first payload is read. Writes one JSON line per
 stream, as grpc_stream.py's client does.
+
+`PORT OUT N`: N streams on one connection one after the other, each opened once the one before
+ended, none reset (the loss test: each stream's own first token against the client's).
 """
 
 import json
@@ -29,27 +32,21 @@ def now() -> int:
     return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
 
 
-def main(port: int, out: str) -> None:
-    sock = socket.create_connection(("127.0.0.1", port))
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    conn = H2Connection(H2Configuration(client_side=True))
-    conn.initiate_connection()
-    sock.sendall(conn.data_to_send())
-    body = json.dumps({"model": "stack", "stream": True, "max_tokens": MSGS - 1,
-                       "messages": [{"role": "user", "content": "hi"}]}).encode()
-    rows = {}
-    for k in range(CALLS):
-        sid = conn.get_next_available_stream_id()
-        rows[sid] = dict(stream=sid, cancelled=(k == CANCEL), msgs=0, t_start=now())
-        conn.send_headers(sid, [(":method", "POST"), (":scheme", "http"),
-                                (":authority", f"127.0.0.1:{port}"),
-                                (":path", "/v1/chat/completions"),
-                                ("content-type", "application/json"),
-                                ("content-length", str(len(body)))])
-        conn.send_data(sid, body, end_stream=True)
-        sock.sendall(conn.data_to_send())
-    open_streams = set(rows)
-    sock.settimeout(30)
+def request(conn: H2Connection, port: int, body: bytes, rows: dict, cancelled: bool) -> int:
+    """Opens a stream with a request; its row stamped before its HEADERS are sent."""
+    sid = conn.get_next_available_stream_id()
+    rows[sid] = dict(stream=sid, cancelled=cancelled, msgs=0, t_start=now())
+    conn.send_headers(sid, [(":method", "POST"), (":scheme", "http"),
+                            (":authority", f"127.0.0.1:{port}"),
+                            (":path", "/v1/chat/completions"),
+                            ("content-type", "application/json"),
+                            ("content-length", str(len(body)))])
+    conn.send_data(sid, body, end_stream=True)
+    return sid
+
+
+def read_until_ended(sock: socket.socket, conn: H2Connection, rows: dict, open_streams: set) -> None:
+    """Reads until every stream of `open_streams` ended (or was reset by this client)."""
     while open_streams:
         # Acknowledge at once (the kernel clears it again): the test compares the tracer's
         # client TTFT estimate, dated by this client's ACK, with the client's own.
@@ -73,6 +70,28 @@ def main(port: int, out: str) -> None:
         pending = conn.data_to_send()
         if pending:
             sock.sendall(pending)
+
+
+def main(port: int, out: str, sequential: int) -> None:
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.settimeout(30)
+    conn = H2Connection(H2Configuration(client_side=True))
+    conn.initiate_connection()
+    sock.sendall(conn.data_to_send())
+    body = json.dumps({"model": "stack", "stream": True, "max_tokens": MSGS - 1,
+                       "messages": [{"role": "user", "content": "hi"}]}).encode()
+    rows: dict = {}
+    if sequential:
+        for _ in range(sequential):
+            sid = request(conn, port, body, rows, False)
+            sock.sendall(conn.data_to_send())
+            read_until_ended(sock, conn, rows, {sid})
+    else:
+        for k in range(CALLS):
+            request(conn, port, body, rows, k == CANCEL)
+            sock.sendall(conn.data_to_send())
+        read_until_ended(sock, conn, rows, set(rows))
     conn.close_connection()
     sock.sendall(conn.data_to_send())
     sock.close()
@@ -82,4 +101,4 @@ def main(port: int, out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), sys.argv[2])
+    main(int(sys.argv[1]), sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 0)

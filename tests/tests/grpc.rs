@@ -23,6 +23,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use ttft_trace_tests::{
     container::PodCgroup,
+    faults::PacketLoss,
     fixtures::{self, cache_dir},
     prometheus::free_port,
     stacks::{
@@ -48,6 +49,12 @@ const MSGS: u32 = 6;
 const ESTIMATE_TOLERANCE_MS: f64 = 1.0;
 const ESTIMATE_EARLY_MS: f64 = 1.5;
 const ESTIMATE_LATE_MS: f64 = 200.0;
+
+/// Streams of the loss test, one after the other on one connection: with
+/// 20 % of the server's packets lost, a stream's first token is lost
+/// about one time in five.
+const LOSS_STREAMS: usize = 60;
+const LOSS_PERCENT: u32 = 35;
 
 /// HTTP/2's CANCEL error code, which a gRPC client's cancel sends.
 const CANCEL: u64 = 8;
@@ -111,19 +118,110 @@ fn grpclib_streams_are_one_request_each() -> Result<()> {
 #[test]
 fn hypercorn_h2c_sse_streams_are_one_request_each() -> Result<()> {
     let name = "hypercorn_h2c_sse_streams_are_one_request_each";
-    let Some((calls, records)) = traced_grpc_calls(name, Server::HypercornSse, |port, out| {
-        Command::new(venv_python())
-            .current_dir(stacks_dir())
-            .args(["h2_sse_client.py", &port.to_string()])
-            .arg(out)
-            .status()
-            .context("running the h2 SSE client")
-    })?
+    let Some((calls, records)) =
+        traced_grpc_calls(name, Server::HypercornSse, &[], |port, out| {
+            Command::new(venv_python())
+                .current_dir(stacks_dir())
+                .args(["h2_sse_client.py", &port.to_string()])
+                .arg(out)
+                .status()
+                .context("running the h2 SSE client")
+        })?
     else {
         return Ok(());
     };
     let records: Vec<&Value> = records.iter().collect();
     check("hypercorn h2c SSE", &calls, &records, MSGS - 1..=MSGS)
+}
+
+/// Loss on HTTP/2 named `network`, as on HTTP/1.1 (tests/tests/stacks.rs
+/// `network_loss_on_real_stacks`): hypercorn's SSE over h2c, 20 % of the
+/// server's packets dropped after the handshake (nftables), the h2 client
+/// opening [`LOSS_STREAMS`] streams on one connection one after the other.
+/// A stream is slow when the client read its first token over 100 ms after
+/// its request (clean ones take ~25 ms; a lost first token waits for a
+/// retransmit): every slow stream must be named `network` (the SLO set to
+/// 100 ms), and no clean one blamed for anything.
+#[test]
+fn h2c_stream_loss_is_named_network() -> Result<()> {
+    let name = "h2c_stream_loss_is_named_network";
+    let streams = LOSS_STREAMS.to_string();
+    let Some((calls, records)) = traced_grpc_calls(
+        name,
+        Server::HypercornSse,
+        &["--slo-ms", "100"],
+        |port, out| {
+            let loss = PacketLoss::from_server_after_handshake(port, LOSS_PERCENT)?;
+            let status = Command::new(venv_python())
+                .current_dir(stacks_dir())
+                .args(["h2_sse_client.py", &port.to_string()])
+                .arg(out)
+                .arg(&streams)
+                .status()
+                .context("running the h2 SSE client");
+            eprintln!("{name}: {} server packets dropped", loss.dropped()?);
+            loss.stop()?;
+            status
+        },
+    )?
+    else {
+        return Ok(());
+    };
+    ensure!(
+        calls.len() == LOSS_STREAMS && records.len() == LOSS_STREAMS,
+        "{} streams read, {} records, of {LOSS_STREAMS}",
+        calls.len(),
+        records.len()
+    );
+    let (mut slow, mut recalled, mut blamed) = (0, 0, 0);
+    for c in &calls {
+        let r = records
+            .iter()
+            .find(|r| r["http2_stream_id"].as_u64() == Some(c.stream))
+            .with_context(|| format!("no record of stream {}", c.stream))?;
+        let classes: Vec<&str> = r["causes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|k| k["class"].as_str())
+            .collect();
+        let t_first = c.t_first.context("a stream read nothing")?;
+        let client_ms = (t_first - c.t_start) as f64 / 1e6;
+        if client_ms > 100.0 {
+            slow += 1;
+            recalled += usize::from(classes.contains(&"network"));
+            // The estimate against the client's TTFT from the segment, as
+            // the HTTP/1.1 matrix holds it (tests/tests/stacks.rs: 5 ms).
+            let from_segment = r["t_request_segment_ns"]
+                .as_u64()
+                .map(|s| t_first.saturating_sub(s) as f64 / 1e6);
+            let estimate = r["client_ttft_estimate_ns"]
+                .as_u64()
+                .map(|e| e as f64 / 1e6);
+            eprintln!(
+                "slow stream {}: client TTFT {client_ms:.1} ms ({from_segment:.1?} from the segment), estimate {estimate:.1?} ms, causes {classes:?}, retransmits {}",
+                c.stream, r["tcp_retransmits"]
+            );
+            ensure!(
+                from_segment
+                    .zip(estimate)
+                    .is_some_and(|(c, e)| (c - e).abs() <= 5.0),
+                "stream {}: estimate off the client's TTFT: {r}",
+                c.stream
+            );
+        } else if !classes.is_empty() {
+            blamed += 1;
+            eprintln!("clean stream blamed, client TTFT {client_ms:.1} ms: {r}");
+        }
+    }
+    println!(
+        "h2c under {LOSS_PERCENT} % loss: {slow} of {LOSS_STREAMS} streams slow, {recalled} named network, {blamed} clean blamed"
+    );
+    ensure!(
+        slow > 0 && recalled == slow && blamed == 0,
+        "{recalled} of {slow} slow streams named network, {blamed} clean ones blamed"
+    );
+    Ok(())
 }
 
 /// The same client and checks against a server that cuts every frame
@@ -142,7 +240,7 @@ fn grpc_server_frame_headers_cut_between_sends() -> Result<()> {
 
 /// grpc_stream.py's client (grpcio) against `server`, checked.
 fn grpcio_client_on(name: &str, server: Server, label: &str) -> Result<()> {
-    let Some((calls, records)) = traced_grpc_calls(name, server, |port, out| {
+    let Some((calls, records)) = traced_grpc_calls(name, server, &[], |port, out| {
         Command::new(grpc_python())
             .current_dir(stacks_dir())
             .args(["grpc_stream.py", "client", &port.to_string()])
@@ -169,6 +267,7 @@ fn grpc_frame_headers_cut_between_segments() -> Result<()> {
     let Some((calls, records)) = traced_grpc_calls(
         "grpc_frame_headers_cut_between_segments",
         Server::Grpcio,
+        &[],
         |port, out| {
             Command::new(grpc_python())
                 .current_dir(stacks_dir())
@@ -223,6 +322,7 @@ enum Server {
 fn traced_grpc_calls(
     name: &str,
     server: Server,
+    tracer_args: &[&str],
     client: impl FnOnce(u16, &std::path::Path) -> Result<std::process::ExitStatus>,
 ) -> Result<Option<(Vec<Call>, Vec<Value>)>> {
     let Some(_guard) = root_test(name) else {
@@ -287,6 +387,10 @@ fn traced_grpc_calls(
         "60".into(),
         "--no-nvml".into(),
     ];
+    let args: Vec<String> = args
+        .into_iter()
+        .chain(tracer_args.iter().map(|a| a.to_string()))
+        .collect();
     let mut tracer = Tracer::start(&args, 0)?;
     tracer.wait_for_stderr("following requests on port", 1, Duration::from_secs(30))?;
     // The stub runtime and its driver.
