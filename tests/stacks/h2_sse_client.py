@@ -5,7 +5,7 @@ tests/tests/grpc.rs's hypercorn test.
 `PORT OUT`: opens CALLS streams on one connection, each a POST /v1/chat/completions asking
 MSGS - 1 tokens (the server sends each token, then `data: [DONE]`: MSGS DATA frames with
 payload), started one after the other (stream k is 2k+1). Stamps CLOCK_MONOTONIC before each
-request's HEADERS are sent and when the stream's first DATA payload has been read; stream
+request's HEADERS are sent and when each DATA payload of the stream has been read; stream
 CANCEL is reset (RST_STREAM CANCEL) once its first payload is read. Writes one JSON line per
 stream, as grpc_stream.py's client does.
 
@@ -60,7 +60,9 @@ def read_until_ended(sock: socket.socket, conn: H2Connection, rows: dict, open_s
                 conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
                 if row is None or ev.stream_id not in open_streams or not ev.data:
                     continue
-                row.setdefault("t_first", now())
+                t = now()
+                row.setdefault("t_first", t)
+                row.setdefault("t_reads", []).append(t)
                 row["msgs"] += 1
                 if row["cancelled"]:
                     conn.reset_stream(ev.stream_id, ErrorCodes.CANCEL)

@@ -56,6 +56,14 @@ const ESTIMATE_LATE_MS: f64 = 200.0;
 const LOSS_STREAMS: usize = 60;
 const LOSS_PERCENT: u32 = 35;
 
+/// A stream stood still after its first token when the client waited
+/// longer than this between two reads (the tracer's stall threshold at a
+/// 5 ms pace is 100 ms; a retransmit by timeout takes 200 ms and more);
+/// smooth when it never waited longer than [`SMOOTH_MS`]. Streams between
+/// the two are not scored.
+const STALLED_MS: f64 = 150.0;
+const SMOOTH_MS: f64 = 50.0;
+
 /// HTTP/2's CANCEL error code, which a gRPC client's cancel sends.
 const CANCEL: u64 = 8;
 
@@ -69,6 +77,9 @@ struct Call {
     t_start: u64,
     t_first: Option<u64>,
     msgs: u32,
+    /// h2_sse_client.py: when each DATA payload was read.
+    #[serde(default)]
+    t_reads: Vec<u64>,
     /// h2_cut_client.py: after the first piece of the HEADERS frame's
     /// header was written.
     #[serde(default)]
@@ -141,7 +152,9 @@ fn hypercorn_h2c_sse_streams_are_one_request_each() -> Result<()> {
 /// A stream is slow when the client read its first token over 100 ms after
 /// its request (clean ones take ~25 ms; a lost first token waits for a
 /// retransmit): every slow stream must be named `network` (the SLO set to
-/// 100 ms), and no clean one blamed for anything.
+/// 100 ms), and no clean one blamed for anything. After the first token,
+/// the client's waits between reads against the stalls judged from the
+/// chunks' ACKs (see [`STALLED_MS`]).
 #[test]
 fn h2c_stream_loss_is_named_network() -> Result<()> {
     let name = "h2c_stream_loss_is_named_network";
@@ -174,6 +187,7 @@ fn h2c_stream_loss_is_named_network() -> Result<()> {
         records.len()
     );
     let (mut slow, mut recalled, mut blamed) = (0, 0, 0);
+    let (mut stalled, mut stall_named, mut smooth, mut smooth_stalled) = (0, 0, 0, 0);
     for c in &calls {
         let r = records
             .iter()
@@ -213,7 +227,48 @@ fn h2c_stream_loss_is_named_network() -> Result<()> {
             blamed += 1;
             eprintln!("clean stream blamed, client TTFT {client_ms:.1} ms: {r}");
         }
+        // After the first token: the client's longest wait between two
+        // reads against the stalls the tracer judged (100 ms at this
+        // stream's 5 ms pace) from the sends and their ACKs.
+        let gap_ms = c
+            .t_reads
+            .windows(2)
+            .map(|w| (w[1] - w[0]) as f64 / 1e6)
+            .fold(0.0, f64::max);
+        let windows = r["stalls"]["windows"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let on_wire = |w: &Value| {
+            w["causes"]
+                .as_array()
+                .is_some_and(|c| c.iter().any(|c| c["class"] == "network"))
+        };
+        if gap_ms > STALLED_MS {
+            stalled += 1;
+            stall_named += usize::from(windows.iter().any(on_wire));
+            eprintln!(
+                "stream {} stood still {gap_ms:.1} ms after its first token: stalls {}",
+                c.stream, r["stalls"]
+            );
+        } else if gap_ms < SMOOTH_MS {
+            smooth += 1;
+            if windows
+                .iter()
+                .any(|w| w["seen_at"] == "delivery" || on_wire(w))
+            {
+                smooth_stalled += 1;
+                eprintln!("smooth stream judged stalled on the wire: {r}");
+            }
+        }
     }
+    println!(
+        "h2c under {LOSS_PERCENT} % loss, after the first token: {stalled} streams stood still over {STALLED_MS} ms, {stall_named} with a stall named network; {smooth_stalled} of {smooth} smooth ones judged stalled on the wire"
+    );
+    ensure!(
+        stall_named == stalled && smooth_stalled == 0,
+        "{stall_named} of {stalled} streams that stood still have a stall named network, {smooth_stalled} of {smooth} smooth ones judged stalled"
+    );
     println!(
         "h2c under {LOSS_PERCENT} % loss: {slow} of {LOSS_STREAMS} streams slow, {recalled} named network, {blamed} clean blamed"
     );

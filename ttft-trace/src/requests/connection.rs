@@ -280,6 +280,26 @@ impl Outbox {
         self.first_tokens.push_back((t_ns, sk, index));
     }
 
+    /// A chunk of request `key` (connection serial, index) sent at `t_ns`,
+    /// its last byte ending at `end_seq`: its delivery is awaited in the
+    /// connection's `acks`; at most `cap` dates kept.
+    fn chunk_sent(
+        &mut self,
+        acks: &mut ChunkAcks,
+        cap: usize,
+        key: (u64, u32),
+        (end_seq, t_ns): (u32, u64),
+    ) {
+        self.chunk_dates
+            .entry(key)
+            .or_insert_with(|| ChunkDates::new(cap))
+            .on_sent();
+        if let Some(dated) = acks.sent(key.1, end_seq, t_ns) {
+            self.chunk_acks_evicted += u64::from(matches!(dated, Dated::Lost { .. }));
+            self.chunk_dated(key.0, dated);
+        }
+    }
+
     /// Request `index` of connection `serial`: its next chunk's fate.
     fn chunk_dated(&mut self, serial: u64, dated: Dated) {
         let index = match dated {
@@ -576,14 +596,8 @@ impl Connection {
         {
             let key = (self.info.serial, req.index);
             let end = delivery::first_token_end(seg, req.bytes_out);
-            out.chunk_dates
-                .entry(key)
-                .or_insert_with(|| ChunkDates::new(self.itl_cap.saturating_add(1)))
-                .on_sent();
-            if let Some(dated) = self.chunks.sent(req.index, end, ev.t_ns) {
-                out.chunk_acks_evicted += u64::from(matches!(dated, Dated::Lost { .. }));
-                out.chunk_dated(self.info.serial, dated);
-            }
+            let cap = self.itl_cap.saturating_add(1);
+            out.chunk_sent(&mut self.chunks, cap, key, (end, ev.t_ns));
         }
         if req.response.as_ref().map(Response::end) == Some(End::Complete) {
             self.finish_current(Cause::Ended, out);
@@ -608,9 +622,14 @@ impl Connection {
         let mut done = Vec::new();
         streams.on_frames(ev, &mut done);
         // Awaited before the streams finish: their ACK may come first.
-        for ft in streams.take_first_tokens() {
-            let d = self.acks.first_token(ft.stream, ft.end_seq, ft.t_ns);
-            out.deliveries.insert((self.info.serial, ft.stream), d);
+        for c in streams.take_chunks_sent() {
+            let key = (self.info.serial, c.stream);
+            if c.first {
+                let d = self.acks.first_token(c.stream, c.end_seq, c.t_ns);
+                out.deliveries.insert(key, d);
+            }
+            let cap = self.itl_cap.saturating_add(1);
+            out.chunk_sent(&mut self.chunks, cap, key, (c.end_seq, c.t_ns));
         }
         self.finish_streams(done, Cause::Ended, out);
     }

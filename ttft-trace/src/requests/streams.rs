@@ -12,12 +12,14 @@
 //! - end: END_STREAM from the server (DATA, or trailers HEADERS), a
 //!   RST_STREAM from either side, a GOAWAY whose last stream is below it,
 //!   or the connection's end (cut);
-//! - the first token's delivery: where the send's TCP sequence number is
-//!   known (the TCP send hook; not the syscall hook), the first DATA
-//!   frame's end in sequence space ([`FirstToken`]), whose ACK the
-//!   connection then awaits as for HTTP/1.1 (the client TTFT estimate, the
-//!   network cause). The whole frame, not the send: a frame's payload is
-//!   delivered to the stream only once it is all there.
+//! - each chunk's delivery: where the send's TCP sequence number is known
+//!   (the TCP send hook; not the syscall hook), the end in sequence space
+//!   of the stream's first DATA frame with payload in that send
+//!   ([`ChunkSent`]), whose ACK the connection then awaits as for HTTP/1.1:
+//!   the first chunk's gives the client TTFT estimate and the network
+//!   cause, the others the delivery gaps a stall is judged on. The whole
+//!   frame, not the send: a frame's payload is delivered to the stream
+//!   only once it is all there.
 //!
 //! The status is read where the response's header block starts with an
 //! HPACK static-table index (`0x88` is `:status: 200`); a literal status
@@ -50,13 +52,15 @@ const STATIC_STATUS: [(u8, u16); 7] = [
     (14, 500),
 ];
 
-/// A stream's first token, sent at `t_ns`, its DATA frame's last byte
-/// ending at sequence number `end_seq` (that byte + 1).
+/// A chunk of a stream, sent at `t_ns`, its DATA frame's last byte ending
+/// at sequence number `end_seq` (that byte + 1); `first`: the stream's
+/// first token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct FirstToken {
+pub(crate) struct ChunkSent {
     pub stream: u32,
     pub t_ns: u64,
     pub end_seq: u32,
+    pub first: bool,
 }
 
 /// Who sent a RST_STREAM or GOAWAY.
@@ -116,9 +120,9 @@ pub(crate) struct StreamTable {
     /// Server frames on streams whose HEADERS were never seen (opened
     /// before tracing, or their segments not walked).
     pub unseen_frames: u64,
-    /// First tokens sent with a known sequence number since the last
-    /// [`StreamTable::take_first_tokens`].
-    first_tokens: Vec<FirstToken>,
+    /// Chunks sent with a known sequence number since the last
+    /// [`StreamTable::take_chunks_sent`], in sending order.
+    chunks_sent: Vec<ChunkSent>,
 }
 
 impl StreamTable {
@@ -173,9 +177,9 @@ impl StreamTable {
         }
     }
 
-    /// The first tokens sent since the last call, in sending order.
-    pub fn take_first_tokens(&mut self) -> Vec<FirstToken> {
-        std::mem::take(&mut self.first_tokens)
+    /// The chunks sent since the last call, in sending order.
+    pub fn take_chunks_sent(&mut self) -> Vec<ChunkSent> {
+        std::mem::take(&mut self.chunks_sent)
     }
 
     fn client_frame(&mut self, t_ns: u64, f: &H2Frame, done: &mut Vec<(Stream, StreamEnd)>) {
@@ -240,19 +244,18 @@ impl StreamTable {
                 s.bytes_out = s.bytes_out.saturating_add(u64::from(payload));
                 if payload > 0 && !chunked.contains(&f.stream) {
                     chunked.push(f.stream);
-                    if s.t_first_token.is_none()
-                        && let Some(seq) = seq
-                    {
+                    if let Some(seq) = seq {
                         // Offsets wrap below the call's start for a header
                         // an earlier call began: the arithmetic is modulo
                         // 2^32, as sequence numbers are.
                         let end_seq = seq
                             .wrapping_add(f.offset)
                             .wrapping_add(H2_FRAME_HEADER + f.len);
-                        self.first_tokens.push(FirstToken {
+                        self.chunks_sent.push(ChunkSent {
                             stream: f.stream,
                             t_ns,
                             end_seq,
+                            first: s.t_first_token.is_none(),
                         });
                     }
                     s.chunk(t_ns, self.itl_cap);

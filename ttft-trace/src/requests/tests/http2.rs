@@ -86,6 +86,27 @@ fn two_requests(w: &mut Wire) {
     w.recv(SK, T0 + ms(1), req.len() as i64);
 }
 
+/// [`two_requests`] on a connection whose sequence numbers start at `isn`
+/// (exact ACKs), both answered with their response HEADERS at T0 + 5 ms.
+fn headers_sent(isn: u32) -> Wire {
+    let mut w = Wire::new();
+    w.exact_acks = true;
+    w.open(SK, 0);
+    w.seq_from(SK, isn);
+    two_requests(&mut w);
+    let mut heads = frame(1, 4, 1, &[0x88]);
+    heads.extend(frame(1, 4, 3, &[0x88]));
+    send_at(&mut w, ms(5), &heads);
+    w
+}
+
+/// A send at T0 + `dt` through the TCP send hook (its sequence number known).
+fn send_at(w: &mut Wire, dt: u64, bytes: &[u8]) {
+    let seq = w.seq[&SK].snd_nxt;
+    w.send(SK, T0 + dt, bytes);
+    w.c.on_h2(walked_at(T0 + dt, seq, bytes));
+}
+
 /// The connection closed at T0 + 100 ms: the records of streams 1 and 3.
 fn streams_one_and_three(w: &mut Wire) -> Vec<RequestRecord> {
     w.close(SK, T0 + ms(100));
@@ -211,21 +232,9 @@ fn frame_headers_cut_between_calls_keep_their_first_byte_time() {
 #[test]
 fn a_streams_first_token_is_acknowledged_past_its_first_data_frame() {
     const ISN: u32 = u32::MAX - 40; // the response's sequence numbers wrap
-    let mut w = Wire::new();
-    w.exact_acks = true;
-    w.open(SK, 0);
-    w.seq_from(SK, ISN);
-    two_requests(&mut w);
-    let send = |w: &mut Wire, dt: u64, bytes: &[u8]| {
-        let seq = w.seq[&SK].snd_nxt;
-        w.send(SK, T0 + dt, bytes);
-        w.c.on_h2(walked_at(T0 + dt, seq, bytes));
-    };
-    let mut heads = frame(1, 4, 1, &[0x88]);
-    heads.extend(frame(1, 4, 3, &[0x88]));
-    send(&mut w, ms(5), &heads);
+    let mut w = headers_sent(ISN);
     // Stream 3's first message, acknowledged 2 ms later.
-    send(&mut w, ms(20), &frame(0, 0, 3, &[0, 0, 0, 0, 2, 1, 2]));
+    send_at(&mut w, ms(20), &frame(0, 0, 3, &[0, 0, 0, 0, 2, 1, 2]));
     w.segment(SK, T0 + ms(22), 0);
     // Stream 1's first message behind a WINDOW_UPDATE in one send; an ACK
     // of part of its frame (the client's window, a segment boundary) is not
@@ -234,13 +243,13 @@ fn a_streams_first_token_is_acknowledged_past_its_first_data_frame() {
     let data_at = one.len() as u32;
     one.extend(frame(0, 0, 1, &[0, 0, 0, 0, 2, 1, 2]));
     let base = w.seq[&SK].snd_nxt;
-    send(&mut w, ms(30), &one);
+    send_at(&mut w, ms(30), &one);
     w.segment_acking(SK, T0 + ms(31), 0, base.wrapping_add(data_at + 9 + 3));
     w.segment(SK, T0 + ms(33), 0);
     // Stream 1's end; stream 3's end with a send whose sequence number is
     // unknown changes nothing of its delivery, already known.
     let trailers = frame(1, 5, 1, &[0x40, 0x0b]);
-    send(&mut w, ms(40), &trailers);
+    send_at(&mut w, ms(40), &trailers);
     let end3 = frame(0, 1, 3, &[0, 0, 0, 0, 2, 3, 4]);
     w.send(SK, T0 + ms(41), &end3);
     w.c.on_h2(walked(H2_SEND, T0 + ms(41), &end3));
@@ -272,4 +281,36 @@ fn a_streams_first_token_is_acknowledged_past_its_first_data_frame() {
         (r.t_first_token_acked_ns, r.client_ttft_estimate_ns),
         (None, None)
     );
+}
+
+/// Every chunk of a stream is awaited like its first token: the gaps
+/// between the ACKs of its DATA frames are the deliveries a stall is judged
+/// on (the client's side of a stream that stood still after its first
+/// token), in order across the streams sharing the connection's sequence
+/// space.
+#[test]
+fn each_chunk_of_a_stream_is_dated_by_its_ack() {
+    let mut w = headers_sent(7_000);
+    w.segment(SK, T0 + ms(6), 0);
+    let msg = |stream, flags| frame(0, flags, stream, &[0, 0, 0, 0, 2, 1, 2]);
+    // Stream 1's chunks at 20, 30 and 40 ms, stream 3's at 25 and 35 ms;
+    // the client acknowledges each at once until 31 ms, then nothing until
+    // 90 ms (stream 1's third and stream 3's second wait).
+    send_at(&mut w, ms(20), &msg(1, 0));
+    w.segment(SK, T0 + ms(21), 0);
+    send_at(&mut w, ms(25), &msg(3, 0));
+    w.segment(SK, T0 + ms(26), 0);
+    send_at(&mut w, ms(30), &msg(1, 0));
+    w.segment(SK, T0 + ms(31), 0);
+    send_at(&mut w, ms(35), &msg(3, 1));
+    send_at(&mut w, ms(40), &msg(1, 1));
+    w.segment(SK, T0 + ms(90), 0);
+    let rs = streams_one_and_three(&mut w);
+    let (one, three) = (&rs[0], &rs[1]);
+    assert_eq!(one.chunks, 3);
+    assert_eq!(one.t_first_chunk_acked_ns, Some(T0 + ms(21)));
+    assert_eq!(one.chunk_ack_gaps_ns, vec![ms(10), ms(59)]);
+    assert_eq!(three.t_first_chunk_acked_ns, Some(T0 + ms(26)));
+    assert_eq!(three.chunk_ack_gaps_ns, vec![ms(64)]);
+    assert!(one.notes.iter().all(|n| *n != "chunk_acks_incomplete"));
 }
