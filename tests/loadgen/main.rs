@@ -6,6 +6,9 @@
 //!   loadgen serve --cudart PATH [--port 0] [--chunk-ms 50] [--engines 8] [--step-us 1000]
 //!   loadgen load --addr 127.0.0.1:PORT --connections N --seconds S [--max-tokens K]
 //!                [--steps-per-chunk N] [--stagger-s S]
+//!   loadgen grpc --addr 127.0.0.1:PORT --connections N --streams M --seconds S
+//!
+//! (`grpc`: HTTP/2 calls against tests/stacks/tonic.rs, see `grpc.rs`.)
 //!
 //! The server is shaped like a host of continuous-batching engines (`--engines`,
 //! as with that many GPUs): each engine runs a decode step (a kernel, the
@@ -51,6 +54,8 @@ use tokio::{
     task::JoinSet,
 };
 use ttft_trace_tests::stub_gpu::StubGpu;
+
+mod grpc;
 
 #[derive(Parser)]
 #[command(about = "Loopback load generator of the scale bench")]
@@ -104,6 +109,18 @@ enum Mode {
         /// all at once (the window still starts at once).
         #[arg(long, default_value_t = 0.0)]
         stagger_s: f64,
+    },
+    /// Hold CONNECTIONS HTTP/2 connections with STREAMS gRPC calls in
+    /// flight on each for SECONDS.
+    Grpc {
+        #[arg(long)]
+        addr: SocketAddr,
+        #[arg(long)]
+        connections: usize,
+        #[arg(long)]
+        streams: usize,
+        #[arg(long)]
+        seconds: f64,
     },
 }
 
@@ -510,5 +527,11 @@ fn main() -> Result<()> {
                 stagger_s,
             },
         )),
+        Mode::Grpc {
+            addr,
+            connections,
+            streams,
+            seconds,
+        } => rt.block_on(grpc::load(addr, connections, streams, seconds)),
     }
 }

@@ -11,7 +11,13 @@
 //! call streams the same once it has read its first message (the prompt);
 //! the client's later messages are read and dropped.
 //!
-//!   stack-tonic PORT CUDART
+//! With a pace (the HTTP/2 bench, xtask/src/h2scale.rs), each call streams
+//! `MSGS` messages of 32 bytes one every `PACE_MS` instead, from a task of
+//! its own, no GPU step (the stub runtime is loaded so that the tracer
+//! attaches): thousands of concurrent calls, their frames written by
+//! hyper's connection task as they come.
+//!
+//!   stack-tonic PORT CUDART [PACE_MS MSGS]
 
 use std::{
     convert::Infallible,
@@ -79,17 +85,23 @@ impl Decoder for RawCodec {
     }
 }
 
-/// The method: one GPU thread per call, its messages through a channel.
+/// The method: one GPU thread per call, its messages through a channel;
+/// or, with a pace, `(period, messages)` from a task per call.
 #[derive(Clone)]
 struct Generate {
     gpu: Arc<Mutex<StubGpu>>,
+    pace: Option<(std::time::Duration, u32)>,
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 impl Generate {
-    /// A call's answer: `MSGS` messages from a GPU thread of its own.
+    /// A call's answer: `MSGS` messages from a GPU thread of its own, or
+    /// the paced messages.
     fn answer(&self) -> ReceiverStream<Result<Bytes, Status>> {
+        if let Some((period, msgs)) = self.pace {
+            return paced(period, msgs);
+        }
         let gpu = self.gpu.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(MSGS as usize);
         std::thread::spawn(move || {
@@ -109,6 +121,22 @@ impl Generate {
         });
         ReceiverStream::new(rx)
     }
+}
+
+/// `msgs` messages of 32 bytes, one every `period`, the first after one.
+fn paced(period: std::time::Duration, msgs: u32) -> ReceiverStream<Result<Bytes, Status>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        for i in 0..msgs {
+            tick.tick().await;
+            let msg = Bytes::from(format!("{i:>32}"));
+            if tx.send(Ok(msg)).await.is_err() {
+                return;
+            }
+        }
+    });
+    ReceiverStream::new(rx)
 }
 
 impl ServerStreamingService<Bytes> for Generate {
@@ -175,7 +203,13 @@ where
 fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);
     let (Some(port), Some(cudart)) = (args.next(), args.next()) else {
-        bail!("usage: stack-tonic PORT CUDART");
+        bail!("usage: stack-tonic PORT CUDART [PACE_MS MSGS]");
+    };
+    let pace = match (args.next(), args.next()) {
+        (Some(ms), Some(msgs)) => {
+            Some((std::time::Duration::from_millis(ms.parse()?), msgs.parse()?))
+        }
+        _ => None,
     };
     let gpu = Arc::new(Mutex::new(StubGpu::load(Path::new(&cudart))?));
     tokio::runtime::Builder::new_multi_thread()
@@ -185,7 +219,7 @@ fn main() -> Result<()> {
         .block_on(async move {
             let addr = format!("127.0.0.1:{port}").parse()?;
             tonic::transport::Server::builder()
-                .add_service(Gen(Generate { gpu }))
+                .add_service(Gen(Generate { gpu, pace }))
                 .serve(addr)
                 .await?;
             Ok(())

@@ -29,6 +29,9 @@
 //! - what reading TLS costs a traced server: requests/s and one
 //!   `SSL_write`, traced against untraced, beside the same in plain HTTP
 //!   (see [`crate::tlscost`]), stated; also alone with `--only tls`;
+//! - the tracer with 1 000 concurrent gRPC calls over 10 HTTP/2
+//!   connections (see [`crate::h2scale`]), judged (RSS, no event lost,
+//!   every call traced); also alone with `--only h2`;
 //! - which received segments per-socket `sock_ops` callbacks and a
 //!   `cgroup_skb` program would see, against `tcp_probe` (see
 //!   [`crate::sockopscover`]; also alone with `--only sockops`), stated.
@@ -49,7 +52,7 @@ use crate::{
     attachtime,
     bounds::Verdicts,
     demo::{build_all, signal, start_tracer, wait_stopped},
-    hooktoggle, hosttax, launchtrap, neighbour,
+    h2scale, hooktoggle, hosttax, launchtrap, neighbour,
     process::{output, repo_root},
     scale, sockopscover, tlscost, tracercpu,
 };
@@ -164,6 +167,9 @@ pub enum Part {
     /// the same in plain HTTP, 5 rounds (see [`crate::tlscost`]), about a
     /// minute.
     Tls,
+    /// 1 000 concurrent gRPC calls over 10 HTTP/2 connections (see
+    /// [`crate::h2scale`]), about 40 s.
+    H2,
 }
 
 /// The full bench's host tax: rounds of (untraced, each setup).
@@ -184,6 +190,7 @@ pub fn bench(quick: bool, only: Option<Part>) -> Result<()> {
             Part::Neighbour => ("neighbour.json", neighbour::run(&root, RUNS)?),
             Part::Launches => ("launches.json", launchtrap::run(&root, RUNS, usize::MAX)?),
             Part::Scale => ("scale.json", scale::run(&root, &scale::FULL)?),
+            Part::H2 => ("h2.json", h2scale::run(&root, &h2scale::FULL)?),
             // Stated, not judged.
             Part::Tracercpu => (
                 "tracercpu.json",
@@ -284,10 +291,14 @@ pub fn bench(quick: bool, only: Option<Part>) -> Result<()> {
     let (scale, v) = scale::run(&root, &scale::FULL)?;
     write_result(&root, "scale.json", &scale)?;
     verdicts.extend(v);
+    let (h2, v) = h2scale::run(&root, &h2scale::FULL)?;
+    write_result(&root, "h2.json", &h2)?;
+    verdicts.extend(v);
     let results = json!({
         "host_tax": tax,
         "hook_toggle": toggle,
         "scale": scale,
+        "http2": h2,
         "attach_detach": attach,
         "neighbour_launch": neighbour,
         "userspace_pipeline": pipeline,

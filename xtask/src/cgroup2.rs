@@ -61,6 +61,13 @@ impl BenchCgroup {
             .with_context(|| format!("moving pid {pid} into {}", self.dir.display()))
     }
 
+    /// Its `cgroup.procs`: a process that writes `0` (or its pid) there
+    /// moves in, before it makes sockets (a socket belongs to the cgroup
+    /// of the process that made it).
+    pub fn procs(&self) -> PathBuf {
+        self.dir.join("cgroup.procs")
+    }
+
     /// The path as `/proc/PID/cgroup` shows it.
     pub fn path(&self) -> String {
         format!(

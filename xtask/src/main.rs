@@ -8,6 +8,7 @@ mod bpfprogs;
 mod cgroup2;
 mod demo;
 mod fuzz;
+mod h2scale;
 mod hooktoggle;
 mod hosttax;
 mod launchtrap;

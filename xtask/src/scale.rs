@@ -117,7 +117,7 @@ pub const QUICK: Plan = Plan {
 };
 
 /// A child killed when dropped: an error part-way leaves no process behind.
-struct Killed(Child);
+pub struct Killed(pub Child);
 
 impl Drop for Killed {
     fn drop(&mut self) {
@@ -127,7 +127,7 @@ impl Drop for Killed {
 }
 
 /// CPU time of a process (user + system), in clock ticks.
-fn cpu_ticks(pid: u32) -> Result<u64> {
+pub fn cpu_ticks(pid: u32) -> Result<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     // Fields after the command name, which may hold spaces: state is the
     // 3rd field of stat, utime and stime the 14th and 15th.
@@ -203,17 +203,21 @@ fn metric(body: &str, name: &str, labels: &str) -> u64 {
         .sum::<f64>() as u64
 }
 
-/// The tracer's counters that the bench checks.
+/// The tracer's counters that the benches check (this one and
+/// [`crate::h2scale`]).
 #[derive(Clone, Copy, Default)]
-struct Counters {
-    requests_ok: u64,
-    requests_all: u64,
-    first_tokens: u64,
-    events_lost: u64,
-    evictions: u64,
+pub struct Counters {
+    pub requests_ok: u64,
+    pub requests_all: u64,
+    pub first_tokens: u64,
+    pub events_lost: u64,
+    pub evictions: u64,
+    /// HTTP/2 frames not reported, and walks that lost their place.
+    pub h2_frames_dropped: u64,
+    pub h2_walks_lost: u64,
 }
 
-fn counters(metrics: SocketAddr) -> Result<Counters> {
+pub fn counters(metrics: SocketAddr) -> Result<Counters> {
     let body = scrape(metrics).context("scraping the tracer's /metrics")?;
     Ok(Counters {
         requests_ok: metric(&body, "ttft_trace_requests_total", "outcome=\"ok\""),
@@ -221,6 +225,8 @@ fn counters(metrics: SocketAddr) -> Result<Counters> {
         first_tokens: metric(&body, "ttft_trace_time_to_first_token_seconds_count", ""),
         events_lost: metric(&body, "ttft_trace_events_lost_total", ""),
         evictions: metric(&body, "ttft_trace_table_evictions_total", ""),
+        h2_frames_dropped: metric(&body, "ttft_trace_http2_frames_dropped_total", ""),
+        h2_walks_lost: metric(&body, "ttft_trace_http2_walk_lost_total", ""),
     })
 }
 
@@ -378,21 +384,27 @@ fn step(s: &Setup, plan: &Plan, load: &Step) -> Result<(Value, Verdicts)> {
     Ok((result, verdicts))
 }
 
-/// Runs the plan; returns the results and their verdicts.
-pub fn run(root: &Path, plan: &Plan) -> Result<(Value, Verdicts)> {
-    // Release: a debug client would not offer the rate.
-    cmd(Command::new("cargo").current_dir(root).args([
-        "build",
-        "--release",
-        "-p",
-        "ttft-trace-tests",
-        "--bin",
-        "loadgen",
-    ]))?;
-    let hz: f64 = output(Command::new("getconf").arg("CLK_TCK"))?
+/// Builds `bins` of the tests crate in release (a debug load generator
+/// would not offer the rate); returns the clock ticks a second of
+/// `/proc/PID/stat`.
+pub fn release_bins(root: &Path, bins: &[&str]) -> Result<f64> {
+    let mut build = Command::new("cargo");
+    build
+        .current_dir(root)
+        .args(["build", "--release", "-p", "ttft-trace-tests"]);
+    for bin in bins {
+        build.args(["--bin", bin]);
+    }
+    cmd(&mut build)?;
+    output(Command::new("getconf").arg("CLK_TCK"))?
         .trim()
         .parse()
-        .context("getconf CLK_TCK")?;
+        .context("getconf CLK_TCK")
+}
+
+/// Runs the plan; returns the results and their verdicts.
+pub fn run(root: &Path, plan: &Plan) -> Result<(Value, Verdicts)> {
+    let hz = release_bins(root, &["loadgen"])?;
     let loadgen = root.join("target/release/loadgen");
     let mut server = Killed(
         Command::new(&loadgen)
