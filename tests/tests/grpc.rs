@@ -63,6 +63,14 @@ const LOSS_PERCENT: u32 = 35;
 /// the two are not scored.
 const STALLED_MS: f64 = 150.0;
 const SMOOTH_MS: f64 = 50.0;
+/// How long the tracer waits after a stream's last send for its chunks'
+/// ACKs (`chunk_ack_wait_ns`): where they come later (a chunk
+/// retransmitted four times, or the whole stream held behind its first
+/// token's loss) its stalls are not judged, and the record's notes say
+/// `chunk_acks_incomplete`.
+const CHUNK_ACK_WAIT_MS: f64 = 1000.0;
+/// How long the tracer waits for a first token's ACK (`ack_wait_ns`).
+const ACK_WAIT_MS: f64 = 5000.0;
 
 /// HTTP/2's CANCEL error code, which a gRPC client's cancel sends.
 const CANCEL: u64 = 8;
@@ -146,7 +154,7 @@ fn hypercorn_h2c_sse_streams_are_one_request_each() -> Result<()> {
 }
 
 /// Loss on HTTP/2 named `network`, as on HTTP/1.1 (tests/tests/stacks.rs
-/// `network_loss_on_real_stacks`): hypercorn's SSE over h2c, 20 % of the
+/// `network_loss_on_real_stacks`): hypercorn's SSE over h2c, 35 % of the
 /// server's packets dropped after the handshake (nftables), the h2 client
 /// opening [`LOSS_STREAMS`] streams on one connection one after the other.
 /// A stream is slow when the client read its first token over 100 ms after
@@ -188,6 +196,7 @@ fn h2c_stream_loss_is_named_network() -> Result<()> {
     );
     let (mut slow, mut recalled, mut blamed) = (0, 0, 0);
     let (mut stalled, mut stall_named, mut smooth, mut smooth_stalled) = (0, 0, 0, 0);
+    let mut unjudged = 0;
     for c in &calls {
         let r = records
             .iter()
@@ -216,10 +225,19 @@ fn h2c_stream_loss_is_named_network() -> Result<()> {
                 "slow stream {}: client TTFT {client_ms:.1} ms ({from_segment:.1?} from the segment), estimate {estimate:.1?} ms, causes {classes:?}, retransmits {}",
                 c.stream, r["tcp_retransmits"]
             );
+            // Past the tracer's wait for the ACK (5 s) there is none: the
+            // record says the first token was still unacknowledged then.
+            let unacked_past_wait = estimate.is_none()
+                && from_segment.is_some_and(|c| c >= ACK_WAIT_MS)
+                && r["causes"].as_array().is_some_and(|cs| {
+                    cs.iter()
+                        .any(|k| k["evidence"]["first_token_unacked"] == true)
+                });
             ensure!(
-                from_segment
-                    .zip(estimate)
-                    .is_some_and(|(c, e)| (c - e).abs() <= 5.0),
+                unacked_past_wait
+                    || from_segment
+                        .zip(estimate)
+                        .is_some_and(|(c, e)| (c - e).abs() <= 5.0),
                 "stream {}: estimate off the client's TTFT: {r}",
                 c.stream
             );
@@ -244,12 +262,36 @@ fn h2c_stream_loss_is_named_network() -> Result<()> {
                 .as_array()
                 .is_some_and(|c| c.iter().any(|c| c["class"] == "network"))
         };
-        if gap_ms > STALLED_MS {
+        let incomplete = r["notes"]
+            .as_array()
+            .is_some_and(|n| n.iter().any(|n| n == "chunk_acks_incomplete"));
+        // The client's last read more than the tracer's wait after the
+        // stream's last send: its chunks' ACKs came after the tracer
+        // stopped waiting for them, and the record says so.
+        let past_wait = c
+            .t_reads
+            .last()
+            .zip(r["t_done_ns"].as_u64())
+            .is_some_and(|(&read, done)| read as f64 > done as f64 + CHUNK_ACK_WAIT_MS * 1e6);
+        if past_wait && incomplete {
+            unjudged += 1;
+            eprintln!(
+                "stream {} stood still {gap_ms:.1} ms, past the wait: not judged",
+                c.stream
+            );
+        } else if gap_ms > STALLED_MS {
             stalled += 1;
             stall_named += usize::from(windows.iter().any(on_wire));
             eprintln!(
-                "stream {} stood still {gap_ms:.1} ms after its first token: stalls {}",
-                c.stream, r["stalls"]
+                "stream {} stood still {gap_ms:.1} ms after its first token (client reads {:?}): stalls {}, chunk ACK gaps {}, notes {}, itl {}, first token {} acked {}",
+                c.stream,
+                c.t_reads,
+                r["stalls"],
+                r["chunk_ack_gaps_ns"],
+                r["notes"],
+                r["itl_ns"],
+                r["t_first_token_ns"],
+                r["t_first_chunk_acked_ns"]
             );
         } else if gap_ms < SMOOTH_MS {
             smooth += 1;
@@ -263,7 +305,7 @@ fn h2c_stream_loss_is_named_network() -> Result<()> {
         }
     }
     println!(
-        "h2c under {LOSS_PERCENT} % loss, after the first token: {stalled} streams stood still over {STALLED_MS} ms, {stall_named} with a stall named network; {smooth_stalled} of {smooth} smooth ones judged stalled on the wire"
+        "h2c under {LOSS_PERCENT} % loss, after the first token: {stalled} streams stood still over {STALLED_MS} ms, {stall_named} with a stall named network; {smooth_stalled} of {smooth} smooth ones judged stalled on the wire; {unjudged} past the tracer's wait for a chunk's ACK, flagged"
     );
     ensure!(
         stall_named == stalled && smooth_stalled == 0,
@@ -409,6 +451,12 @@ fn traced_grpc_calls(
                         "apps:asgi",
                         "--log-level",
                         "warning",
+                        // Its 5 s idle timeout counts while a stream waits
+                        // on the server's retransmits (a first token lost
+                        // four times in a row under the loss test): the
+                        // connection closed under the client, 2026-12-07.
+                        "--keep-alive",
+                        "120",
                         "--bind",
                     ],
                 ),

@@ -118,7 +118,8 @@ pub enum Stat {
     /// because their workload's tenant holds its share of it
     /// ([`QUOTA_THREADS`] in `OVER_SHARE`).
     TrackedQuota = 6,
-    /// HTTP/2 frames not summarised: past `H2_MAX_FRAMES` in one call.
+    /// HTTP/2 frames walked but not reported: their event refused by a
+    /// full ring buffer (a call with more than `H2_MAX_FRAMES` sends several).
     H2FramesDropped = 7,
     /// Times an HTTP/2 connection's frame walk lost its place in one
     /// direction (a frame header split across calls, an implausible

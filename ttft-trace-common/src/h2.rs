@@ -1,14 +1,15 @@
 //! HTTP/2 frame summaries: on a followed connection that speaks HTTP/2, the
 //! kernel walks the 9-byte frame headers of each send (and of each data
-//! segment received) and sends one [`H2FramesEvent`] per call, not one per
-//! frame. Userspace turns them into one request per stream.
+//! segment received) and sends one [`H2FramesEvent`] per call (one per
+//! [`H2_MAX_FRAMES`] frames of it), not one per frame. Userspace turns them
+//! into one request per stream.
 
 /// Tag of [`H2FramesEvent`] (after the signals' 4 to 6 and the segment's 7).
 pub const EVENT_H2: u32 = 8;
 
-/// Frame summaries in one event: past it the call's frames are only
-/// counted (`Stat::H2FramesDropped`, [`H2_TRUNCATED`]), up to
-/// [`H2_WALK_MAX`] frame headers a call.
+/// Frame summaries in one event: a call with more sends its first ones
+/// ([`H2_FULL`]) and goes on in another event ([`H2_CONTINUED`]), up to
+/// [`H2_WALK_MAX`] steps a call.
 pub const H2_MAX_FRAMES: usize = 16;
 /// Payload bytes kept per frame: enough for a HEADERS frame's pad length
 /// and priority fields (6) and the first byte of its header block (an
@@ -25,9 +26,15 @@ pub const H2_RECV: u32 = 1;
 /// [`H2FramesEvent::dir`]: frames the server sent (a send call).
 pub const H2_SEND: u32 = 2;
 
-/// [`H2FramesEvent::flags`]: the walk stopped at [`H2_MAX_FRAMES`] with
-/// bytes left; what followed is lost.
-pub const H2_TRUNCATED: u32 = 1;
+/// [`H2FramesEvent::flags`], while walking only: the event holds
+/// [`H2_MAX_FRAMES`] frames and the next one waits (its header not taken):
+/// the walker sends the event as it is ([`full_event_sent`]) and the walk
+/// goes on in a fresh one.
+pub const H2_FULL: u32 = 1;
+/// [`H2FramesEvent::flags`]: these frames go on the call of the event
+/// before (same direction, socket, time and sequence number), which was
+/// full.
+pub const H2_CONTINUED: u32 = 16;
 /// [`H2FramesEvent::flags`]: the direction had lost its place, and this
 /// call's first bytes read as a plausible frame header: the walk starts
 /// there again. Its first frame is a guess, however plausible.
@@ -244,10 +251,10 @@ pub fn is_server_preface(h: &[u8; 9]) -> bool {
     kind == H2_SETTINGS && flags & H2_ACK == 0 && len <= 6 * 16 && plausible_header(h)
 }
 
-/// Frame headers read per call at most: the first [`H2_MAX_FRAMES`] are
-/// summarised, the rest only counted so that the walk keeps its place;
-/// past this it loses it.
-pub const H2_WALK_MAX: u32 = 2 * H2_MAX_FRAMES as u32;
+/// Steps per call at most (a frame header each, and one more each time an
+/// event fills: about 960 frames); past this the walk loses its place. A
+/// client opening a hundred calls at once sends 200 frames in a segment.
+pub const H2_WALK_MAX: u32 = 1024;
 /// A frame header and the payload bytes kept: what one read takes.
 pub const H2_PEEK: usize = H2_FRAME_HEADER as usize + H2_FRAME_HEAD;
 
@@ -289,13 +296,13 @@ pub struct Walk {
 pub struct WalkState {
     /// Offset of the next frame header.
     pub pos: u32,
-    /// Frames past [`H2_MAX_FRAMES`] so far.
-    pub dropped: u32,
+    pub _pad: u32,
 }
 
 /// Step `i` of a walk: reads the frame header at `st.pos` into
-/// `ev.frames[ev.n_frames]` (or only counts it in `st.dropped`, past
-/// [`H2_MAX_FRAMES`], setting [`H2_TRUNCATED`]). Returns `Some(end)` once
+/// `ev.frames[ev.n_frames]` (or, with the event full, sets [`H2_FULL`]
+/// and leaves the header for the next step, after the walker sent the
+/// event: [`full_event_sent`]). Returns `Some(end)` once
 /// the walk is over: `end` is the offset just past the last frame begun
 /// (past `total` when that frame goes on in a later call; below `total`
 /// where the call's end cuts the next frame header, which starts there:
@@ -341,19 +348,29 @@ pub fn walk_step<B: FrameBytes>(
     // copy otherwise).
     // SAFETY: a read of a field.
     let k = unsafe { core::ptr::read_volatile(&ev.n_frames) } as usize;
-    if k < H2_MAX_FRAMES {
-        let f = &mut ev.frames[k];
-        (f.offset, f.len, f.stream, f.kind, f.flags) = (pos, len, stream, kind, flags);
-        let kept = (n - H2_FRAME_HEADER).min(len).min(H2_FRAME_HEAD as u32);
-        f.head_len = kept as u8;
-        f.head.copy_from_slice(&buf[9..]);
-        ev.n_frames = k as u32 + 1;
-    } else {
-        ev.flags |= H2_TRUNCATED;
-        st.dropped += 1;
+    if k >= H2_MAX_FRAMES {
+        ev.flags |= H2_FULL;
+        return None;
     }
+    let f = &mut ev.frames[k];
+    (f.offset, f.len, f.stream, f.kind, f.flags) = (pos, len, stream, kind, flags);
+    let kept = (n - H2_FRAME_HEADER).min(len).min(H2_FRAME_HEAD as u32);
+    f.head_len = kept as u8;
+    f.head.copy_from_slice(&buf[9..]);
+    ev.n_frames = k as u32 + 1;
     st.pos = pos.saturating_add(H2_FRAME_HEADER + len);
     None
+}
+
+/// After a step that found the event full ([`H2_FULL`]) and the walker
+/// sent it (without that flag): the event starts again empty, as the
+/// call's continuation ([`H2_CONTINUED`]: its fixed part, the call's,
+/// stays; the cut header's time belonged to the first frame sent).
+#[inline(always)]
+pub fn full_event_sent(ev: &mut H2FramesEvent) {
+    ev.n_frames = 0;
+    ev.t_cut_ns = 0;
+    ev.flags = H2_CONTINUED;
 }
 
 /// How a call begins whose direction carries a [`CutHeader`].
@@ -482,17 +499,18 @@ pub fn keep_cut<B: FrameBytes>(
 /// completed first ([`resume_cut`]), then the steps, then a header cut by
 /// the call's end kept ([`keep_cut`], at `ev.t_ns`). Returns the offset
 /// just past the last frame begun, at or past `total` (`None`: the walk
-/// lost its place); `st.dropped` counts the frames not summarised.
+/// lost its place); each event that filled goes to `sent` first.
 pub fn walk_call<B: FrameBytes>(
     src: &mut B,
     w: &Walk,
     cut: &mut CutHeader,
     st: &mut WalkState,
     ev: &mut H2FramesEvent,
+    sent: &mut impl FnMut(&H2FramesEvent),
 ) -> Option<u32> {
     *st = WalkState {
         pos: w.from,
-        dropped: 0,
+        _pad: 0,
     };
     if w.resync {
         cut.len = 0;
@@ -509,6 +527,11 @@ pub fn walk_call<B: FrameBytes>(
         if let Some(e) = walk_step(src, w, i, st, ev) {
             end = e;
             break;
+        }
+        if ev.flags & H2_FULL != 0 {
+            ev.flags &= !H2_FULL;
+            sent(ev);
+            full_event_sent(ev);
         }
     }
     let end = match end {

@@ -1,7 +1,8 @@
 //! HTTP/2 frame walk on followed connections that speak it: per send (and
 //! per data segment received at a cgroup's ingress), the 9-byte frame
-//! headers are read in a bounded loop and summarised in one
-//! [`H2FramesEvent`], so that userspace can tell streams apart.
+//! headers are read in a bounded loop and summarised in [`H2FramesEvent`]s
+//! (one per call, another each time one fills), so that userspace can tell
+//! streams apart.
 //!
 //! A connection is marked HTTP/2 once, by its first bytes each way: the
 //! server's first send a SETTINGS frame on stream 0 (its preface), or the
@@ -34,10 +35,10 @@ use aya_ebpf::{
 use ttft_trace_common::{
     CONN_H2, CONN_RX_CHECKED, CONN_TX_CHECKED, ConnState, SendArgs, Stat,
     h2::{
-        CutHeader, EVENT_H2, FrameBytes, H2_CUT_READ, H2_FRAME_HEADER, H2_LOST, H2_PEEK,
+        CutHeader, EVENT_H2, FrameBytes, H2_CUT_READ, H2_FRAME_HEADER, H2_FULL, H2_LOST, H2_PEEK,
         H2_PREFACE, H2_PREFACE_SEEN, H2_RECV, H2_RESYNCED, H2_RX_SYNC, H2_SEND, H2_TX_SYNC,
-        H2_WALK_MAX, H2FramesEvent, H2State, Resumed, RxPlan, Walk, WalkState, is_server_preface,
-        keep_cut, resume_cut, rx_plan, walk_step,
+        H2_WALK_MAX, H2FramesEvent, H2State, Resumed, RxPlan, Walk, WalkState, full_event_sent,
+        is_server_preface, keep_cut, resume_cut, rx_plan, walk_step,
     },
 };
 
@@ -309,11 +310,26 @@ struct SegmentLoop {
     len: u32,
 }
 
-/// Records how step `i`'s walk went; 1 stops the loop.
+/// Records how step `i`'s walk went; 1 stops the loop. An event that
+/// filled is sent now (its frames counted as dropped where the ring buffer
+/// is full), and the walk goes on in a fresh one.
 #[inline(always)]
 fn stepped(sc: &mut Scratch, end: Option<Option<u32>>) -> i64 {
     match end {
-        None => 0,
+        None => {
+            if sc.ev.flags & H2_FULL != 0 {
+                sc.ev.flags &= !H2_FULL;
+                if EVENTS
+                    .output::<H2FramesEvent>(&sc.ev, wakeup_flag())
+                    .is_err()
+                {
+                    bump_stat(Stat::RingbufLost);
+                    add_stat(Stat::H2FramesDropped, u64::from(sc.ev.n_frames));
+                }
+                full_event_sent(&mut sc.ev);
+            }
+            0
+        }
         Some(end) => {
             sc.end = end.map_or(LOST, |e| ENDED + u64::from(e));
             1
@@ -490,7 +506,7 @@ fn walk_and_report(
     sc.w = w;
     sc.st = WalkState {
         pos: w.from,
-        dropped: 0,
+        _pad: 0,
     };
     sc.end = 0;
     // SAFETY: as above.
@@ -526,7 +542,6 @@ fn walk_and_report(
             );
         }
     }
-    add_stat(Stat::H2FramesDropped, u64::from(sc.st.dropped));
     let end = match sc.end {
         0 | LOST => None,
         e => Some((e - ENDED) as u32),

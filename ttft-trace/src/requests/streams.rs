@@ -28,8 +28,8 @@
 use std::collections::BTreeMap;
 
 use ttft_trace_common::h2::{
-    H2_CONTINUATION, H2_DATA, H2_END_STREAM, H2_FRAME_HEADER, H2_GOAWAY, H2_HEADERS, H2_PADDED,
-    H2_PRIORITY_FLAG, H2_RECV, H2_RST_STREAM, H2Frame, H2FramesEvent,
+    H2_CONTINUATION, H2_CONTINUED, H2_DATA, H2_END_STREAM, H2_FRAME_HEADER, H2_GOAWAY, H2_HEADERS,
+    H2_PADDED, H2_PRIORITY_FLAG, H2_RECV, H2_RST_STREAM, H2Frame, H2FramesEvent,
 };
 
 /// Streams followed at once per connection (gRPC's default concurrency
@@ -123,6 +123,10 @@ pub(crate) struct StreamTable {
     /// Chunks sent with a known sequence number since the last
     /// [`StreamTable::take_chunks_sent`], in sending order.
     chunks_sent: Vec<ChunkSent>,
+    /// The streams with a chunk in the server's last send: a send with
+    /// more than `H2_MAX_FRAMES` frames comes in several events
+    /// (`H2_CONTINUED`), one chunk a stream all the same.
+    send_chunked: Vec<u32>,
 }
 
 impl StreamTable {
@@ -150,7 +154,10 @@ impl StreamTable {
         } else {
             Side::Server
         };
-        let mut chunked: Vec<u32> = Vec::new();
+        if side == Side::Server && ev.flags & H2_CONTINUED == 0 {
+            self.send_chunked.clear();
+        }
+        let mut chunked = std::mem::take(&mut self.send_chunked);
         // 0: the syscall hook, which does not know it (a real 0 is one
         // sequence number in 2^32: that stream's delivery goes unknown).
         let seq = (ev.seq != 0).then_some(ev.seq);
@@ -175,6 +182,7 @@ impl StreamTable {
                 }
             }
         }
+        self.send_chunked = chunked;
     }
 
     /// The chunks sent since the last call, in sending order.

@@ -154,8 +154,8 @@ impl Metrics {
         )?;
         let h2_frames_dropped = IntCounter::new(
             "ttft_trace_http2_frames_dropped_total",
-            "HTTP/2 frames walked in the kernel but not reported: past the frames kept per \
-             send or segment",
+            "HTTP/2 frames walked in the kernel but not reported: their event refused by a \
+             full ring buffer",
         )?;
         let h2_walk_lost = IntCounter::new(
             "ttft_trace_http2_walk_lost_total",

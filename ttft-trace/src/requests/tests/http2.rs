@@ -3,8 +3,8 @@
 //! stream out.
 
 use ttft_trace_common::h2::{
-    CutHeader, FrameBytes, H2_CUT_READ, H2_PEEK, H2_RECV, H2_SEND, H2FramesEvent, Walk, WalkState,
-    walk_call,
+    CutHeader, FrameBytes, H2_CONTINUED, H2_CUT_READ, H2_PEEK, H2_RECV, H2_SEND, H2FramesEvent,
+    Walk, WalkState, walk_call,
 };
 
 use super::*;
@@ -54,8 +54,17 @@ fn walked_at(t: u64, seq: u32, bytes: &[u8]) -> Box<H2FramesEvent> {
 
 /// The event the kernel sends for one call that starts on a frame header
 /// or on the rest of the direction's cut one, `cut`, and ends on a
-/// frame's end or in a header (then kept in `cut`).
+/// frame's end or in a header (then kept in `cut`): at most
+/// `H2_MAX_FRAMES` frames here.
 fn walked_after(dir: u32, t: u64, bytes: &[u8], cut: &mut CutHeader) -> Box<H2FramesEvent> {
+    let mut evs = walked_events(dir, t, bytes, cut);
+    assert_eq!(evs.len(), 1, "one event's frames");
+    Box::new(evs.remove(0))
+}
+
+/// The events the kernel sends for one call: one per `H2_MAX_FRAMES`
+/// frames, the later ones `H2_CONTINUED`.
+fn walked_events(dir: u32, t: u64, bytes: &[u8], cut: &mut CutHeader) -> Vec<H2FramesEvent> {
     let mut ev = Box::new(H2FramesEvent {
         dir,
         sk: SK,
@@ -69,9 +78,13 @@ fn walked_after(dir: u32, t: u64, bytes: &[u8], cut: &mut CutHeader) -> Box<H2Fr
         resync: false,
     };
     let mut st = WalkState::default();
-    let end = walk_call(&mut Bytes(bytes), &w, cut, &mut st, &mut ev);
+    let mut full = Vec::new();
+    let end = walk_call(&mut Bytes(bytes), &w, cut, &mut st, &mut ev, &mut |e| {
+        full.push(*e);
+    });
     assert_eq!(end, Some(w.total), "whole frames, or a header cut");
-    ev
+    full.push(*ev);
+    full
 }
 
 /// Two requests in one segment at T0 (HEADERS with `:method: POST`, then
@@ -313,4 +326,66 @@ fn each_chunk_of_a_stream_is_dated_by_its_ack() {
     assert_eq!(three.t_first_chunk_acked_ns, Some(T0 + ms(26)));
     assert_eq!(three.chunk_ack_gaps_ns, vec![ms(64)]);
     assert!(one.notes.iter().all(|n| *n != "chunk_acks_incomplete"));
+}
+
+/// A client opening twelve calls in one segment, and a server answering
+/// them in one send: 24 frames each way, each call in two kernel events
+/// (16 frames, then the rest, `H2_CONTINUED`). Every stream is one
+/// request, and a stream whose two DATA frames fall in the two events of
+/// one send has one chunk from it, as a send is one chunk.
+#[test]
+fn a_call_of_more_frames_than_an_event_holds_loses_none() {
+    let mut w = Wire::new();
+    w.open(SK, 0);
+    let streams: Vec<u32> = (0..12).map(|k| 2 * k + 1).collect();
+    let req: Vec<u8> = streams
+        .iter()
+        .flat_map(|&s| {
+            let mut r = frame(1, 4, s, &[0x83, 0x86]);
+            r.extend(frame(0, 1, s, &[0, 0, 0, 0, 1, 7]));
+            r
+        })
+        .collect();
+    let evs = walked_events(H2_RECV, T0, &req, &mut CutHeader::default());
+    assert_eq!(evs.len(), 2);
+    for ev in evs {
+        w.c.on_h2(Box::new(ev));
+    }
+    w.recv(SK, T0 + ms(1), req.len() as i64);
+    // One send: every stream's HEADERS and first message, then stream 1's
+    // second message (the 25th frame: the second event).
+    let mut resp: Vec<u8> = streams
+        .iter()
+        .flat_map(|&s| {
+            let mut r = frame(1, 4, s, &[0x88]);
+            r.extend(frame(0, 0, s, &[0, 0, 0, 0, 2, 1, 2]));
+            r
+        })
+        .collect();
+    resp.extend(frame(0, 0, 1, &[0, 0, 0, 0, 2, 3, 4]));
+    w.send(SK, T0 + ms(20), &resp);
+    let evs = walked_events(H2_SEND, T0 + ms(20), &resp, &mut CutHeader::default());
+    assert_eq!(evs.len(), 2);
+    assert_eq!(evs[1].flags, H2_CONTINUED);
+    for ev in evs {
+        w.c.on_h2(Box::new(ev));
+    }
+    let trailers: Vec<u8> = streams
+        .iter()
+        .flat_map(|&s| frame(1, 5, s, &[0x40, 0x0b]))
+        .collect();
+    w.send(SK, T0 + ms(30), &trailers);
+    for ev in walked_events(H2_SEND, T0 + ms(30), &trailers, &mut CutHeader::default()) {
+        w.c.on_h2(Box::new(ev));
+    }
+    w.close(SK, T0 + ms(100));
+    let mut rs = w.drain(ms(10_000));
+    rs.sort_by_key(|r| r.request_index);
+    let got: Vec<(Option<u32>, Outcome, u32)> = rs
+        .iter()
+        .map(|r| (r.http2_stream_id, r.outcome, r.chunks))
+        .collect();
+    let want: Vec<(Option<u32>, Outcome, u32)> =
+        streams.iter().map(|&s| (Some(s), Outcome::Ok, 1)).collect();
+    assert_eq!(got, want);
 }
