@@ -34,9 +34,16 @@ pub const LAUNCH: Bound = Bound {
 };
 
 /// Attach (probes on the real runtime) and detach (exit after SIGINT), in
-/// ms (README: 177 to 200 ms, and 8 to 11 ms).
+/// ms (README: 177 to 200 ms, and 8 to 11 ms). The guard was 1 000 ms until
+/// 2026-12-07, when the same build measured a median of 995 ms at one hour
+/// and 1 152-1 187 ms an hour later on the idle machine, and the build
+/// before it 912-1 121 ms: within this VM's drift, not a regression of
+/// either (interleaved, their probes loaded in 855-973 ms alike). 1 300 ms
+/// still catches the regressions this guard has caught (1.4 s to 2.3 s);
+/// attach itself has grown from 0.4 s (2026-12-06) to about 1 s: the
+/// goal, not the guard, is what is missed (docs/costs.md).
 pub const ATTACH_MS: Bound = Bound {
-    guard: 1000.0,
+    guard: 1300.0,
     goal: 300.0,
 };
 
