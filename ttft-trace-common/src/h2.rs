@@ -296,7 +296,6 @@ pub struct Walk {
 pub struct WalkState {
     /// Offset of the next frame header.
     pub pos: u32,
-    pub _pad: u32,
 }
 
 /// Step `i` of a walk: reads the frame header at `st.pos` into
@@ -508,10 +507,7 @@ pub fn walk_call<B: FrameBytes>(
     ev: &mut H2FramesEvent,
     sent: &mut impl FnMut(&H2FramesEvent),
 ) -> Option<u32> {
-    *st = WalkState {
-        pos: w.from,
-        _pad: 0,
-    };
+    *st = WalkState { pos: w.from };
     if w.resync {
         cut.len = 0;
     }

@@ -504,10 +504,7 @@ fn walk_and_report(
     ev._pad = 0;
     ev.t_cut_ns = 0;
     sc.w = w;
-    sc.st = WalkState {
-        pos: w.from,
-        _pad: 0,
-    };
+    sc.st = WalkState { pos: w.from };
     sc.end = 0;
     // SAFETY: as above.
     sc.cut = unsafe { *cut };

@@ -27,9 +27,9 @@ use serde_json::{Value, json};
 use crate::{
     bounds::{self, Verdicts},
     cgroup2::BenchCgroup,
-    demo::{free_addr, signal, start_tracer},
+    demo::{free_addr, signal},
     process::output,
-    scale::{Killed, counters, cpu_ticks, release_bins, status_kib},
+    scale::{Killed, attach_serving, counters, cpu_ticks, release_bins, status_kib},
 };
 
 /// One load.
@@ -92,20 +92,13 @@ pub fn run(root: &Path, plan: &Plan) -> Result<(Value, Verdicts)> {
     );
     wait_listening(port)?;
     let metrics = free_addr()?;
-    let tracer = Killed(start_tracer(
+    let tracer = attach_serving(
         root,
-        "attach",
-        &[
-            "--pid".into(),
-            server.0.id().to_string(),
-            "--listen".into(),
-            metrics.to_string(),
-            "--interval".into(),
-            "3600".into(),
-            "--no-nvml".into(),
-        ],
+        server.0.id(),
+        metrics,
+        &[],
         "following requests on port",
-    )?);
+    )?;
     let tracer_pid = tracer.0.id();
     thread::sleep(Duration::from_secs(1));
     let idle_kib = status_kib(tracer_pid, "VmRSS:")?;

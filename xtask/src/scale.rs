@@ -402,6 +402,28 @@ pub fn release_bins(root: &Path, bins: &[&str]) -> Result<f64> {
         .context("getconf CLK_TCK")
 }
 
+/// `ttft-trace attach` (release) on `pid`, serving /metrics on `metrics`,
+/// with `extra` arguments; returns once it printed `ready`.
+pub fn attach_serving(
+    root: &Path,
+    pid: u32,
+    metrics: SocketAddr,
+    extra: &[String],
+    ready: &str,
+) -> Result<Killed> {
+    let mut args: Vec<String> = vec![
+        "--pid".into(),
+        pid.to_string(),
+        "--listen".into(),
+        metrics.to_string(),
+        "--interval".into(),
+        "3600".into(),
+        "--no-nvml".into(),
+    ];
+    args.extend_from_slice(extra);
+    Ok(Killed(start_tracer(root, "attach", &args, ready)?))
+}
+
 /// Runs the plan; returns the results and their verdicts.
 pub fn run(root: &Path, plan: &Plan) -> Result<(Value, Verdicts)> {
     let hz = release_bins(root, &["loadgen"])?;
@@ -429,22 +451,13 @@ pub fn run(root: &Path, plan: &Plan) -> Result<(Value, Verdicts)> {
     let jsonl = root.join("target/bench/scale.jsonl");
     std::fs::create_dir_all(root.join("target/bench"))?;
     let _ = std::fs::remove_file(&jsonl);
-    let tracer = Killed(start_tracer(
+    let tracer = attach_serving(
         root,
-        "attach",
-        &[
-            "--pid".into(),
-            server.0.id().to_string(),
-            "--listen".into(),
-            metrics.to_string(),
-            "--jsonl".into(),
-            jsonl.display().to_string(),
-            "--interval".into(),
-            "3600".into(),
-            "--no-nvml".into(),
-        ],
+        server.0.id(),
+        metrics,
+        &["--jsonl".into(), jsonl.display().to_string()],
         "attached",
-    )?);
+    )?;
     let tracer_pid = tracer.0.id();
     thread::sleep(Duration::from_secs(2));
     let idle_kib = status_kib(tracer_pid, "VmRSS:")?;
