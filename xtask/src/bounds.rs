@@ -26,8 +26,10 @@ pub const HOST_TAX: Bound = Bound {
 };
 
 /// A traced launch's added time over one empty uprobe's, measured in the
-/// same run (README: 1.40 to 1.44 x on a quiet machine; one round on a busy
-/// one moved between 1.30 and 1.76 x): a second trap per launch is 2.4 x.
+/// same run (docs/costs.md: 1.34 to 1.52 x, rounds of a million launches
+/// 1.30 to 1.67 x on 2026-12-07; CI's 1.89 x of that day had rounds of
+/// 200 000 timed while the runtime's probes were still being detached): a
+/// second trap per launch is 2.4 x.
 pub const LAUNCH: Bound = Bound {
     guard: 1.8,
     goal: 1.10,

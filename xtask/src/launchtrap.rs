@@ -18,10 +18,10 @@ use std::{
     path::Path,
     process::{Command, Stdio},
     thread,
-    time::Duration,
+    time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, Result};
+use anyhow::{Context as _, Result, bail};
 use serde_json::{Value, json};
 
 use crate::{
@@ -32,7 +32,10 @@ use crate::{
     taxsetups::start_bpftrace,
 };
 
-const LAUNCHES: u32 = 200_000;
+/// Launches timed per run: about a second at a traced launch's 1.4 µs.
+/// With 200 000 (0.3 s) one round's ratio moved by a third on this 2-CPU
+/// VM (1.30-1.94 x); with a million, 1.32-1.67 x (2026-12-07).
+const LAUNCHES: u32 = 1_000_000;
 /// Launches per step of a real server shape (eager prefill of a large model).
 const PER_STEP: f64 = 800.0;
 
@@ -108,10 +111,15 @@ fn bpftrace_uprobe(root: &Path, shape: &Shape, body: &str) -> Result<f64> {
 }
 
 /// Under `ttft-trace attach` (with `extra` arguments), started while the
-/// workload is stopped.
+/// workload is stopped. The workload stops again after its warm-up, and
+/// is timed once the tracer has no thread detaching probes: the runtime's
+/// launch probes, left to the driver's at a rescan, take 70-125 ms each
+/// to go (six on the stub runtime), and launches timed while they go pay
+/// two traps (the ratio moved between 1.55 and 1.98 x round to round
+/// with a fixed 600 ms warm-up, 2026-12-07).
 fn traced(root: &Path, shape: &Shape, extra: &[&str]) -> Result<f64> {
     let child = workload(root, shape)
-        .arg("--stop-before-work")
+        .args(["--stop-before-work", "--bench-stop-after-warmup"])
         .stdout(Stdio::piped())
         .spawn()?;
     let pid = child.id();
@@ -122,10 +130,33 @@ fn traced(root: &Path, shape: &Shape, extra: &[&str]) -> Result<f64> {
     // The second library's probes follow the first's "attached" line.
     thread::sleep(Duration::from_millis(300));
     signal(pid, "CONT")?;
+    wait_stopped(pid)?;
+    wait_no_thread(tracer.id(), DETACH_THREAD, Duration::from_secs(10))?;
+    signal(pid, "CONT")?;
     let out = child.wait_with_output()?;
     tracer.wait()?;
     wait_for_detaches()?;
     parse_ns(&out.stdout)
+}
+
+/// The name of the tracer's threads that detach a library's probes.
+const DETACH_THREAD: &str = "ttft-detach-lib";
+
+/// Waits until process `pid` has no thread named `name`.
+fn wait_no_thread(pid: u32, name: &str, limit: Duration) -> Result<()> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let busy = std::fs::read_dir(format!("/proc/{pid}/task"))?
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+            .any(|comm| comm.trim_end() == name);
+        if !busy {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("the tracer (pid {pid}) still had a {name} thread after {limit:?}");
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
