@@ -1,7 +1,8 @@
 //! Root-only: a gRPC server-streaming service on `grpcio` (C core, installed
 //! by `cargo xtask setup` into the gRPC venv), the same method on
 //! `tonic` (tests/stacks/tonic.rs, bin stack-tonic) and on `grpclib` (pure
-//! Python on the `h2` library), and OpenAI-style SSE over h2c from
+//! Python on the `h2` library), the grpcio server behind nginx's
+//! `grpc_pass` (both hops traced), and OpenAI-style SSE over h2c from
 //! `hypercorn`, under `ttft-trace attach`, each message after a step of the stub CUDA runtime
 //! (tests/stacks/gpu.py; tests/src/stub_gpu.rs), in a cgroup of its own
 //! (the client's frames are read at its ingress).
@@ -137,7 +138,7 @@ fn grpclib_streams_are_one_request_each() -> Result<()> {
 #[test]
 fn hypercorn_h2c_sse_streams_are_one_request_each() -> Result<()> {
     let name = "hypercorn_h2c_sse_streams_are_one_request_each";
-    let Some((calls, records)) =
+    let Some(Traced { calls, records, .. }) =
         traced_grpc_calls(name, Server::HypercornSse, &[], |port, out| {
             Command::new(venv_python())
                 .current_dir(stacks_dir())
@@ -167,7 +168,7 @@ fn hypercorn_h2c_sse_streams_are_one_request_each() -> Result<()> {
 fn h2c_stream_loss_is_named_network() -> Result<()> {
     let name = "h2c_stream_loss_is_named_network";
     let streams = LOSS_STREAMS.to_string();
-    let Some((calls, records)) = traced_grpc_calls(
+    let Some(Traced { calls, records, .. }) = traced_grpc_calls(
         name,
         Server::HypercornSse,
         &["--slo-ms", "100"],
@@ -335,21 +336,96 @@ fn grpc_server_frame_headers_cut_between_sends() -> Result<()> {
     )
 }
 
+/// grpc_stream.py's client (grpcio) against `port`, writing its calls to
+/// `out`.
+fn grpcio_client(port: u16, out: &std::path::Path) -> Result<std::process::ExitStatus> {
+    Command::new(grpc_python())
+        .current_dir(stacks_dir())
+        .args(["grpc_stream.py", "client", &port.to_string()])
+        .arg(out)
+        .status()
+        .context("running the gRPC client")
+}
+
 /// grpc_stream.py's client (grpcio) against `server`, checked.
 fn grpcio_client_on(name: &str, server: Server, label: &str) -> Result<()> {
-    let Some((calls, records)) = traced_grpc_calls(name, server, &[], |port, out| {
-        Command::new(grpc_python())
-            .current_dir(stacks_dir())
-            .args(["grpc_stream.py", "client", &port.to_string()])
-            .arg(out)
-            .status()
-            .context("running the gRPC client")
-    })?
+    let Some(Traced { calls, records, .. }) = traced_grpc_calls(name, server, &[], grpcio_client)?
     else {
         return Ok(());
     };
     let records: Vec<&Value> = records.iter().collect();
     check(label, &calls, &records, MSGS..=MSGS)
+}
+
+/// nginx in front of the grpcio server (`grpc_pass`, h2c on both hops),
+/// one process tree under the tracer, as gRPC gateways are deployed. The
+/// client's calls are checked on nginx's port as on a server of their own;
+/// each is also one record on the backend's port, on nginx's upstream
+/// connections (a stream each, the connection kept alive): arriving after
+/// the client's call reached nginx, its first message sent before nginx
+/// sent it on, every message a chunk. A call the client cancels ends on
+/// the backend hop too, reset by nginx (its client there) or its
+/// connection closed mid-response (nginx 1.22 closes it).
+#[test]
+fn nginx_grpc_pass_both_hops_are_traced() -> Result<()> {
+    let name = "nginx_grpc_pass_both_hops_are_traced";
+    let Some(Traced {
+        calls,
+        records,
+        behind,
+    }) = traced_grpc_calls(name, Server::NginxGrpc, &[], grpcio_client)?
+    else {
+        return Ok(());
+    };
+    let front: Vec<&Value> = records.iter().collect();
+    check("nginx grpc_pass", &calls, &front, MSGS..=MSGS)?;
+    ensure!(
+        behind.len() == CALLS,
+        "{} backend records for {CALLS} calls: {behind:#?}",
+        behind.len()
+    );
+    let by_arrival = |rs: &mut Vec<&Value>| rs.sort_by_key(|r| r["t_request_segment_ns"].as_u64());
+    let mut front = front;
+    let mut back: Vec<&Value> = behind.iter().collect();
+    by_arrival(&mut front);
+    by_arrival(&mut back);
+    let mut lead_ms = Vec::new();
+    for (f, b) in front.iter().zip(&back) {
+        let t = |r: &Value, k: &str| r[k].as_u64().with_context(|| format!("no {k}: {r}"));
+        ensure!(
+            b["framing"] == "http2" && b["http2_stream_id"].is_u64(),
+            "backend record not an HTTP/2 stream: {b}"
+        );
+        ensure!(
+            t(b, "t_request_segment_ns")? >= t(f, "t_request_segment_ns")?
+                && t(b, "t_first_token_ns")? <= t(f, "t_first_token_ns")?,
+            "the backend's call is not inside nginx's: front {f}, backend {b}"
+        );
+        lead_ms.push((t(f, "t_first_token_ns")? - t(b, "t_first_token_ns")?) as f64 / 1e6);
+        if f["outcome"] == "reset" {
+            ensure!(
+                (b["outcome"] == "reset" && b["http2_ended_by"] == "client")
+                    || b["outcome"] == "closed_mid_response",
+                "a cancelled call's backend stream not ended by nginx: {b}"
+            );
+        } else {
+            ensure!(
+                b["outcome"] == "ok" && b["chunks"] == f["chunks"],
+                "backend stream of a call read whole: front {f}, backend {b}"
+            );
+        }
+    }
+    lead_ms.sort_by(f64::total_cmp);
+    println!(
+        "nginx grpc_pass: {CALLS} calls, {} backend streams on {} upstream connection(s); \
+         nginx's first message after the backend's by {lead_ms:.3?} ms",
+        back.len(),
+        back.iter()
+            .map(|r| r["conn"].to_string())
+            .collect::<std::collections::BTreeSet<_>>()
+            .len()
+    );
+    Ok(())
 }
 
 /// A raw h2c client (tests/stacks/h2_cut_client.py) that cuts every
@@ -361,7 +437,7 @@ fn grpcio_client_on(name: &str, server: Server, label: &str) -> Result<()> {
 /// the segment with the header's first byte.
 #[test]
 fn grpc_frame_headers_cut_between_segments() -> Result<()> {
-    let Some((calls, records)) = traced_grpc_calls(
+    let Some(Traced { calls, records, .. }) = traced_grpc_calls(
         "grpc_frame_headers_cut_between_segments",
         Server::Grpcio,
         &[],
@@ -410,18 +486,31 @@ enum Server {
     Grpclib,
     /// Not gRPC: hypercorn serving tests/stacks/apps.py's SSE over h2c.
     HypercornSse,
+    /// nginx (h2c, grpc_pass) in front of the grpcio server
+    /// (tests/stacks/nginx_demo.sh with STACK_GRPC_PYTHON).
+    NginxGrpc,
+}
+
+/// Where `cargo xtask setup` installs nginx (Debian's package).
+const NGINX: &str = "/usr/sbin/nginx";
+
+/// What a traced run gave: the calls the client wrote, the tracer's
+/// records of the port the client called, and behind a proxy, of its
+/// backend's port.
+struct Traced {
+    calls: Vec<Call>,
+    records: Vec<Value>,
+    behind: Vec<Value>,
 }
 
 /// `server` in a cgroup of its own under the tracer, and
-/// `client(port, out)` run against it: the calls the client
-/// wrote to `out`, and the tracer's records of the server's port. `None`
-/// where the test is skipped.
+/// `client(port, out)` run against it. `None` where the test is skipped.
 fn traced_grpc_calls(
     name: &str,
     server: Server,
     tracer_args: &[&str],
     client: impl FnOnce(u16, &std::path::Path) -> Result<std::process::ExitStatus>,
-) -> Result<Option<(Vec<Call>, Vec<Value>)>> {
+) -> Result<Option<Traced>> {
     let Some(_guard) = root_test(name) else {
         return Ok(None);
     };
@@ -433,8 +522,13 @@ fn traced_grpc_calls(
         ttft_trace_tests::skip_or_fail(name, &why);
         return Ok(None);
     }
+    if matches!(server, Server::NginxGrpc) && !std::path::Path::new(NGINX).is_file() {
+        ttft_trace_tests::skip_or_fail(name, "nginx is not installed: run `cargo xtask setup`");
+        return Ok(None);
+    }
     let cudart = fixtures::existing_fixture(fixtures::STUB_CUDART)?;
     let port = free_port()?;
+    let backend = free_port()?;
     let cgroup = PodCgroup::new()?;
     let mut cmd = match server {
         Server::Grpcio | Server::CutHeaders | Server::Grpclib | Server::HypercornSse => {
@@ -477,12 +571,26 @@ fn traced_grpc_calls(
             c.arg(port.to_string()).arg(&cudart);
             c
         }
+        Server::NginxGrpc => {
+            let mut c = Command::new(stacks_dir().join("nginx_demo.sh"));
+            c.arg(port.to_string())
+                .arg(backend.to_string())
+                .arg(&cudart)
+                .env("STACK_GRPC_PYTHON", grpc_python())
+                .env("PYTHONUNBUFFERED", "1")
+                .env("PYTHONDONTWRITEBYTECODE", "1");
+            c
+        }
     };
     cmd.current_dir(stacks_dir());
     cgroup.place(&mut cmd)?;
     // A group: hypercorn serves from a worker process of its own.
+    let proxied = matches!(server, Server::NginxGrpc);
     let mut server = Group::spawn(cmd)?;
     wait_listening(port, || server.0.try_wait())?;
+    if proxied {
+        wait_listening(backend, || server.0.try_wait())?;
+    }
     let args: Vec<String> = vec![
         "--pid".into(),
         server.pid().to_string(),
@@ -515,12 +623,23 @@ fn traced_grpc_calls(
         "segments not seen at the server's cgroup:\n{}",
         trace.stderr
     );
-    let records: Vec<Value> = trace
-        .lines
-        .into_iter()
-        .filter(|l| l["type"] == "request" && l["server_port"].as_u64() == Some(port.into()))
-        .collect();
-    Ok(Some((calls, records)))
+    let on_port = |p: u16| -> Vec<Value> {
+        trace
+            .lines
+            .iter()
+            .filter(|l| l["type"] == "request" && l["server_port"].as_u64() == Some(p.into()))
+            .cloned()
+            .collect()
+    };
+    Ok(Some(Traced {
+        calls,
+        records: on_port(port),
+        behind: if proxied {
+            on_port(backend)
+        } else {
+            Vec::new()
+        },
+    }))
 }
 
 /// Every call one record, matched by its stream id on the one connection;

@@ -271,6 +271,15 @@ pub trait FrameBytes {
     ///
     /// [`peek`]: FrameBytes::peek
     fn small(&mut self, at: u32, dst: &mut [u8; H2_CUT_READ]) -> u32;
+    /// Reads up to [`H2_FRAME_HEAD`] bytes at `at` into `dst`, where the
+    /// bytes before `at` ended a piece (an iovec entry): a frame's first
+    /// payload bytes, where its header ended the entry that [`peek`] read
+    /// (nginx writes each frame header in an entry of its own). How many
+    /// are valid (0 where the next piece is not readable; always 0 for a
+    /// segment, whose payload is contiguous).
+    ///
+    /// [`peek`]: FrameBytes::peek
+    fn head(&mut self, at: u32, dst: &mut [u8; H2_FRAME_HEAD]) -> u32;
 }
 
 /// What [`FrameBytes::small`] reads at most: the rest of a cut header
@@ -353,9 +362,19 @@ pub fn walk_step<B: FrameBytes>(
     }
     let f = &mut ev.frames[k];
     (f.offset, f.len, f.stream, f.kind, f.flags) = (pos, len, stream, kind, flags);
-    let kept = (n - H2_FRAME_HEADER).min(len).min(H2_FRAME_HEAD as u32);
-    f.head_len = kept as u8;
+    let mut kept = (n - H2_FRAME_HEADER).min(len).min(H2_FRAME_HEAD as u32);
     f.head.copy_from_slice(&buf[9..]);
+    if n == H2_FRAME_HEADER && len > 0 && w.total - pos > H2_FRAME_HEADER {
+        // The header ended its piece: the payload's first bytes are in the
+        // next (a HEADERS frame's status, a RST_STREAM's code, a pad).
+        let at = pos + H2_FRAME_HEADER;
+        kept = src
+            .head(at, &mut f.head)
+            .min(len)
+            .min(w.total - at)
+            .min(H2_FRAME_HEAD as u32);
+    }
+    f.head_len = kept as u8;
     ev.n_frames = k as u32 + 1;
     st.pos = pos.saturating_add(H2_FRAME_HEADER + len);
     None

@@ -36,6 +36,10 @@ impl FrameBytes for Pieces {
     fn small(&mut self, at: u32, dst: &mut [u8; H2_CUT_READ]) -> u32 {
         self.read(at, dst)
     }
+
+    fn head(&mut self, at: u32, dst: &mut [u8; H2_FRAME_HEAD]) -> u32 {
+        self.read(at, dst)
+    }
 }
 
 /// How a call's walk ended.
@@ -180,9 +184,43 @@ fn iovec_pieces_and_continuation() {
     let (ev, w) = run(pieces, 0, false);
     let kinds: Vec<_> = ev.frames().iter().map(|f| f.kind).collect();
     assert_eq!(kinds, [H2_HEADERS, H2_CONTINUATION, H2_DATA]);
-    // The DATA payload's first bytes are in another entry: not kept.
-    assert_eq!(ev.frames[2].head_len, 0);
+    // The DATA payload's first bytes are in the next entry: read from it.
+    assert_eq!(ev.frames[2].head(), &[0, 0, 0, 0, 1, b'x']);
     assert!(w.end.is_some());
+}
+
+/// nginx's shape: each frame header an entry of its own, the payload in
+/// the next. The head is read from the next entry, however long it is,
+/// never past the frame's payload or the call's end.
+#[test]
+fn a_header_alone_in_its_entry_has_its_head_from_the_next() {
+    let headers = frame(
+        H2_HEADERS,
+        H2_END_HEADERS,
+        1,
+        &[0x20, 0x88, 0x40, 0x0c, 5, 6, 7, 8, 9],
+    );
+    let data = frame(H2_DATA, 0, 1, &[0, 0, 0, 0, 2, b'h', b'i']);
+    let rst = frame(H2_RST_STREAM, 0, 3, &[0, 0, 0, 8]);
+    let pieces = std::vec![
+        headers[..9].to_vec(),
+        headers[9..].to_vec(),
+        data[..9].to_vec(),
+        data[9..11].to_vec(),
+        data[11..].to_vec(),
+        rst[..9].to_vec(),
+        rst[9..].to_vec(),
+    ];
+    let (ev, w) = run(pieces, 0, false);
+    assert_eq!(ev.n_frames, 3);
+    assert_eq!(ev.frames[0].head(), &[0x20, 0x88, 0x40, 0x0c, 5, 6, 7, 8]);
+    // The next entry holds two of the payload's bytes: only those.
+    assert_eq!(ev.frames[1].head(), &[0, 0]);
+    assert_eq!(ev.frames[2].head(), &[0, 0, 0, 8]);
+    assert!(w.end.is_some());
+    // A call that ends with a header alone: nothing read past it.
+    let (ev, _) = run(std::vec![data[..9].to_vec()], 0, false);
+    assert_eq!((ev.n_frames, ev.frames[0].head_len), (1, 0));
 }
 
 #[test]

@@ -35,10 +35,10 @@ use aya_ebpf::{
 use ttft_trace_common::{
     CONN_H2, CONN_RX_CHECKED, CONN_TX_CHECKED, ConnState, SendArgs, Stat,
     h2::{
-        CutHeader, EVENT_H2, FrameBytes, H2_CUT_READ, H2_FRAME_HEADER, H2_FULL, H2_LOST, H2_PEEK,
-        H2_PREFACE, H2_PREFACE_SEEN, H2_RECV, H2_RESYNCED, H2_RX_SYNC, H2_SEND, H2_TX_SYNC,
-        H2_WALK_MAX, H2FramesEvent, H2State, Resumed, RxPlan, Walk, WalkState, full_event_sent,
-        is_server_preface, keep_cut, resume_cut, rx_plan, walk_step,
+        CutHeader, EVENT_H2, FrameBytes, H2_CUT_READ, H2_FRAME_HEAD, H2_FRAME_HEADER, H2_FULL,
+        H2_LOST, H2_PEEK, H2_PREFACE, H2_PREFACE_SEEN, H2_RECV, H2_RESYNCED, H2_RX_SYNC, H2_SEND,
+        H2_TX_SYNC, H2_WALK_MAX, H2FramesEvent, H2State, Resumed, RxPlan, Walk, WalkState,
+        full_event_sent, is_server_preface, keep_cut, resume_cut, rx_plan, walk_step,
     },
 };
 
@@ -175,9 +175,23 @@ impl FrameBytes for UserBytes {
             return 0;
         };
         let valid = valid.min(H2_PEEK as u32);
-        read_fixed(dst, |to, n| {
+        read_fixed(dst, PEEK_SIZES, |to, n| {
             // SAFETY: n <= H2_PEEK = to.len(); the helper checks the user
             // address.
+            unsafe { generated::bpf_probe_read_user(to.cast(), n, src as *const _) }
+        })
+        .min(valid)
+    }
+
+    #[inline(always)]
+    fn head(&mut self, at: u32, dst: &mut [u8; H2_FRAME_HEAD]) -> u32 {
+        // The next entry: the one `peek` read ended at `at`.
+        let Some((src, valid)) = self.locate::<1>(at) else {
+            return 0;
+        };
+        read_fixed(dst, HEAD_SIZES, |to, n| {
+            // SAFETY: n <= H2_FRAME_HEAD = to.len(); the helper checks the
+            // user address.
             unsafe { generated::bpf_probe_read_user(to.cast(), n, src as *const _) }
         })
         .min(valid)
@@ -218,12 +232,19 @@ impl FrameBytes for SkbBytes {
         }
         let (skb, offset) = (self.skb, self.payload_at + at);
         let valid = self.len - at;
-        read_fixed(dst, |to, n| {
+        read_fixed(dst, PEEK_SIZES, |to, n| {
             // SAFETY: n <= H2_PEEK = to.len(); the helper checks the
             // offset against the packet.
             unsafe { generated::bpf_skb_load_bytes(skb.cast(), offset, to.cast(), n) }
         })
         .min(valid)
+    }
+
+    /// A payload is contiguous: `peek` stops at a header's end only at
+    /// the payload's.
+    #[inline(always)]
+    fn head(&mut self, _at: u32, _dst: &mut [u8; H2_FRAME_HEAD]) -> u32 {
+        0
     }
 }
 
@@ -238,18 +259,26 @@ fn bounded_small(n: u32) -> u32 {
     ((n.min(H2_CUT_READ as u32).wrapping_sub(1)) & (H2_CUT_READ as u32 - 1)) + 1
 }
 
-/// Reads [`H2_PEEK`] bytes with `read(dst, size)`, or fewer where that
-/// fails (the end of the packet, or of the user's mapping): a frame header
-/// and a RST_STREAM's error code, or the header alone. How many were read
-/// (0: none). Sizes are constants, never computed from the walk's
-/// position: a size the helper must bound would make the verifier tell
-/// every step's position apart, and the `bpf_loop` body would never
+/// A peek's sizes, longest first: a frame header and its payload's first
+/// bytes (a status, a RST_STREAM's error code), or the header alone.
+const PEEK_SIZES: [u32; 3] = [H2_PEEK as u32, H2_FRAME_HEADER + 4, H2_FRAME_HEADER];
+/// A payload head's sizes, read on its own ([`FrameBytes::head`]).
+const HEAD_SIZES: [u32; 3] = [H2_FRAME_HEAD as u32, 4, 1];
+
+/// Reads `sizes[0]` bytes with `read(dst, size)`, or the next size where
+/// that fails (the end of the packet, or of the user's mapping). How many
+/// were read (0: none). Sizes are constants, never computed from the
+/// walk's position: a size the helper must bound would make the verifier
+/// tell every step's position apart, and the `bpf_loop` body would never
 /// converge.
 #[inline(always)]
-fn read_fixed(dst: &mut [u8; H2_PEEK], read: impl Fn(*mut u8, u32) -> i64) -> u32 {
-    const SIZES: [u32; 3] = [H2_PEEK as u32, H2_FRAME_HEADER + 4, H2_FRAME_HEADER];
-    for n in SIZES {
-        if read(dst.as_mut_ptr(), n) == 0 {
+fn read_fixed<const N: usize>(
+    dst: &mut [u8; N],
+    sizes: [u32; 3],
+    read: impl Fn(*mut u8, u32) -> i64,
+) -> u32 {
+    for n in sizes {
+        if n as usize <= N && read(dst.as_mut_ptr(), n) == 0 {
             return n;
         }
     }

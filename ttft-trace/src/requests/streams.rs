@@ -22,8 +22,9 @@
 //!   only once it is all there.
 //!
 //! The status is read where the response's header block starts with an
-//! HPACK static-table index (`0x88` is `:status: 200`); a literal status
-//! needs the HPACK decoder, a later step.
+//! HPACK static-table index (`0x88` is `:status: 200`), after any dynamic
+//! table size updates; a literal status needs the HPACK decoder, a later
+//! step.
 
 use std::collections::BTreeMap;
 
@@ -374,7 +375,10 @@ fn data_payload(f: &H2Frame) -> u32 {
     f.len.saturating_sub(1 + pad)
 }
 
-/// `:status` where the header block starts with a static-table index.
+/// `:status` where the header block starts with a static-table index,
+/// after any dynamic table size updates (RFC 7541 6.3: they come first in
+/// a block; nginx begins each connection's first response with one, to
+/// size 0, as it never indexes).
 fn status(f: &H2Frame) -> Option<u16> {
     let mut at = 0;
     if f.flags & H2_PADDED != 0 {
@@ -383,7 +387,20 @@ fn status(f: &H2Frame) -> Option<u16> {
     if f.flags & H2_PRIORITY_FLAG != 0 {
         at += 5;
     }
-    let first = *f.head().get(at)?;
+    let head = f.head();
+    // A size update is `001` and a 5-bit prefixed integer: past a full
+    // prefix, bytes with the high bit set continue it.
+    while head.get(at).is_some_and(|b| b & 0xe0 == 0x20) {
+        let full_prefix = head[at] & 0x1f == 0x1f;
+        at += 1;
+        if full_prefix {
+            while head.get(at)? & 0x80 != 0 {
+                at += 1;
+            }
+            at += 1;
+        }
+    }
+    let first = *head.get(at)?;
     if first & 0x80 == 0 {
         return None;
     }

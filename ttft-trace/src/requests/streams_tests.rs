@@ -183,6 +183,28 @@ fn padding_alone_is_no_chunk_and_status_skips_pad_and_priority() {
     );
 }
 
+/// nginx's first response on a connection: a dynamic table size update
+/// to 0 (`0x20`), then `:status: 200`; a size update with a multi-byte
+/// integer (4096: `0x3f 0xe1 0x1f`) is passed over too.
+#[test]
+fn status_follows_dynamic_table_size_updates() {
+    let headers = |head: &[u8]| {
+        let mut f = H2Frame {
+            kind: H2_HEADERS,
+            len: 20,
+            head_len: head.len() as u8,
+            ..H2Frame::default()
+        };
+        f.head[..head.len()].copy_from_slice(head);
+        status(&f)
+    };
+    assert_eq!(headers(&[0x20, 0x88]), Some(200));
+    assert_eq!(headers(&[0x3f, 0xe1, 0x1f, 0x8d]), Some(404));
+    assert_eq!(headers(&[0x20, 0x3f, 0xe1, 0x1f, 0x88]), Some(200));
+    // An integer that runs past what was captured: not guessed.
+    assert_eq!(headers(&[0x3f, 0xe1, 0x9f, 0x80, 0x80]), None);
+}
+
 #[test]
 fn literal_status_is_not_guessed() {
     let f = H2Frame {

@@ -3,8 +3,8 @@
 //! stream out.
 
 use ttft_trace_common::h2::{
-    CutHeader, FrameBytes, H2_CONTINUED, H2_CUT_READ, H2_PEEK, H2_RECV, H2_SEND, H2FramesEvent,
-    Walk, WalkState, walk_call,
+    CutHeader, FrameBytes, H2_CONTINUED, H2_CUT_READ, H2_FRAME_HEAD, H2_PEEK, H2_RECV, H2_SEND,
+    H2FramesEvent, Walk, WalkState, walk_call,
 };
 
 use super::*;
@@ -28,6 +28,11 @@ impl FrameBytes for Bytes<'_> {
         let n = rest.len().min(H2_CUT_READ);
         dst[..n].copy_from_slice(&rest[..n]);
         n as u32
+    }
+
+    /// One slice: the peek never stops at a header's end inside it.
+    fn head(&mut self, _at: u32, _dst: &mut [u8; H2_FRAME_HEAD]) -> u32 {
+        0
     }
 }
 
