@@ -55,6 +55,18 @@ impl BenchCgroup {
         Ok(Self { dir, file })
     }
 
+    /// A command that runs `program` in this cgroup from its start (a
+    /// shell joins it, then execs the program): the sockets it makes, a
+    /// listener and so its connections, are the cgroup's. Arguments follow
+    /// with `arg`.
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> std::process::Command {
+        let mut c = std::process::Command::new("sh");
+        c.args(["-c", r#"echo $$ > "$0" && exec "$@""#])
+            .arg(self.procs())
+            .arg(program);
+        c
+    }
+
     /// Moves process `pid` (all its threads) in.
     pub fn add(&self, pid: u32) -> Result<()> {
         std::fs::write(self.dir.join("cgroup.procs"), pid.to_string())

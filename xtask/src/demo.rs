@@ -117,6 +117,30 @@ pub fn start_tracer(root: &Path, subcommand: &str, args: &[String], ready: &str)
     Ok(child)
 }
 
+/// Waits up to 10 s for `port` to accept on loopback.
+pub fn wait_listening(port: u16) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if Instant::now() > deadline {
+            bail!("the server does not listen on {port}");
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+/// Prints what /metrics at `addr` served (`body`), the histograms'
+/// buckets left out.
+pub fn print_metrics(addr: SocketAddr, body: &str) {
+    println!("\n== what http://{addr}/metrics served (histogram buckets left out) ==");
+    for line in body
+        .lines()
+        .filter(|l| l.starts_with("ttft_trace_") && !l.contains("_bucket{"))
+    {
+        println!("{line}");
+    }
+}
+
 /// GET /metrics over plain HTTP/1.1.
 pub fn scrape(addr: SocketAddr) -> Result<String> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
@@ -205,11 +229,7 @@ pub fn demo() -> Result<()> {
         signal(tracer.id(), "INT")?;
         tracer.wait()?;
         load?;
-        let body = body.context("scraping /metrics")?;
-        println!("\n== what http://{addr}/metrics served (histogram buckets left out) ==");
-        for line in body.lines().filter(|l| l.starts_with("ttft_trace_") && !l.contains("_bucket{")) {
-            println!("{line}");
-        }
+        print_metrics(addr, &body.context("scraping /metrics")?);
         Ok(())
     });
     signal(pid, "TERM")?;

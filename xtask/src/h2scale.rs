@@ -14,20 +14,20 @@
 //! no event lost, every completed call traced.
 
 use std::{
-    net::{TcpListener, TcpStream},
+    net::TcpListener,
     path::Path,
     process::{Command, Stdio},
     thread,
     time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Context as _, Result};
 use serde_json::{Value, json};
 
 use crate::{
     bounds::{self, Verdicts},
     cgroup2::BenchCgroup,
-    demo::{free_addr, signal},
+    demo::{free_addr, signal, wait_listening},
     process::output,
     scale::{Killed, attach_serving, counters, cpu_ticks, release_bins, status_kib},
 };
@@ -53,18 +53,6 @@ pub const FULL: Plan = Plan {
     seconds: 20.0,
 };
 
-/// Waits up to 10 s for `port` to accept on loopback.
-fn wait_listening(port: u16) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        if Instant::now() > deadline {
-            bail!("the gRPC server does not listen on {port}");
-        }
-        thread::sleep(Duration::from_millis(50));
-    }
-    Ok(())
-}
-
 /// Runs the plan; returns the figures and their verdicts.
 pub fn run(root: &Path, plan: &Plan) -> Result<(Value, Verdicts)> {
     let hz = release_bins(root, &["loadgen", "stack-tonic"])?;
@@ -74,14 +62,8 @@ pub fn run(root: &Path, plan: &Plan) -> Result<(Value, Verdicts)> {
     // connections, are the cgroup's (made outside it, they would send the
     // tracer's segments host-wide, with no payload to walk).
     let server = Killed(
-        Command::new("sh")
-            .args([
-                "-c",
-                r#"echo $$ > "$1" && exec "$2" "$3" "$4" "$5" "$6""#,
-                "sh",
-            ])
-            .arg(cgroup.procs())
-            .arg(root.join("target/release/stack-tonic"))
+        cgroup
+            .command(root.join("target/release/stack-tonic"))
             .arg(port.to_string())
             .arg(root.join("target/fixtures/libcudart.so.12"))
             .arg(plan.pace_ms.to_string())

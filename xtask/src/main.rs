@@ -8,6 +8,7 @@ mod bpfprogs;
 mod cgroup2;
 mod demo;
 mod fuzz;
+mod grpcdemo;
 mod h2scale;
 mod hooktoggle;
 mod hosttax;
@@ -57,7 +58,12 @@ enum Task {
     /// Build (installing only rust-src and bpf-linker when missing) and
     /// trace the bundled GPU-free workload; show the summary and what
     /// /metrics serves.
-    Demo,
+    Demo {
+        /// A gRPC streaming service (grpcio) under `attach` instead of the
+        /// HTTP/1.1 demo server under the daemon; sets up the gRPC venv.
+        #[arg(long)]
+        grpc: bool,
+    },
     /// Set up what the tests use, then run every test (root-only tests need
     /// root).
     Test {
@@ -104,9 +110,13 @@ enum Task {
 fn main() -> anyhow::Result<()> {
     match Cli::parse().task {
         Task::Setup { all } => setup(if all { Purpose::All } else { Purpose::Test }),
-        Task::Demo => {
+        Task::Demo { grpc: false } => {
             setup(Purpose::Build)?;
             demo::demo()
+        }
+        Task::Demo { grpc: true } => {
+            setup(Purpose::GrpcDemo)?;
+            grpcdemo::demo_grpc()
         }
         Task::Test { args } => {
             setup(Purpose::Test)?;

@@ -40,6 +40,8 @@ pub fn cache() -> PathBuf {
 pub enum Purpose {
     /// Building the daemon (the demo, lint-ebpf): rust-src and bpf-linker.
     Build,
+    /// The gRPC demo: building, and the gRPC venv.
+    GrpcDemo,
     /// `cargo xtask test` (and plain `cargo xtask setup`): building, the
     /// libraries, venvs and Debian packages the tests use.
     Test,
@@ -72,6 +74,7 @@ fn steps(purpose: Purpose) -> Vec<&'static Step> {
     ];
     match purpose {
         Purpose::Build => build.to_vec(),
+        Purpose::GrpcDemo => [&build[..], &[&GRPC]].concat(),
         Purpose::Test => [&build[..], &test, &[&SERVICES]].concat(),
         Purpose::Soak => [&build[..], &[&BPFTOOL, &SERVICES]].concat(),
         Purpose::Bench => [&build[..], &[&CUDART, &BPFTOOL, &BPFTRACE, &SERVICES]].concat(),
@@ -89,8 +92,9 @@ pub fn setup(purpose: Purpose) -> Result<()> {
 mod tests {
     use super::*;
 
-    const TASKS: [Purpose; 5] = [
+    const TASKS: [Purpose; 6] = [
         Purpose::Build,
+        Purpose::GrpcDemo,
         Purpose::Test,
         Purpose::Soak,
         Purpose::Bench,
