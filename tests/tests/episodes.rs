@@ -35,9 +35,10 @@ const MOVE_HOLD_MAX_NS: u64 = 150_000_000;
 /// the runtime's code pages while the process runs: a thread that enters a
 /// launch meanwhile waits on the kernel before the driver's probe stamps
 /// it. Locally the episodes held so were the move's or up to four after it,
-/// 2.5-6 ms late at their start; CI saw one held 15.5 ms. That wait is the
-/// kernel's, not a missed probe: counts, the traced window inside the
-/// truth's and the copy's end are still checked.
+/// 2.5-6 ms late at their start; CI saw one held 15.5 ms, and in one run
+/// four, 0 to 44 episodes after the move (0.1-13.7 ms late; the detaches
+/// take 0.7 s). That wait is the kernel's, not a missed probe: counts, the
+/// traced window inside the truth's and the copy's end are still checked.
 fn moved_to_driver(traced: &[Episode]) -> Option<usize> {
     let first = traced.iter().position(|t| t.api == "driver")?;
     (first > 0 && traced[0].api == "runtime").then_some(first)
@@ -76,15 +77,34 @@ fn trace(
 /// 30, short by 125-300 µs, at its start or its end, with either scheduler
 /// source.
 fn compare(traced: &[Episode], truth: &[TruthEpisode]) -> Vec<i64> {
-    compare_except(traced, truth, truth.len() / 20 + 1)
+    compare_except(traced, truth, 0)
 }
 
-/// As [`compare`], with up to `short` episodes whose traced latency may be
-/// short of the truth's by more than the tolerance, each printed with how
-/// much of it is at the start and at the end; counts, and the traced window
-/// inside the truth's, are still checked for them.
-fn compare_except(traced: &[Episode], truth: &[TruthEpisode], short: usize) -> Vec<i64> {
-    let mut late = 0;
+/// The number of runtime launch probes the tracer said it detached when the
+/// process's launches moved to the driver (0 if they did not).
+fn detached_at_the_move(stderr: &str) -> usize {
+    stderr
+        .lines()
+        .filter_map(|l| {
+            let (_, tail) = l
+                .split_once("reached it (")
+                .or_else(|| l.split_once("reach it ("))?;
+            tail.split_whitespace().next()?.parse::<usize>().ok()
+        })
+        .sum()
+}
+
+/// As [`compare`], where the process's launches moved to the driver while
+/// it ran and the tracer detached `move_holds` runtime launch probes: each
+/// detach rewrites the runtime's code in the process once, and may hold the
+/// thread in a launch then (see [`moved_to_driver`]). Up to that many
+/// episodes from the move on may be short by up to [`MOVE_HOLD_MAX_NS`], at
+/// their start only, beside the one in twenty of [`compare`]; each is
+/// printed with how much of it is at the start and at the end; counts, and
+/// the traced window inside the truth's, are still checked for all.
+fn compare_except(traced: &[Episode], truth: &[TruthEpisode], move_holds: usize) -> Vec<i64> {
+    let short = truth.len() / 20 + 1;
+    let (mut late, mut held) = (0, 0);
     let moved = moved_to_driver(traced);
     assert_eq!(traced.len(), truth.len(), "episode count");
     let mut errors = Vec::new();
@@ -110,40 +130,47 @@ fn compare_except(traced: &[Episode], truth: &[TruthEpisode], short: usize) -> V
             g.t_complete_ns
         );
         let err = g.gpu_ns() as i64 - t.launch_to_first_d2h_ns as i64;
-        if err > TOLERANCE_NS as i64 && late < short {
-            late += 1;
-            eprintln!(
-                "episode {i} ({}, the move to the driver at {moved:?}): traced {} ns vs truth \
-                 {} ns: the first launch stamped {} ns after the truth's start, the copy done \
-                 {} ns before its end",
-                t.api,
-                t.launch_to_first_d2h_ns,
-                g.gpu_ns(),
-                t.t_first_launch_ns - g.t_launch_ns,
-                g.t_complete_ns - t.t_copy_done_ns
-            );
-            // Held at its start while the runtime's probes were detached:
-            // from the episode before the first at the driver on, the copy's
-            // end still exact.
-            let held_by_the_move = moved.is_some_and(|m| i + 1 >= m)
-                && g.t_complete_ns - t.t_copy_done_ns <= TOLERANCE_NS
-                && err.unsigned_abs() <= MOVE_HOLD_MAX_NS;
+        errors.push(err);
+        if err <= TOLERANCE_NS as i64 {
             assert!(
-                held_by_the_move || err.unsigned_abs() <= EXCUSED_SHORT_MAX_NS,
-                "episode {i}: traced {} ns vs truth {} ns, short by more than an excused one may be",
+                err.unsigned_abs() <= TOLERANCE_NS,
+                "episode {i}: traced {} ns vs truth {} ns",
                 t.launch_to_first_d2h_ns,
                 g.gpu_ns()
             );
-            errors.push(err);
             continue;
         }
-        assert!(
-            err.unsigned_abs() <= TOLERANCE_NS,
-            "episode {i}: traced {} ns vs truth {} ns",
+        let start_late = t.t_first_launch_ns - g.t_launch_ns;
+        let end_early = g.t_complete_ns - t.t_copy_done_ns;
+        eprintln!(
+            "episode {i} ({}, the move to the driver at {moved:?}): traced {} ns vs truth {} ns: \
+             the first launch stamped {start_late} ns after the truth's start, the copy done \
+             {end_early} ns before its end",
+            t.api,
             t.launch_to_first_d2h_ns,
-            g.gpu_ns()
+            g.gpu_ns(),
         );
-        errors.push(err);
+        // Held at its start while the runtime's probes were detached: from
+        // the episode before the first at the driver on, the copy's end
+        // still exact.
+        let held_by_the_move = held < move_holds
+            && moved.is_some_and(|m| i + 1 >= m)
+            && end_early <= TOLERANCE_NS
+            && err.unsigned_abs() <= MOVE_HOLD_MAX_NS;
+        if held_by_the_move {
+            held += 1;
+            continue;
+        }
+        late += 1;
+        assert!(
+            late <= short && err.unsigned_abs() <= EXCUSED_SHORT_MAX_NS,
+            "episode {i}: traced {} ns vs truth {} ns: short by more than the tolerance, {late} \
+             such of {} (up to {short} excused, by up to {EXCUSED_SHORT_MAX_NS} ns; {held} of \
+             up to {move_holds} held by the move to the driver)",
+            t.launch_to_first_d2h_ns,
+            g.gpu_ns(),
+            truth.len()
+        );
     }
     errors
 }
@@ -276,7 +303,9 @@ fn launches_move_to_the_driver_once_the_runtime_shows_it_reaches_it() -> Result<
         // Detaching the runtime's launch probes rewrites the runtime's code
         // pages in the process: a thread inside a launch then may wait on
         // the kernel, before the driver's probe stamps its first launch.
-        let errors = compare_except(&traced, &truth, 3);
+        let detached = detached_at_the_move(&out.stderr);
+        assert!(detached > 0, "{style}: no probes detached: {}", out.stderr);
+        let errors = compare_except(&traced, &truth, detached);
         check_totals(&out, &truth);
         let pid = truth[0].pid;
         let said = if extra.is_empty() {
@@ -297,7 +326,8 @@ fn launches_move_to_the_driver_once_the_runtime_shows_it_reaches_it() -> Result<
             "{style}: {apis:?}"
         );
         eprintln!(
-            "{style}: the last {at_driver} of {} episodes traced at the driver alone",
+            "{style}: the last {at_driver} of {} episodes traced at the driver alone \
+             ({detached} runtime launch probes detached)",
             apis.len()
         );
         report(style.as_str(), errors);
@@ -546,7 +576,11 @@ fn library_loaded_after_attach_wait() -> Result<()> {
     // CI saw one episode start 650 µs late here).
     report(
         "dlopen --wait",
-        compare_except(&traced_after, &truth_after, 3),
+        compare_except(
+            &traced_after,
+            &truth_after,
+            detached_at_the_move(&out.stderr),
+        ),
     );
     Ok(())
 }
