@@ -12,6 +12,10 @@ CLOCK_MONOTONIC when it has read the call's first message. The odd calls are bid
 the client sends its prompt, a second message once it has read the first answer, then half
 closes (a client DATA frame in the middle of the response). The calls in CANCELLED are cancelled
 after their first message (the client sends RST_STREAM CANCEL). Writes one JSON line per call.
+
+`client-midlife PORT OUT`: the same calls once on the channel, then "warm" on stdout; once a line
+comes on stdin (the tracer attached meanwhile), one more call read whole, then the calls again
+on the same channel (and connection), of which it writes the lines.
 """
 
 import json
@@ -61,12 +65,32 @@ def serve(port: int) -> None:
     server.wait_for_termination()
 
 
-def client(port: int, out: str) -> None:
+def client(port: int, out: str, midlife: bool = False) -> None:
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     grpc.channel_ready_future(channel).result(timeout=10)
+    first = 1
+    if midlife:
+        calls(channel, first)
+        first += 2 * CALLS
+        print("warm", flush=True)
+        sys.stdin.readline()
+        # The call whose request segment adopts the connection (its frames
+        # came before the connection was followed), read whole first.
+        for _ in channel.unary_stream(METHOD)(b"prompt"):
+            pass
+        first += 2
+    rows = calls(channel, first)
+    channel.close()
+    with open(out, "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+
+
+def calls(channel, first: int) -> list:
+    """CALLS calls on `channel`, the first on stream `first`: their rows."""
     call = channel.unary_stream(METHOD)
     chat = channel.stream_stream(BIDI_METHOD)
-    rows = [dict(stream=2 * k + 1, cancelled=(k in CANCELLED), bidi=(k % 2 == 1))
+    rows = [dict(stream=first + 2 * k, cancelled=(k in CANCELLED), bidi=(k % 2 == 1))
             for k in range(CALLS)]
     first_read = [threading.Event() for _ in range(CALLS)]
 
@@ -98,14 +122,11 @@ def client(port: int, out: str) -> None:
         readers.append(t)
     for t in readers:
         t.join()
-    channel.close()
-    with open(out, "w") as f:
-        for r in rows:
-            f.write(json.dumps(r) + "\n")
+    return rows
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "serve":
         serve(int(sys.argv[2]))
     else:
-        client(int(sys.argv[2]), sys.argv[3])
+        client(int(sys.argv[2]), sys.argv[3], midlife=sys.argv[1] == "client-midlife")

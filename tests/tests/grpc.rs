@@ -428,6 +428,62 @@ fn nginx_grpc_pass_both_hops_are_traced() -> Result<()> {
     Ok(())
 }
 
+/// A channel opened before the tracer attached (a gateway's channels live
+/// for days), grpcio's client (tests/stacks/grpc_stream.py
+/// `client-midlife`): its connection is adopted at its next call's
+/// segment and known for HTTP/2 by its frame layout (no preface comes
+/// again), and every call after that one is a record of its own, with the
+/// checks of a channel opened under tracing. The adopting call (the
+/// client's first after the attach, read whole) may be a stream record
+/// too, or, where its request frames came before the connection was
+/// followed, a record of HTTP/2 not read (its response's frames counted
+/// unseen); nothing else.
+#[test]
+fn grpc_channel_opened_before_attach_is_adopted() -> Result<()> {
+    let name = "grpc_channel_opened_before_attach_is_adopted";
+    let Some(Traced { calls, records, .. }) =
+        traced_grpc_calls_attaching(name, Server::Grpcio, &[], |port, out, attach| {
+            use std::io::{BufRead as _, Write as _};
+            let mut client = Command::new(grpc_python())
+                .current_dir(stacks_dir())
+                .args(["grpc_stream.py", "client-midlife", &port.to_string()])
+                .arg(out)
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .context("running the gRPC client")?;
+            let mut line = String::new();
+            let stdout = client.stdout.take().context("the client's stdout")?;
+            std::io::BufReader::new(stdout).read_line(&mut line)?;
+            ensure!(line.trim() == "warm", "the client said {line:?}");
+            attach()?;
+            writeln!(client.stdin.take().context("the client's stdin")?)?;
+            client.wait().context("waiting for the gRPC client")
+        })?
+    else {
+        return Ok(());
+    };
+    let (streams, other): (Vec<&Value>, Vec<&Value>) = records
+        .iter()
+        .partition(|r| calls.iter().any(|c| r["http2_stream_id"] == c.stream));
+    eprintln!("{name}: records other than the calls': {other:#?}");
+    let adopting = (2 * CALLS + 1) as u64;
+    ensure!(
+        other.len() <= 1
+            && other.iter().all(|r| {
+                (r["outcome"] == "http2_unsupported" && r["http2_stream_id"].is_null())
+                    || (r["outcome"] == "ok" && r["http2_stream_id"] == adopting)
+            }),
+        "records other than the calls': {other:#?}"
+    );
+    check(
+        "grpcio, channel opened before attach",
+        &calls,
+        &streams,
+        MSGS..=MSGS,
+    )
+}
+
 /// A raw h2c client (tests/stacks/h2_cut_client.py) that cuts every
 /// request's HEADERS and DATA frame headers, and the cancel's RST_STREAM
 /// header, between two segments 20 ms apart (at each byte 1 to 8 over
@@ -510,6 +566,24 @@ fn traced_grpc_calls(
     server: Server,
     tracer_args: &[&str],
     client: impl FnOnce(u16, &std::path::Path) -> Result<std::process::ExitStatus>,
+) -> Result<Option<Traced>> {
+    traced_grpc_calls_attaching(name, server, tracer_args, |port, out, attach| {
+        attach()?;
+        client(port, out)
+    })
+}
+
+/// As [`traced_grpc_calls`], where the client attaches the tracer when it
+/// will: `client(port, out, attach)`.
+fn traced_grpc_calls_attaching(
+    name: &str,
+    server: Server,
+    tracer_args: &[&str],
+    client: impl FnOnce(
+        u16,
+        &std::path::Path,
+        &mut dyn FnMut() -> Result<()>,
+    ) -> Result<std::process::ExitStatus>,
 ) -> Result<Option<Traced>> {
     let Some(_guard) = root_test(name) else {
         return Ok(None);
@@ -602,13 +676,18 @@ fn traced_grpc_calls(
         .into_iter()
         .chain(tracer_args.iter().map(|a| a.to_string()))
         .collect();
-    let mut tracer = Tracer::start(&args, 0)?;
-    tracer.wait_for_stderr("following requests on port", 1, Duration::from_secs(30))?;
-    // The stub runtime and its driver.
-    tracer.wait_for_stderr(ATTACHED, 2, Duration::from_secs(30))?;
+    let mut tracer = None;
     let out = fixtures::temp_path("grpc-client", "jsonl");
-    let status = client(port, &out)?;
+    let status = client(port, &out, &mut || {
+        let mut t = Tracer::start(&args, 0)?;
+        t.wait_for_stderr("following requests on port", 1, Duration::from_secs(30))?;
+        // The stub runtime and its driver.
+        t.wait_for_stderr(ATTACHED, 2, Duration::from_secs(30))?;
+        tracer = Some(t);
+        Ok(())
+    })?;
     ensure!(status.success(), "client failed: {status}");
+    let tracer = tracer.context("the client never attached the tracer")?;
     let calls: Vec<Call> = ttft_trace_tests::demo::read_jsonl(&out)?;
     let _ = std::fs::remove_file(&out);
     thread::sleep(Duration::from_millis(300));

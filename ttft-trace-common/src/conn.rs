@@ -64,7 +64,7 @@ pub struct ConnState {
     /// Time of the last segment seen on the socket (0: none yet).
     pub probe_t_ns: u64,
     /// [`CONN_H2`] | [`CONN_TX_CHECKED`] | [`CONN_RX_CHECKED`] |
-    /// [`CONN_TLS_LEFT_CONTROL`].
+    /// [`CONN_TLS_LEFT_CONTROL`] | [`CONN_MIDLIFE`] (and its looks).
     pub h2: u32,
     /// Bytes of a TLS record matched in an earlier send (a memory BIO's,
     /// see [`HeldRecord`]) still to come in later sends: the next record
@@ -84,6 +84,35 @@ pub const CONN_RX_CHECKED: u32 = 4;
 /// [`ConnState::h2`]: the record whose rest [`ConnState::tls_record_left`]
 /// counts is TLS's own (`SOCK_TLS_CONTROL`), not a response's.
 pub const CONN_TLS_LEFT_CONTROL: u32 = 8;
+/// [`ConnState::h2`]: the connection was adopted mid-life (opened before
+/// tracing began: a gRPC channel lives for days), so neither side's
+/// preface will come: its calls are looked at for a frame header instead
+/// ([`crate::h2::adoptable_header`]), up to [`CONN_ADOPT_LOOKS`] of them
+/// both ways together, counted in bits 8 to 15.
+pub const CONN_MIDLIFE: u32 = 16;
+/// Calls looked at on a connection adopted mid-life before it is taken
+/// for one that does not speak HTTP/2 (its first calls may start inside a
+/// frame: a message longer than a segment, a partial write's rest).
+pub const CONN_ADOPT_LOOKS: u32 = 32;
+const CONN_LOOKS_SHIFT: u32 = 8;
+
+/// The flags of a connection after one of its calls was looked at for
+/// HTTP/2 and found none (`checked`: [`CONN_TX_CHECKED`] or
+/// [`CONN_RX_CHECKED`]): that direction is done with, unless the
+/// connection was adopted mid-life and has looks left; after the last
+/// both directions are.
+#[inline(always)]
+pub fn looked_at(flags: u32, checked: u32) -> u32 {
+    if flags & CONN_MIDLIFE == 0 {
+        return flags | checked;
+    }
+    let looks = ((flags >> CONN_LOOKS_SHIFT) & 0xff) + 1;
+    if looks >= CONN_ADOPT_LOOKS {
+        flags | CONN_TX_CHECKED | CONN_RX_CHECKED
+    } else {
+        (flags & !(0xff << CONN_LOOKS_SHIFT)) | (looks << CONN_LOOKS_SHIFT)
+    }
+}
 
 const _: () = {
     assert!(core::mem::size_of::<ConnState>() == 40);

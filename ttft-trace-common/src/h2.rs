@@ -243,6 +243,31 @@ pub fn plausible_header(h: &[u8; 9]) -> bool {
     }
 }
 
+/// The largest frame a peer sends unless the other side raised it
+/// (`SETTINGS_MAX_FRAME_SIZE`'s initial value, RFC 9113 §6.5.2).
+pub const H2_DEFAULT_MAX_FRAME: u32 = 16_384;
+
+/// Whether a call's first bytes may start the walk of a connection
+/// adopted mid-life, known by its frame layout alone: a plausible header
+/// ([`plausible_header`]) no longer than [`H2_DEFAULT_MAX_FRAME`], with no
+/// flag its type does not define. HTTP/1.x never passes (a printable first
+/// byte reads as a length over 2 MiB), nor do TLS records (0x14-0x17: over
+/// 1.3 MiB); other binary bytes one time in some hundred thousand, and
+/// the walk then loses its place at the first implausible header.
+#[inline(always)]
+pub fn adoptable_header(h: &[u8; 9]) -> bool {
+    let (len, kind, flags, _) = parse_header(h);
+    let defined = match kind {
+        H2_DATA => H2_END_STREAM | H2_PADDED,
+        H2_HEADERS => H2_END_STREAM | H2_END_HEADERS | H2_PADDED | H2_PRIORITY_FLAG,
+        H2_SETTINGS | H2_PING => H2_ACK,
+        H2_PUSH_PROMISE => H2_END_HEADERS | H2_PADDED,
+        H2_CONTINUATION => H2_END_HEADERS,
+        _ => 0,
+    };
+    len <= H2_DEFAULT_MAX_FRAME && flags & !defined == 0 && plausible_header(h)
+}
+
 /// Whether a server's send starts with its connection preface: a SETTINGS
 /// frame (not an ACK) on stream 0.
 #[inline(always)]

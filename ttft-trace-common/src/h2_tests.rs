@@ -300,6 +300,69 @@ fn server_preface() {
     assert!(!is_server_preface(b"HTTP/1.1 "));
 }
 
+/// A connection adopted mid-life is known by a header alone: what a gRPC
+/// server's or client's call starts with passes; HTTP/1.x, TLS records,
+/// an oversized frame and undefined flags do not.
+#[test]
+fn adoptable_headers() {
+    let h = |b: &[u8]| -> [u8; 9] { b[..9].try_into().expect("9 bytes") };
+    for f in [
+        frame(H2_HEADERS, H2_END_HEADERS, 13, &[0x88]),
+        frame(H2_DATA, 0, 13, &[0, 0, 0, 0, 7]),
+        frame(H2_HEADERS, H2_END_HEADERS | H2_END_STREAM, 13, &[0xbe]),
+        frame(H2_WINDOW_UPDATE, 0, 0, &[0, 0, 1, 0]),
+        frame(H2_PING, H2_ACK, 0, &[0; 8]),
+        frame(H2_RST_STREAM, 0, 15, &[0, 0, 0, 8]),
+        frame(H2_SETTINGS, H2_ACK, 0, &[]),
+    ] {
+        assert!(adoptable_header(&h(&f)), "{f:?}");
+    }
+    let mut big = frame(H2_DATA, 0, 1, &[]);
+    big[..3].copy_from_slice(&[0, 0x40, 0x01]);
+    let mut odd_flags = frame(H2_DATA, 0, 1, &[1]);
+    odd_flags[4] = 0x04;
+    for b in [
+        &b"HTTP/1.1 200 OK"[..],
+        b"POST /v1/completions",
+        b"GET / HTTP/1.1\r\n",
+        &[0x17, 0x03, 0x03, 0x01, 0x23, 0, 0, 0, 1],
+        &[0x16, 0x03, 0x01, 0x00, 0xf4, 0x01, 0, 0, 0xf0],
+        &big,
+        &odd_flags,
+    ] {
+        assert!(!adoptable_header(&h(b)), "{b:?}");
+    }
+}
+
+/// Looks at a connection adopted mid-life go on until one finds HTTP/2
+/// or [`crate::CONN_ADOPT_LOOKS`] found none; one opened under tracing
+/// is looked at once each way.
+#[test]
+fn midlife_connections_are_looked_at_a_bounded_number_of_times() {
+    use crate::{
+        CONN_ADOPT_LOOKS, CONN_MIDLIFE, CONN_RX_CHECKED, CONN_TX_CHECKED, conn::looked_at,
+    };
+    assert_eq!(looked_at(0, CONN_TX_CHECKED), CONN_TX_CHECKED);
+    let mut flags = CONN_MIDLIFE;
+    for i in 1..CONN_ADOPT_LOOKS {
+        flags = looked_at(
+            flags,
+            if i % 2 == 0 {
+                CONN_TX_CHECKED
+            } else {
+                CONN_RX_CHECKED
+            },
+        );
+        assert_eq!(flags & (CONN_TX_CHECKED | CONN_RX_CHECKED), 0, "look {i}");
+    }
+    flags = looked_at(flags, CONN_TX_CHECKED);
+    assert_eq!(
+        flags & (CONN_TX_CHECKED | CONN_RX_CHECKED),
+        CONN_TX_CHECKED | CONN_RX_CHECKED
+    );
+    assert_ne!(flags & CONN_MIDLIFE, 0);
+}
+
 #[test]
 fn segments_in_order_out_of_order_and_retransmitted() {
     // Next header at 1000: a segment from 990 holds it at 10.

@@ -16,10 +16,10 @@ pub mod process;
 pub mod signals;
 
 pub use conn::{
-    CONN_H2, CONN_RX_CHECKED, CONN_TLS_LEFT_CONTROL, CONN_TX_CHECKED, ConnState, HeldRecord,
-    LISTEN_ANY_NETNS, LISTEN_PORT_SLOTS, LISTEN_SOME_NETNS, ListenKey, RECORD_KEY_BYTES, RecordKey,
-    SLOT_BYTES, SendArgs, TLS_CALL_CONTROL, TLS_CALL_READ, TLS_CALL_READ_EX, TLS_CALL_WRITE,
-    TlsCall, TlsKey, listen_byte,
+    CONN_ADOPT_LOOKS, CONN_H2, CONN_MIDLIFE, CONN_RX_CHECKED, CONN_TLS_LEFT_CONTROL,
+    CONN_TX_CHECKED, ConnState, HeldRecord, LISTEN_ANY_NETNS, LISTEN_PORT_SLOTS, LISTEN_SOME_NETNS,
+    ListenKey, RECORD_KEY_BYTES, RecordKey, SLOT_BYTES, SendArgs, TLS_CALL_CONTROL, TLS_CALL_READ,
+    TLS_CALL_READ_EX, TLS_CALL_WRITE, TlsCall, TlsKey, listen_byte,
 };
 pub use counters::{Direction, GpuCounters, MAP_FULL_STATS, QUOTA_LISTENERS, QUOTA_THREADS, Stat};
 pub use episode::{Completion, ThreadState, launch_key};

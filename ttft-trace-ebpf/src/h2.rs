@@ -7,9 +7,13 @@
 //! A connection is marked HTTP/2 once, by its first bytes each way: the
 //! server's first send a SETTINGS frame on stream 0 (its preface), or the
 //! client's first data segment the connection preface `PRI * HTTP/2.0`.
+//! One adopted mid-life (opened before tracing began: `tcp.rs`) shows
+//! neither: it is marked by a call that starts with a frame header
+//! (`adoptable_header`), looked for in up to `CONN_ADOPT_LOOKS` calls.
 //! Every other followed connection pays one flag test per call after that
-//! (and one 9- or 24-byte read on its first send and first data segment);
-//! the processes not traced pay nothing (the callers stop them first).
+//! (and one 9- or 24-byte read on its first send and first data segment,
+//! or its first few when adopted); the processes not traced pay nothing
+//! (the callers stop them first).
 //!
 //! Each direction keeps its place in [`H2_CONNS`]: sends, how many bytes of
 //! the frame in progress the next send starts with; receives, the sequence
@@ -33,12 +37,14 @@ use aya_ebpf::{
     programs::SkBuffContext,
 };
 use ttft_trace_common::{
-    CONN_H2, CONN_RX_CHECKED, CONN_TX_CHECKED, ConnState, SendArgs, Stat,
+    CONN_H2, CONN_MIDLIFE, CONN_RX_CHECKED, CONN_TX_CHECKED, ConnState, SendArgs, Stat,
+    conn::looked_at,
     h2::{
         CutHeader, EVENT_H2, FrameBytes, H2_CUT_READ, H2_FRAME_HEAD, H2_FRAME_HEADER, H2_FULL,
         H2_LOST, H2_PEEK, H2_PREFACE, H2_PREFACE_SEEN, H2_RECV, H2_RESYNCED, H2_RX_SYNC, H2_SEND,
         H2_TX_SYNC, H2_WALK_MAX, H2FramesEvent, H2State, Resumed, RxPlan, Walk, WalkState,
-        full_event_sent, is_server_preface, keep_cut, resume_cut, rx_plan, walk_step,
+        adoptable_header, full_event_sent, is_server_preface, keep_cut, resume_cut, rx_plan,
+        walk_step,
     },
 };
 
@@ -651,15 +657,26 @@ pub(crate) fn on_send(sk: u64, state: *mut ConnState, args: &SendArgs, range: &S
         return;
     }
     let src = UserBytes::new(args, skip, skip.saturating_add(new));
+    // Where the connection was adopted mid-life, its walk starts as one
+    // resumed: from this call's first header, however plausible.
+    let mut sync = H2_TX_SYNC;
     if flags & CONN_TX_CHECKED == 0 {
+        if flags & CONN_H2 == 0 {
+            let header = first_header(&src);
+            let adopted = flags & CONN_MIDLIFE != 0 && header.is_some_and(|h| adoptable_header(&h));
+            if adopted {
+                sync = 0;
+            } else if !header.is_some_and(|h| is_server_preface(&h)) {
+                // SAFETY: as above.
+                unsafe { (*state).h2 = looked_at(flags, CONN_TX_CHECKED) };
+                return;
+            }
+        }
         // SAFETY: as above.
         unsafe { (*state).h2 |= CONN_TX_CHECKED };
-        if flags & CONN_H2 == 0 && !starts_with_server_preface(&src) {
-            return;
-        }
     }
     let fresh = H2State {
-        sync: H2_TX_SYNC,
+        sync,
         ..H2State::default()
     };
     let Some(h2) = h2_state(sk, state, fresh) else {
@@ -701,14 +718,15 @@ pub(crate) fn on_send(sk: u64, state: *mut ConnState, args: &SendArgs, range: &S
     }
 }
 
-/// Whether the send's first bytes are the server's preface. Read from the
-/// first entry only (no walk along the iovec array here, where every send
-/// of every followed connection passes once: the verifier explores this
-/// path behind every path of the send's own report).
+/// The send's first 9 bytes, to tell the server's preface (or, on a
+/// connection adopted mid-life, a frame header). Read from the first entry
+/// only (no walk along the iovec array here, where every send of every
+/// followed connection passes once: the verifier explores this path behind
+/// every path of the send's own report).
 #[inline(always)]
-fn starts_with_server_preface(src: &UserBytes) -> bool {
+fn first_header(src: &UserBytes) -> Option<[u8; 9]> {
     if src.skip != 0 || src.cur.seg_end < H2_FRAME_HEADER {
-        return false;
+        return None;
     }
     let mut header = [0u8; 9];
     // SAFETY: the helper checks the user address.
@@ -719,7 +737,7 @@ fn starts_with_server_preface(src: &UserBytes) -> bool {
             src.cur.base as *const _,
         )
     };
-    rc == 0 && is_server_preface(&header)
+    (rc == 0).then_some(header)
 }
 
 /// A data segment of `len` payload bytes at `payload_at` in the packet,
@@ -742,19 +760,27 @@ pub(crate) fn on_segment(ctx: &SkBuffContext, sk: u64, payload_at: u32, len: u32
     let mut start = None;
     let mut ev_flags = 0;
     if flags & CONN_RX_CHECKED == 0 {
-        // SAFETY: as above.
-        unsafe { (*state).h2 |= CONN_RX_CHECKED };
         // Also where the server's preface came first: the walk starts
         // after the client's.
         if ctx.load::<[u8; 24]>(payload_at as usize).ok() == Some(*H2_PREFACE) {
             start = Some(seq.wrapping_add(H2_PREFACE.len() as u32));
             ev_flags = H2_PREFACE_SEEN;
-        } else if flags & CONN_H2 == 0 {
+        } else if flags & CONN_H2 == 0
+            && !(flags & CONN_MIDLIFE != 0
+                && ctx
+                    .load::<[u8; 9]>(payload_at as usize)
+                    .is_ok_and(|h| adoptable_header(&h)))
+        {
+            // SAFETY: as above.
+            unsafe { (*state).h2 = looked_at(flags, CONN_RX_CHECKED) };
             return;
         }
+        // SAFETY: as above.
+        unsafe { (*state).h2 |= CONN_RX_CHECKED };
     }
-    // Before the server's first send, its side starts on a frame.
-    let tx = if flags & CONN_TX_CHECKED == 0 {
+    // Before the server's first send, its side starts on a frame (not on
+    // a connection adopted mid-life: its walk starts as one resumed).
+    let tx = if flags & (CONN_TX_CHECKED | CONN_MIDLIFE) == 0 {
         H2_TX_SYNC
     } else {
         0

@@ -27,8 +27,8 @@ use aya_ebpf::{
     programs::{RawTracePointContext, TracePointContext},
 };
 use ttft_trace_common::{
-    CONN_OPEN, ConnEvent, ConnState, EVENT_CONN, EVENT_SEGMENT, SEGMENT_ACK_EXACT, SEGMENT_ACKED,
-    SEGMENT_DATA, SegmentEvent, Stat, TracepointOffsets, offsets::ABSENT,
+    CONN_MIDLIFE, CONN_OPEN, ConnEvent, ConnState, EVENT_CONN, EVENT_SEGMENT, SEGMENT_ACK_EXACT,
+    SEGMENT_ACKED, SEGMENT_DATA, SegmentEvent, Stat, TracepointOffsets, offsets::ABSENT,
 };
 
 use crate::{
@@ -178,8 +178,13 @@ fn adopt<S: Segment>(sk: u64, sport: u16, seg: &S) -> Option<*mut ConnState> {
     if !listen::is_followed(sk, sport) || seg.data_len()? == 0 {
         return None;
     }
-    // Before this segment is processed: its data is the request's.
-    CONNS.insert(sk, followed_from_now(sk), 0).ok()?;
+    // Before this segment is processed: its data is the request's. Its
+    // protocol is told from its calls' bytes (no preface will come).
+    let state = ConnState {
+        h2: CONN_MIDLIFE,
+        ..followed_from_now(sk)
+    };
+    CONNS.insert(sk, state, 0).ok()?;
     let mut ev = ConnEvent {
         kind: EVENT_CONN,
         op: CONN_OPEN,
