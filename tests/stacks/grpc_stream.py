@@ -4,6 +4,7 @@
 after one step of the emulated GPU (gpu.py: the stub CUDA runtime of $STACK_CUDART; prefill
 before the first, a decode step before each later one); /ttft.Gen/Chat (bidirectional) reads the
 prompt, its first message, then streams the same (the client's later messages are left unread).
+The prompt FAIL_PROMPT is answered with one message, then RESOURCE_EXHAUSTED and FAIL_MESSAGE.
 Bytes in and out: no protobuf needed.
 
 `client PORT OUT`: opens CALLS calls on one channel, started one after the other from one
@@ -12,6 +13,9 @@ CLOCK_MONOTONIC when it has read the call's first message. The odd calls are bid
 the client sends its prompt, a second message once it has read the first answer, then half
 closes (a client DATA frame in the middle of the response). The calls in CANCELLED are cancelled
 after their first message (the client sends RST_STREAM CANCEL). Writes one JSON line per call.
+
+`client-statuses PORT OUT`: calls one after the other, each ending with its own gRPC status
+(see `statuses`); writes one JSON line per call with its code and details.
 
 `client-midlife PORT OUT`: the same calls once on the channel, then "warm" on stdout; once a line
 comes on stdin (the tracer attached meanwhile), one more call read whole, then the calls again
@@ -28,6 +32,11 @@ import grpc
 
 MSGS = 6
 CALLS = 6
+# A prompt the servers answer with one message, then RESOURCE_EXHAUSTED and this message.
+FAIL_PROMPT = b"fail"
+FAIL_MESSAGE = "KV cache full"
+# A method no server has: UNIMPLEMENTED, in a response of trailers alone.
+MISSING_METHOD = "/ttft.Gen/Missing"
 CANCELLED = (2, 5)
 METHOD = "/ttft.Gen/Stream"
 BIDI_METHOD = "/ttft.Gen/Chat"
@@ -41,6 +50,9 @@ def serve(port: int) -> None:
     import gpu
 
     def stream(request, context):
+        if request == FAIL_PROMPT:
+            yield b"token 0"
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, FAIL_MESSAGE)
         for i in range(MSGS):
             gpu.step(i)
             if not context.is_active():
@@ -80,6 +92,32 @@ def client(port: int, out: str, midlife: bool = False) -> None:
             pass
         first += 2
     rows = calls(channel, first)
+    channel.close()
+    with open(out, "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+
+
+def statuses(port: int, out: str) -> None:
+    """One call after the other on one channel, each ending with its own gRPC status: read
+    whole (OK), a missing method (UNIMPLEMENTED, trailers alone), the failing prompt (one
+    message, then RESOURCE_EXHAUSTED), read whole again (the OK trailers from HPACK's dynamic
+    table)."""
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    grpc.channel_ready_future(channel).result(timeout=10)
+    rows = []
+    for k, (method, prompt) in enumerate([(METHOD, b"prompt"), (MISSING_METHOD, b"prompt"),
+                                          (METHOD, FAIL_PROMPT), (METHOD, b"prompt")]):
+        row = dict(stream=2 * k + 1, cancelled=False, t_start=now(), msgs=0, code="OK",
+                   details=None)
+        try:
+            for _ in channel.unary_stream(method)(prompt):
+                if row["msgs"] == 0:
+                    row["t_first"] = now()
+                row["msgs"] += 1
+        except grpc.RpcError as e:
+            row["code"], row["details"] = e.code().name, e.details()
+        rows.append(row)
     channel.close()
     with open(out, "w") as f:
         for r in rows:
@@ -128,5 +166,7 @@ def calls(channel, first: int) -> list:
 if __name__ == "__main__":
     if sys.argv[1] == "serve":
         serve(int(sys.argv[2]))
+    elif sys.argv[1] == "client-statuses":
+        statuses(int(sys.argv[2]), sys.argv[3])
     else:
         client(int(sys.argv[2]), sys.argv[3], midlife=sys.argv[1] == "client-midlife")

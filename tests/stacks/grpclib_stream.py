@@ -4,19 +4,21 @@ and frame writes.
 
 `PORT`: method /ttft.Gen/Stream streams MSGS messages per call, each after one step of the
 emulated GPU (gpu.py: the stub CUDA runtime of $STACK_CUDART); /ttft.Gen/Chat (bidirectional)
-reads the prompt, then streams the same while it reads the client's later messages. Bytes in and out through a codec
+reads the prompt, then streams the same while it reads the client's later messages; the prompt
+FAIL_PROMPT gets one message, then RESOURCE_EXHAUSTED. Bytes in and out through a codec
 that passes them as they are: no protobuf needed.
 """
 
 import asyncio
 import sys
 
-from grpclib.const import Cardinality, Handler
+from grpclib.const import Cardinality, Handler, Status
+from grpclib.exceptions import GRPCError
 from grpclib.encoding.base import CodecBase
 from grpclib.server import Server
 
 import gpu
-from grpc_stream import BIDI_METHOD, METHOD, MSGS
+from grpc_stream import BIDI_METHOD, FAIL_MESSAGE, FAIL_PROMPT, METHOD, MSGS
 
 
 class RawBytes(CodecBase):
@@ -33,7 +35,9 @@ class RawBytes(CodecBase):
 
 class Gen:
     async def stream(self, stream) -> None:
-        await stream.recv_message()
+        if await stream.recv_message() == FAIL_PROMPT:
+            await stream.send_message(b"token 0")
+            raise GRPCError(Status.RESOURCE_EXHAUSTED, FAIL_MESSAGE)
         await self.stream_answer(stream)
 
     async def chat(self, stream) -> None:

@@ -9,7 +9,9 @@
 //! each later one, one GPU for all calls (gpu.py's pacing). A cancelled
 //! call (its receiver dropped) stops at its next message. A bidirectional
 //! call streams the same once it has read its first message (the prompt);
-//! the client's later messages are read and dropped.
+//! the client's later messages are read and dropped. The prompt `fail`
+//! is answered with one message, then `RESOURCE_EXHAUSTED` (as by the
+//! other two servers).
 //!
 //! With a pace (the HTTP/2 bench, xtask/src/h2scale.rs), each call streams
 //! `MSGS` messages of 32 bytes one every `PACE_MS` instead, from a task of
@@ -123,6 +125,21 @@ impl Generate {
     }
 }
 
+/// The prompt (grpc_stream.py's `FAIL_PROMPT`) answered with one message,
+/// then the status [`FAIL_CODE`] with [`FAIL_MESSAGE`] in the trailers.
+const FAIL_PROMPT: &[u8] = b"fail";
+const FAIL_MESSAGE: &str = "KV cache full";
+
+fn failing() -> ReceiverStream<Result<Bytes, Status>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(2);
+    tokio::spawn(async move {
+        if tx.send(Ok(Bytes::from_static(b"token 0"))).await.is_ok() {
+            let _ = tx.send(Err(Status::resource_exhausted(FAIL_MESSAGE))).await;
+        }
+    });
+    ReceiverStream::new(rx)
+}
+
 /// `msgs` messages of 32 bytes, one every `period`, the first after one.
 fn paced(period: std::time::Duration, msgs: u32) -> ReceiverStream<Result<Bytes, Status>> {
     let (tx, rx) = tokio::sync::mpsc::channel(4);
@@ -144,7 +161,10 @@ impl ServerStreamingService<Bytes> for Generate {
     type ResponseStream = ReceiverStream<Result<Bytes, Status>>;
     type Future = BoxFuture<Result<tonic::Response<Self::ResponseStream>, Status>>;
 
-    fn call(&mut self, _request: tonic::Request<Bytes>) -> Self::Future {
+    fn call(&mut self, request: tonic::Request<Bytes>) -> Self::Future {
+        if request.get_ref().as_ref() == FAIL_PROMPT {
+            return Box::pin(async move { Ok(tonic::Response::new(failing())) });
+        }
         let answer = self.answer();
         Box::pin(async move { Ok(tonic::Response::new(answer)) })
     }

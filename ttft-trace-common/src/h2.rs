@@ -174,7 +174,8 @@ pub struct H2State {
     /// [`H2_TX_SYNC`] | [`H2_RX_SYNC`]: whether the direction knows where
     /// its next frame starts.
     pub sync: u32,
-    pub _pad: u32,
+    /// Header blocks of the server's sent so far ([`H2BlockEvent::index`]).
+    pub tx_blocks: u32,
     /// Each direction's frame header cut by its last call's end.
     pub tx_cut: CutHeader,
     pub rx_cut: CutHeader,
@@ -198,6 +199,77 @@ pub struct CutHeader {
 
 pub const H2_TX_SYNC: u32 = 1;
 pub const H2_RX_SYNC: u32 = 2;
+
+/// [`H2BlockEvent::kind`].
+pub const EVENT_H2_BLOCK: u32 = 9;
+/// Header block bytes kept per HEADERS frame the server sends: a gRPC
+/// server's response headers and trailers (status, content type, a short
+/// `grpc-message`) fit; a longer block is kept in part, and its
+/// connection's HPACK decoding stops there.
+pub const H2_BLOCK_MAX: usize = 128;
+
+/// The start of a header block the server sent: a HEADERS frame's payload
+/// (pad length and priority fields included), for userspace's HPACK
+/// decoder. Sent before the frames event of its call, which lists the
+/// frame at the same `t_ns` and `offset`: a frame listed with no block
+/// (the event lost, a header completed across calls) tells userspace its
+/// decoder missed one.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct H2BlockEvent {
+    /// [`EVENT_H2_BLOCK`].
+    pub kind: u32,
+    pub stream: u32,
+    pub sk: u64,
+    /// The call's [`H2FramesEvent::t_ns`].
+    pub t_ns: u64,
+    /// The frame's [`H2Frame::offset`].
+    pub offset: u32,
+    /// The payload's length.
+    pub len: u32,
+    /// Valid bytes in `bytes`: the payload's first, fewer than `len` where
+    /// it is longer than [`H2_BLOCK_MAX`] or goes on in another iovec
+    /// entry.
+    pub captured: u32,
+    /// The connection's blocks sent before this one: a gap tells
+    /// userspace that one was lost with its frames event.
+    pub index: u32,
+    pub flags: u8,
+    pub _pad: [u8; 7],
+    /// The first `captured` are the block's; the rest is room the
+    /// kernel's bounded writes need.
+    pub bytes: [u8; 2 * H2_BLOCK_MAX],
+}
+
+impl Default for H2BlockEvent {
+    fn default() -> Self {
+        Self {
+            kind: EVENT_H2_BLOCK,
+            stream: 0,
+            sk: 0,
+            t_ns: 0,
+            offset: 0,
+            len: 0,
+            captured: 0,
+            index: 0,
+            flags: 0,
+            _pad: [0; 7],
+            bytes: [0; 2 * H2_BLOCK_MAX],
+        }
+    }
+}
+
+impl H2BlockEvent {
+    /// The captured bytes.
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes[..(self.captured as usize).min(H2_BLOCK_MAX)]
+    }
+
+    /// Whether the whole payload was captured.
+    pub fn whole(&self) -> bool {
+        self.captured == self.len
+    }
+}
 
 /// The parts of a 9-byte frame header: (payload length, type, flags,
 /// stream id with the reserved bit cleared).
@@ -630,6 +702,8 @@ const _: () = {
     assert!(core::mem::offset_of!(H2FramesEvent, frames) == 64);
     assert!(core::mem::size_of::<CutHeader>() == 24);
     assert!(core::mem::size_of::<H2State>() == 16 + 2 * 24);
+    assert!(core::mem::size_of::<H2BlockEvent>() == 48 + 2 * H2_BLOCK_MAX);
+    assert!(core::mem::offset_of!(H2BlockEvent, bytes) == 48);
 };
 
 #[cfg(test)]

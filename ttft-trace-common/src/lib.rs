@@ -42,6 +42,7 @@ mod pod {
     unsafe impl aya::Pod for crate::SockEvent {}
     unsafe impl aya::Pod for crate::SegmentEvent {}
     unsafe impl aya::Pod for crate::h2::H2FramesEvent {}
+    unsafe impl aya::Pod for crate::h2::H2BlockEvent {}
     unsafe impl aya::Pod for crate::h2::H2State {}
     unsafe impl aya::Pod for crate::signals::SchedEvent {}
     unsafe impl aya::Pod for crate::signals::TcpEvent {}

@@ -40,11 +40,11 @@ use ttft_trace_common::{
     CONN_H2, CONN_MIDLIFE, CONN_RX_CHECKED, CONN_TX_CHECKED, ConnState, SendArgs, Stat,
     conn::looked_at,
     h2::{
-        CutHeader, EVENT_H2, FrameBytes, H2_CUT_READ, H2_FRAME_HEAD, H2_FRAME_HEADER, H2_FULL,
-        H2_LOST, H2_PEEK, H2_PREFACE, H2_PREFACE_SEEN, H2_RECV, H2_RESYNCED, H2_RX_SYNC, H2_SEND,
-        H2_TX_SYNC, H2_WALK_MAX, H2FramesEvent, H2State, Resumed, RxPlan, Walk, WalkState,
-        adoptable_header, full_event_sent, is_server_preface, keep_cut, resume_cut, rx_plan,
-        walk_step,
+        CutHeader, EVENT_H2, EVENT_H2_BLOCK, FrameBytes, H2_BLOCK_MAX, H2_CUT_READ, H2_FRAME_HEAD,
+        H2_FRAME_HEADER, H2_FULL, H2_HEADERS, H2_LOST, H2_MAX_FRAMES, H2_PEEK, H2_PREFACE,
+        H2_PREFACE_SEEN, H2_RECV, H2_RESYNCED, H2_RX_SYNC, H2_SEND, H2_TX_SYNC, H2_WALK_MAX,
+        H2BlockEvent, H2FramesEvent, H2State, Resumed, RxPlan, Walk, WalkState, adoptable_header,
+        full_event_sent, is_server_preface, keep_cut, resume_cut, rx_plan, walk_step,
     },
 };
 
@@ -319,6 +319,18 @@ pub struct Scratch {
     /// the same CPU, which gives up instead.
     busy: u32,
     _pad: u32,
+    /// Sends: the buffer as the walk began (the blocks are read from it
+    /// after the walk), the HEADERS frames listed, how many more, the
+    /// block being sent and the connection's count of them
+    /// ([`H2State::tx_blocks`]).
+    user0: UserBytes,
+    heads: [Head; HEADS],
+    n_heads: u32,
+    heads_over: u32,
+    blocks: u32,
+    _pad2: u32,
+    cap: Capture,
+    block: H2BlockEvent,
 }
 
 /// [`Scratch::cut_op`]: complete the cut header with the call's first
@@ -379,8 +391,189 @@ extern "C" fn step_send(i: u64, _ctx: *mut c_void) -> i64 {
     };
     // SAFETY: this CPU's slot, held by the walk (`busy`).
     let sc = unsafe { &mut *sc };
+    let listed = sc.ev.n_frames;
     let end = walk_step(&mut sc.user, &sc.w, i as u32, &mut sc.st, &mut sc.ev);
+    if end.is_none() && sc.ev.n_frames != listed {
+        note_head(sc, listed);
+    }
     stepped(sc, end)
+}
+
+/// HEADERS frames of a send whose blocks are sent ([`capture_step`]);
+/// one more listed is counted in the connection's block count only, a gap
+/// that stops userspace's decoder.
+const HEADS: usize = 4;
+
+/// A HEADERS frame listed in a send: where its block starts in the call.
+#[derive(Clone, Copy)]
+pub struct Head {
+    offset: u32,
+    len: u32,
+    stream: u32,
+    flags: u32,
+}
+
+/// The frame listed at `k`, where it is a HEADERS frame, noted for the
+/// capture after the walk: a store here, so that the step the verifier
+/// checks stays as it was (a read of the block in the step made the send
+/// program's verification 4.8 s, over the stack limit).
+#[inline(always)]
+fn note_head(sc: &mut Scratch, k: u32) {
+    let k = k as usize;
+    if k >= H2_MAX_FRAMES {
+        return;
+    }
+    let f = &sc.ev.frames[k];
+    if f.kind != H2_HEADERS {
+        return;
+    }
+    let head = Head {
+        offset: f.offset,
+        len: f.len,
+        stream: f.stream,
+        flags: u32::from(f.flags),
+    };
+    // SAFETY: a read of a field (bounded below on the register read).
+    let n = unsafe { core::ptr::read_volatile(&sc.n_heads) } as usize;
+    if n < HEADS {
+        sc.heads[n] = head;
+        sc.n_heads = n as u32 + 1;
+    } else {
+        sc.heads_over = sc.heads_over.wrapping_add(1);
+    }
+}
+
+/// iovec entries a header block is gathered from: gRPC's core writes
+/// each HPACK field, and each literal of it, in a slice of its own.
+const BLOCK_ENTRIES: u32 = 32;
+/// The capture's steps at most: each noted frame's entries, one more each
+/// to send its block, and the moves over the entries between (one entry a
+/// step, up to [`SEGS`] in all).
+const CAPTURE_STEPS: u32 = HEADS as u32 * (BLOCK_ENTRIES + 1) + SEGS;
+
+/// One step of sending the noted HEADERS frames' blocks
+/// ([`H2BlockEvent`]), after the walk (`bpf_loop`'s callback): reads one
+/// iovec entry's part of the current block from the send's buffer afresh
+/// (`user0`, its cursor only moving forward), or, the block gathered (up
+/// to [`H2_BLOCK_MAX`] bytes, [`BLOCK_ENTRIES`] entries) or an entry not
+/// readable, sends it and moves to the next frame. One entry a step, so
+/// that the verifier checks one read, not a loop of them.
+extern "C" fn capture_step(_i: u64, _ctx: *mut c_void) -> i64 {
+    let Some(sc) = H2_SCRATCH.get_ptr_mut(SLOT_SEND) else {
+        return 1;
+    };
+    // SAFETY: this CPU's slot, held by the walk (`busy`).
+    let sc = unsafe { &mut *sc };
+    let k = sc.cap.head as usize;
+    if k >= HEADS || k >= sc.n_heads as usize {
+        return 1;
+    }
+    let h = sc.heads[k];
+    if sc.cap.begun == 0 {
+        let b = &mut sc.block;
+        b.kind = EVENT_H2_BLOCK;
+        b.stream = h.stream;
+        b.sk = sc.ev.sk;
+        b.t_ns = sc.ev.t_ns;
+        b.offset = h.offset;
+        b.len = h.len;
+        b.flags = h.flags as u8;
+        b._pad = [0; 7];
+        b.index = sc.blocks;
+        sc.blocks = sc.blocks.wrapping_add(1);
+        // A header begun in an earlier call has an offset below the
+        // call's start (it wraps): its payload still starts in this one.
+        let at = h.offset.wrapping_add(H2_FRAME_HEADER);
+        sc.cap = Capture {
+            head: k as u32,
+            begun: 1,
+            at,
+            fill: 0,
+            want: if at < sc.w.total {
+                h.len.min(H2_BLOCK_MAX as u32).min(sc.w.total - at)
+            } else {
+                0
+            },
+            entries: 0,
+            reached: 0,
+            _pad: 0,
+        };
+    }
+    let c = sc.cap;
+    let mut done = c.fill >= c.want || c.entries >= BLOCK_ENTRIES;
+    if !done {
+        done = true;
+        // One entry further a step at most (a short loop for the verifier
+        // to follow): an entry not reached yet is moved to, and the next
+        // step goes on from there.
+        let found = sc.user0.locate::<1>(c.at);
+        let cur = sc.user0.cur;
+        if found.is_none() && cur.seg_end <= c.at.saturating_add(sc.user0.skip) {
+            if cur.seg_end > c.reached {
+                sc.cap.reached = cur.seg_end;
+                done = false;
+            }
+        } else if let Some((from, valid)) = found {
+            const MASK: u32 = H2_BLOCK_MAX as u32 - 1;
+            const _: () = assert!(H2_BLOCK_MAX.is_power_of_two());
+            let n = valid.min(c.want - c.fill).min(MASK);
+            // Masked on values read back from memory: the compiler drops
+            // a mask it can prove idle, and the verifier, which lost that
+            // bound, then sees writes past the buffer.
+            // SAFETY: reads of locals.
+            let (to, n) = unsafe {
+                (
+                    core::ptr::read_volatile(&c.fill) & MASK,
+                    core::ptr::read_volatile(&n) & MASK,
+                )
+            };
+            // SAFETY: to and n <= 127 inside the 256-byte buffer; the
+            // helper checks the user address.
+            let rc = unsafe {
+                generated::bpf_probe_read_user(
+                    sc.block.bytes.as_mut_ptr().add(to as usize).cast(),
+                    n,
+                    from as *const _,
+                )
+            };
+            if rc == 0 && n > 0 {
+                sc.cap.fill = c.fill + n;
+                sc.cap.at = c.at + n;
+                sc.cap.entries = c.entries + 1;
+                done = false;
+            }
+        }
+    }
+    if done {
+        sc.block.captured = sc.cap.fill.min(sc.cap.want);
+        if EVENTS
+            .output::<H2BlockEvent>(&sc.block, wakeup_flag())
+            .is_err()
+        {
+            bump_stat(Stat::RingbufLost);
+        }
+        sc.cap = Capture {
+            head: k as u32 + 1,
+            ..Capture::default()
+        };
+    }
+    0
+}
+
+/// Where [`capture_step`] is: the noted frame, whether its block was
+/// begun, the next byte to read (in the call), bytes gathered of those
+/// wanted, entries read, and the end of the last entry moved to (the
+/// cursor moving on, not stuck).
+#[derive(Clone, Copy, Default)]
+pub struct Capture {
+    head: u32,
+    begun: u32,
+    at: u32,
+    fill: u32,
+    want: u32,
+    entries: u32,
+    reached: u32,
+    _pad: u32,
 }
 
 /// A segment's callback's packet and scratch slot: `ctx` is the caller's
@@ -488,7 +681,7 @@ struct Call {
 
 /// Walks one call as `ttft_trace_common::h2::walk_call` does (its steps
 /// under `bpf_loop`): completes the direction's cut header first, keeps
-/// one that the call's end cuts in `cut` (the direction's, in
+/// one that the call's end cuts in the direction's `H2State` (`h2`, in
 /// [`H2_CONNS`]), and sends its event where it has frames or news;
 /// returns where the walk ended, at or past `w.total` (`None`: lost).
 /// `user` is the send's buffer (`None`: a segment, `seg` its packet).
@@ -498,8 +691,16 @@ fn walk_and_report(
     w: Walk,
     user: Option<&UserBytes>,
     seg: &SegmentLoop,
-    cut: *mut CutHeader,
+    h2: *mut H2State,
 ) -> Option<u32> {
+    // SAFETY: a live map value.
+    let cut = unsafe {
+        if user.is_some() {
+            &raw mut (*h2).tx_cut
+        } else {
+            &raw mut (*h2).rx_cut
+        }
+    };
     if w.resync {
         // SAFETY: a live map value (the connection's H2State).
         unsafe { (*cut).len = 0 };
@@ -547,6 +748,12 @@ fn walk_and_report(
     let (callback, on_cut, ctx): (Callback, Callback, *const SegmentLoop) = match user {
         Some(user) => {
             sc.user = *user;
+            sc.user0 = *user;
+            // SAFETY: as above.
+            sc.blocks = unsafe { (*h2).tx_blocks };
+            sc.n_heads = 0;
+            sc.heads_over = 0;
+            sc.cap = Capture::default();
             (step_send, cut_send, core::ptr::null())
         }
         None => (step_segment, cut_segment, seg as *const SegmentLoop),
@@ -558,7 +765,13 @@ fn walk_and_report(
         unsafe { generated::bpf_loop(1, on_cut as *mut c_void, ctx as *mut c_void, 0) };
         match sc.cut_res {
             RESUMED_STILL_CUT => sc.end = ENDED + u64::from(w.total.max(w.from)),
-            RESUMED_WALK => {}
+            RESUMED_WALK => {
+                // The frame the cut header began: a HEADERS frame's block
+                // starts in this call.
+                if user.is_some() && sc.ev.n_frames == 1 {
+                    note_head(sc, 0);
+                }
+            }
             _ => sc.end = LOST,
         }
     }
@@ -592,6 +805,20 @@ fn walk_and_report(
     if end.is_none() {
         sc.cut.len = 0;
     }
+    if user.is_some() {
+        if sc.n_heads != 0 {
+            // SAFETY: as for the walk's loop.
+            unsafe {
+                generated::bpf_loop(
+                    CAPTURE_STEPS,
+                    capture_step as *mut c_void,
+                    core::ptr::null_mut(),
+                    0,
+                )
+            };
+        }
+        sc.blocks = sc.blocks.wrapping_add(sc.heads_over);
+    }
     // SAFETY: as above.
     unsafe { *cut = sc.cut };
     if end.is_none() {
@@ -604,6 +831,10 @@ fn walk_and_report(
             .is_err()
     {
         bump_stat(Stat::RingbufLost);
+    }
+    if user.is_some() {
+        // SAFETY: as above.
+        unsafe { (*h2).tx_blocks = sc.blocks };
     }
     sc.busy = 0;
     end
@@ -703,9 +934,7 @@ pub(crate) fn on_send(sk: u64, state: *mut ConnState, args: &SendArgs, range: &S
         payload_at: 0,
         len: 0,
     };
-    // SAFETY: live map value.
-    let cut = unsafe { &raw mut (*h2).tx_cut };
-    let end = walk_and_report(&call, w, Some(&src), &none, cut);
+    let end = walk_and_report(&call, w, Some(&src), &none, h2);
     // SAFETY: as above.
     unsafe {
         match end {
@@ -818,9 +1047,7 @@ pub(crate) fn on_segment(ctx: &SkBuffContext, sk: u64, payload_at: u32, len: u32
         carry_in: carry,
         flags,
     };
-    // SAFETY: live map value.
-    let cut = unsafe { &raw mut (*h2).rx_cut };
-    let end = walk_and_report(&call, w, None, &src, cut);
+    let end = walk_and_report(&call, w, None, &src, h2);
     // SAFETY: as above.
     unsafe {
         match end {

@@ -69,6 +69,8 @@ fn request(i: u64) -> JudgedRequest {
         http2_stream_id: None,
         http2_error_code: None,
         http2_ended_by: None,
+        grpc_status: None,
+        grpc_message: None,
         tls: None,
         retry_of: None,
         user_ttft_ns: None,

@@ -5,7 +5,7 @@ use thiserror::Error;
 use ttft_trace_common::{
     ConnEvent, EVENT_CONN, EVENT_EPISODE, EVENT_SEGMENT, EVENT_SOCK, EpisodeEvent, SegmentEvent,
     SockEvent,
-    h2::{EVENT_H2, H2FramesEvent},
+    h2::{EVENT_H2, EVENT_H2_BLOCK, H2BlockEvent, H2FramesEvent},
     process::{DiscoverEvent, EVENT_DISCOVER},
     signals::{CopyEvent, EVENT_COPY, EVENT_SCHED, EVENT_TCP, SchedEvent, TcpEvent},
 };
@@ -28,6 +28,8 @@ pub enum Event {
     Segment(SegmentEvent),
     /// Boxed: sixteen frame summaries.
     H2(Box<H2FramesEvent>),
+    /// Boxed: a header block's bytes.
+    H2Block(Box<H2BlockEvent>),
     Sched(SchedEvent),
     Tcp(TcpEvent),
     Copy(CopyEvent),
@@ -46,6 +48,7 @@ pub fn decode(bytes: &[u8]) -> Result<Event, DecodeError> {
         EVENT_SOCK => read_pod::<SockEvent>(bytes).map(|e| Event::Sock(Box::new(e))),
         EVENT_SEGMENT => read_pod::<SegmentEvent>(bytes).map(Event::Segment),
         EVENT_H2 => read_pod::<H2FramesEvent>(bytes).map(|e| Event::H2(Box::new(e))),
+        EVENT_H2_BLOCK => read_pod::<H2BlockEvent>(bytes).map(|e| Event::H2Block(Box::new(e))),
         EVENT_SCHED => read_pod::<SchedEvent>(bytes).map(Event::Sched),
         EVENT_TCP => read_pod::<TcpEvent>(bytes).map(Event::Tcp),
         EVENT_COPY => read_pod::<CopyEvent>(bytes).map(Event::Copy),

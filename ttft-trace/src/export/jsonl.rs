@@ -338,7 +338,7 @@ mod tests {
         r#"3000000],"t_first_chunk_acked_ns":null,"chunk_ack_gaps_ns":[],"chunk_ack_gap_by_close":null,"#,
         r#""chunks":4,"tpot_ns":5000000,"e2e_ns":30000000,"bytes_in":100,"#,
         r#""bytes_out":200,"http_status":200,"content_type":null,"framing":null,"http2_stream_id":null,"#,
-        r#""http2_error_code":null,"http2_ended_by":null,"tls":null,"retry_of":null,"user_ttft_ns":null,"outcome":"ok","#,
+        r#""http2_error_code":null,"http2_ended_by":null,"grpc_status":null,"grpc_message":null,"tls":null,"retry_of":null,"user_ttft_ns":null,"outcome":"ok","#,
         r#""notes":["joined_running_batch"],"workload":{"comm":"vllm","container":"c0ffee","#,
         r#""pod":"vllm-0","namespace":"serving"},"workload_pid":7,"slow":true,"slo_violation":true,"#,
         r#""causes":[{"class":"network","explained_ns":6000000,"evidence":{"retransmits":2}}],"#,

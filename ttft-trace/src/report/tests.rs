@@ -144,6 +144,8 @@ pub(crate) fn record(outcome: Outcome) -> RequestRecord {
         http2_stream_id: None,
         http2_error_code: None,
         http2_ended_by: None,
+        grpc_status: None,
+        grpc_message: None,
         tls: None,
         retry_of: None,
         user_ttft_ns: None,

@@ -10,7 +10,8 @@ use std::{
 
 use ttft_trace_common::{
     ConnEvent, SEGMENT_DATA, SOCK_TLS_BUFFERED, SOCK_TLS_CONTROL, SOCK_TLS_PLAIN, SegmentEvent,
-    SockEvent, h2::H2FramesEvent,
+    SockEvent,
+    h2::{H2BlockEvent, H2FramesEvent},
 };
 
 /// TCP states (`include/net/tcp_states.h`).
@@ -224,8 +225,10 @@ fn outcome(req: &Request, cause: Cause) -> Outcome {
 /// How an HTTP/2 stream's request ended.
 fn stream_outcome(req: &Request, end: StreamEnd, cause: Cause) -> Outcome {
     let status = req.response.as_ref().and_then(|r| r.status);
+    let grpc_status = req.response.as_ref().and_then(|r| r.grpc_status);
     match end {
         StreamEnd::Ended if status.is_some_and(|s| s >= 400) => Outcome::ErrorStatus,
+        StreamEnd::Ended if grpc_status.is_some_and(|s| s != 0) => Outcome::ErrorStatus,
         StreamEnd::Ended => Outcome::Ok,
         StreamEnd::Reset { .. } => Outcome::Reset,
         StreamEnd::GoAway { .. } => Outcome::GoAway,
@@ -632,6 +635,16 @@ impl Connection {
             out.chunk_sent(&mut self.chunks, cap, key, (c.end_seq, c.t_ns));
         }
         self.finish_streams(done, Cause::Ended, out);
+    }
+
+    /// A header block the server sent (HPACK: `header_blocks.rs`), before
+    /// the frames event of its call. Only on a connection whose streams are
+    /// followed already: the server's blocks follow its preface.
+    pub fn on_h2_block(&mut self, ev: &H2BlockEvent) {
+        self.last_event_ns = self.last_event_ns.max(ev.t_ns);
+        if let Some(streams) = self.streams.as_mut() {
+            streams.on_block(ev);
+        }
     }
 
     /// The connection ended: its open streams are cut.

@@ -11,7 +11,8 @@ use std::{
 use serde::Serialize;
 use ttft_trace_common::{
     CONN_CLOSE, CONN_OPEN, CONN_STATE, ConnEvent, EpisodeEvent, SOCK_RECV, SOCK_SEND, SegmentEvent,
-    SockEvent, h2::H2FramesEvent,
+    SockEvent,
+    h2::{H2BlockEvent, H2FramesEvent},
 };
 
 use super::{
@@ -164,6 +165,7 @@ enum Pending {
     Sock(usize),
     Segment(SegmentEvent),
     H2(Box<H2FramesEvent>),
+    H2Block(Box<H2BlockEvent>),
 }
 
 /// Slots kept allocated when none is in use.
@@ -207,12 +209,22 @@ impl SockSlots {
     }
 }
 
-/// A held event, ordered by time, then by arrival.
+/// A held event, ordered by time, then by arrival; at the same time, a
+/// send's header blocks before its frames (the kernel sends the blocks
+/// after the walk, and a send of many frames has its frames events sent
+/// as they fill: a stream's trailers must be decoded before the frame
+/// that ends the stream).
 #[derive(Debug)]
 struct Held {
     t_ns: u64,
     seq: u64,
     event: Pending,
+}
+
+impl Held {
+    fn rank(&self) -> u8 {
+        u8::from(!matches!(self.event, Pending::H2Block(_)))
+    }
 }
 
 impl PartialEq for Held {
@@ -228,7 +240,7 @@ impl PartialOrd for Held {
 }
 impl Ord for Held {
     fn cmp(&self, other: &Self) -> Ordering {
-        (self.t_ns, self.seq).cmp(&(other.t_ns, other.seq))
+        (self.t_ns, self.rank(), self.seq).cmp(&(other.t_ns, other.rank(), other.seq))
     }
 }
 
@@ -300,6 +312,11 @@ impl Correlator {
     /// HTTP/2 frames sent or received (`ttft_trace_common::h2`).
     pub fn on_h2(&mut self, ev: Box<H2FramesEvent>) {
         self.hold(ev.t_ns, Pending::H2(ev));
+    }
+
+    /// A header block the server sent, before its call's frames.
+    pub fn on_h2_block(&mut self, ev: Box<H2BlockEvent>) {
+        self.hold(ev.t_ns, Pending::H2Block(ev));
     }
 
     pub fn on_episode(&mut self, ev: &EpisodeEvent) {
@@ -406,6 +423,10 @@ impl Correlator {
             },
             Pending::H2(ev) => match self.conns.get_mut(&ev.sk) {
                 Some(conn) => conn.on_h2(&ev, &mut self.out),
+                None => self.stats.unknown_conn_events += 1,
+            },
+            Pending::H2Block(ev) => match self.conns.get_mut(&ev.sk) {
+                Some(conn) => conn.on_h2_block(&ev),
                 None => self.stats.unknown_conn_events += 1,
             },
         }

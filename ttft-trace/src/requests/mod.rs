@@ -129,6 +129,7 @@ mod chunked;
 mod connection;
 mod correlator;
 mod delivery;
+mod header_blocks;
 mod http;
 mod join;
 mod outcome;

@@ -143,6 +143,11 @@ pub struct RequestRecord {
     pub http2_stream_id: Option<u32>,
     pub http2_error_code: Option<u32>,
     pub http2_ended_by: Option<&'static str>,
+    /// gRPC: the trailers' status code and message (percent-decoding
+    /// undone, 256 bytes at most), where HPACK could be decoded (the
+    /// connection seen from its start).
+    pub grpc_status: Option<u32>,
+    pub grpc_message: Option<String>,
     /// A TLS connection followed from its opening: the version, whether the
     /// session was resumed, and the handshake's duration, as the wire shows
     /// them (`requests/tls.rs`).
@@ -286,6 +291,8 @@ impl RequestRecord {
                 Side::Client => "client",
                 Side::Server => "server",
             }),
+            grpc_status: resp.and_then(|r| r.grpc_status),
+            grpc_message: resp.and_then(|r| r.grpc_message.clone()),
             tls: req.tls_handshake,
             retry_of: req.retry.map(|r| r.of),
             user_ttft_ns: req

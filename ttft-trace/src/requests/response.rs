@@ -74,6 +74,10 @@ pub(crate) struct Response {
     pub framing: Framing,
     pub status: Option<u16>,
     pub content_type: Option<String>,
+    /// HTTP/2: the trailers' `grpc-status` and `grpc-message`, where the
+    /// connection's header blocks were decoded (`header_blocks.rs`).
+    pub grpc_status: Option<u32>,
+    pub grpc_message: Option<String>,
     header_len: Option<u64>,
     body: Body,
     /// Trailer fields announced: a chunked body's end may be out of sight.
@@ -109,6 +113,8 @@ impl Response {
             framing: Framing::Opaque,
             status: None,
             content_type: None,
+            grpc_status: None,
+            grpc_message: None,
             header_len: None,
             body: Body::UntilClose,
             trailers: false,
@@ -156,6 +162,8 @@ impl Response {
             framing: Framing::Http2,
             status: s.status,
             content_type: None,
+            grpc_status: s.grpc_status,
+            grpc_message: s.grpc_message.clone(),
             header_len: None,
             body: Body::UntilClose,
             trailers: false,

@@ -21,17 +21,22 @@
 //!   frame, not the send: a frame's payload is delivered to the stream
 //!   only once it is all there.
 //!
-//! The status is read where the response's header block starts with an
-//! HPACK static-table index (`0x88` is `:status: 200`), after any dynamic
-//! table size updates; a literal status needs the HPACK decoder, a later
-//! step.
+//! The status, `grpc-status` and `grpc-message` come from the server's
+//! header blocks, decoded with the connection's HPACK state
+//! (`header_blocks.rs`) while it has seen every block; where it has not
+//! (a connection adopted mid-life, a block missed), the status is still
+//! read where the response's block starts with a static-table index
+//! (`0x88` is `:status: 200`), after any dynamic table size updates.
 
 use std::collections::BTreeMap;
 
 use ttft_trace_common::h2::{
     H2_CONTINUATION, H2_CONTINUED, H2_DATA, H2_END_STREAM, H2_FRAME_HEADER, H2_GOAWAY, H2_HEADERS,
-    H2_PADDED, H2_PRIORITY_FLAG, H2_RECV, H2_RST_STREAM, H2Frame, H2FramesEvent,
+    H2_LOST, H2_PADDED, H2_PRIORITY_FLAG, H2_RECV, H2_RESYNCED, H2_RST_STREAM, H2BlockEvent,
+    H2Frame, H2FramesEvent,
 };
+
+use super::header_blocks::HeaderBlocks;
 
 /// Streams followed at once per connection (gRPC's default concurrency
 /// limit is 100). A new stream past it evicts the oldest open one (the
@@ -100,6 +105,10 @@ pub(crate) struct Stream {
     pub t_first_token: Option<u64>,
     pub t_last_send: Option<u64>,
     pub status: Option<u16>,
+    /// The trailers' (or a trailers-only response's) gRPC status and
+    /// message, where decoded.
+    pub grpc_status: Option<u32>,
+    pub grpc_message: Option<String>,
     /// Sends carrying DATA payload, and the gaps between them (at most
     /// `itl_cap`).
     pub chunks: u32,
@@ -128,13 +137,42 @@ pub(crate) struct StreamTable {
     /// more than `H2_MAX_FRAMES` frames comes in several events
     /// (`H2_CONTINUED`), one chunk a stream all the same.
     send_chunked: Vec<u32>,
+    /// The server's header blocks, decoded in order, and the next one's
+    /// index ([`H2BlockEvent::index`]: the kernel counts every HEADERS
+    /// frame it lists, a block sent or not).
+    headers: HeaderBlocks,
+    next_block: u32,
 }
 
 impl StreamTable {
     pub fn new(itl_cap: usize) -> Self {
         Self {
             itl_cap,
+            headers: HeaderBlocks::new(true),
             ..Self::default()
+        }
+    }
+
+    /// A header block the server sent, applied before its call's frames
+    /// (the correlator orders them so): decoded in the connection's order
+    /// (a gap in the kernel's count, a block lost or not sent, stops the
+    /// decoder), what it says kept on its stream.
+    pub fn on_block(&mut self, b: &H2BlockEvent) {
+        if b.index != self.next_block {
+            self.headers.missed();
+        }
+        self.next_block = b.index.wrapping_add(1);
+        let Some(fields) = self.headers.decode(b) else {
+            return;
+        };
+        let Some(s) = self.open.get_mut(&b.stream) else {
+            return;
+        };
+        if s.t_first_byte.is_none() {
+            s.status = fields.status.or(s.status);
+        }
+        if fields.grpc_status.is_some() {
+            (s.grpc_status, s.grpc_message) = (fields.grpc_status, fields.grpc_message);
         }
     }
 
@@ -155,8 +193,15 @@ impl StreamTable {
         } else {
             Side::Server
         };
-        if side == Side::Server && ev.flags & H2_CONTINUED == 0 {
-            self.send_chunked.clear();
+        if side == Side::Server {
+            if ev.flags & H2_CONTINUED == 0 {
+                self.send_chunked.clear();
+            }
+            // The walk lost its place (or began mid-connection): blocks
+            // may have gone unlisted.
+            if ev.flags & (H2_RESYNCED | H2_LOST) != 0 {
+                self.headers.missed();
+            }
         }
         let mut chunked = std::mem::take(&mut self.send_chunked);
         // 0: the syscall hook, which does not know it (a real 0 is one
@@ -246,7 +291,7 @@ impl StreamTable {
         match f.kind {
             H2_HEADERS if s.t_first_byte.is_none() => {
                 s.t_first_byte = Some(t_header);
-                s.status = status(f);
+                s.status = s.status.or(status(f));
             }
             H2_DATA => {
                 let payload = data_payload(f);
@@ -323,6 +368,8 @@ impl Stream {
             t_first_token: None,
             t_last_send: None,
             status: None,
+            grpc_status: None,
+            grpc_message: None,
             chunks: 0,
             itl: Vec::new(),
             itl_truncated: false,

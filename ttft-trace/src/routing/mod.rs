@@ -91,6 +91,12 @@ impl Router {
                     w.correlator.on_h2(ev);
                 }
             }
+            // A server's send: its socket was bound by the send's own
+            // event, which came first.
+            Ok(Event::H2Block(ev)) => match ws.of_socket(ev.sk, false) {
+                Some(w) => w.correlator.on_h2_block(ev),
+                None => ws.unrouted += 1,
+            },
             Ok(Event::Sched(ev)) => self.route_sched(&ev, lookup),
             Ok(Event::Tcp(ev)) => {
                 self.out.push(Routed::Tcp { what: ev.what });

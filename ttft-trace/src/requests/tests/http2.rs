@@ -3,8 +3,8 @@
 //! stream out.
 
 use ttft_trace_common::h2::{
-    CutHeader, FrameBytes, H2_CONTINUED, H2_CUT_READ, H2_FRAME_HEAD, H2_PEEK, H2_RECV, H2_SEND,
-    H2FramesEvent, Walk, WalkState, walk_call,
+    CutHeader, FrameBytes, H2_CONTINUED, H2_CUT_READ, H2_FRAME_HEAD, H2_HEADERS, H2_PEEK, H2_RECV,
+    H2_SEND, H2BlockEvent, H2FramesEvent, Walk, WalkState, walk_call,
 };
 
 use super::*;
@@ -179,7 +179,7 @@ fn each_stream_is_a_request_and_a_cancelled_one_is_reset() {
     );
     assert_eq!(three.ttft_ns, Some(ms(19)));
     let json = serde_json::to_string(three).expect("json");
-    assert!(json.contains(r#""http2_stream_id":3,"http2_error_code":8,"http2_ended_by":"client","tls":null,"retry_of":null,"user_ttft_ns":null,"outcome":"reset""#), "{json}");
+    assert!(json.contains(r#""http2_stream_id":3,"http2_error_code":8,"http2_ended_by":"client","grpc_status":null,"grpc_message":null,"tls":null,"retry_of":null,"user_ttft_ns":null,"outcome":"reset""#), "{json}");
 }
 
 #[test]
@@ -393,4 +393,88 @@ fn a_call_of_more_frames_than_an_event_holds_loses_none() {
     let want: Vec<(Option<u32>, Outcome, u32)> =
         streams.iter().map(|&s| (Some(s), Outcome::Ok, 1)).collect();
     assert_eq!(got, want);
+}
+
+/// A server send of `frames` at `t`, walked, with each HEADERS frame's
+/// block after its event, as the kernel sends them (`index`: the
+/// connection's count of blocks): the correlator decodes them first.
+fn send_with_blocks(w: &mut Wire, t: u64, frames: &[Vec<u8>], index: &mut u32) {
+    let bytes: Vec<u8> = frames.concat();
+    w.send(SK, t, &bytes);
+    w.c.on_h2(walked(H2_SEND, t, &bytes));
+    let mut offset = 0u32;
+    for f in frames {
+        if f[3] == H2_HEADERS {
+            let payload = &f[9..];
+            let mut b = H2BlockEvent {
+                stream: u32::from_be_bytes([f[5], f[6], f[7], f[8]]),
+                sk: SK,
+                t_ns: t,
+                offset,
+                len: payload.len() as u32,
+                captured: payload.len() as u32,
+                index: *index,
+                flags: f[4],
+                ..H2BlockEvent::default()
+            };
+            b.bytes[..payload.len()].copy_from_slice(payload);
+            *index += 1;
+            w.c.on_h2_block(Box::new(b));
+        }
+        offset += f.len() as u32;
+    }
+}
+
+/// gRPC statuses from the trailers, through HPACK's dynamic table (a real
+/// encoder's blocks: the second trailers refer to entries the first put
+/// there): a call that failed is `error_status` with its code and
+/// message, the one that succeeded `ok` with 0. With a block lost (a gap
+/// in the kernel's count), nothing more is decoded: statuses unknown,
+/// never wrong.
+#[test]
+fn grpc_status_and_message_come_from_the_trailers() {
+    for lost in [false, true] {
+        let mut w = Wire::new();
+        w.open(SK, 0);
+        two_requests(&mut w);
+        let mut enc = fluke_hpack::Encoder::new();
+        let mut enc_block =
+            |h: &[(&str, &str)]| enc.encode(h.iter().map(|(n, v)| (n.as_bytes(), v.as_bytes())));
+        let resp = [(":status", "200"), ("content-type", "application/grpc")];
+        let (r1, r3) = (enc_block(&resp), enc_block(&resp));
+        let ok = enc_block(&[("grpc-status", "0")]);
+        let failed = enc_block(&[("grpc-status", "8"), ("grpc-message", "KV%20cache%20full")]);
+        let mut index = 0;
+        send_with_blocks(
+            &mut w,
+            T0 + ms(5),
+            &[frame(1, 4, 1, &r1), frame(1, 4, 3, &r3)],
+            &mut index,
+        );
+        let msg = [0, 0, 0, 0, 1, 7];
+        send_with_blocks(
+            &mut w,
+            T0 + ms(20),
+            &[frame(0, 0, 1, &msg), frame(1, 5, 1, &ok)],
+            &mut index,
+        );
+        if lost {
+            index += 1;
+        }
+        send_with_blocks(&mut w, T0 + ms(30), &[frame(1, 5, 3, &failed)], &mut index);
+        let rs = streams_one_and_three(&mut w);
+        let (one, three) = (&rs[0], &rs[1]);
+        assert_eq!((one.outcome, one.grpc_status), (Outcome::Ok, Some(0)));
+        assert_eq!(one.http_status, Some(200));
+        if lost {
+            assert_eq!((three.outcome, three.grpc_status), (Outcome::Ok, None));
+            assert_eq!(three.grpc_message, None);
+        } else {
+            assert_eq!(
+                (three.outcome, three.grpc_status),
+                (Outcome::ErrorStatus, Some(8))
+            );
+            assert_eq!(three.grpc_message.as_deref(), Some("KV cache full"));
+        }
+    }
 }
