@@ -40,15 +40,18 @@ const MSGS: u32 = 6;
 /// The tracer's client TTFT estimate (the client's ACK of the stream's
 /// first DATA frame, less its request's segment) against the client's own
 /// TTFT from that segment: at most this apart at the median, and never
-/// earlier than the client's read by more than [`ESTIMATE_EARLY_MS`]
-/// (an ACK cannot precede the bytes it acknowledges: earlier is another
-/// frame's ACK). Later is a delayed ACK: the raw clients acknowledge at
+/// earlier than the client's read by more than [`ESTIMATE_EARLY_MS`]: the
+/// client's kernel acknowledges the bytes when they arrive, the client's
+/// thread reads them when it runs (2.9 ms later for two grpclib streams
+/// in one full run, 2026-12-07, on this 2-CPU machine; was 1.5 ms);
+/// much earlier is another frame's ACK (a stream's first message comes
+/// after a 20 ms prefill). Later is a delayed ACK: the raw clients acknowledge at
 /// once (TCP_QUICKACK), grpcio's client may hold an ACK until its next
 /// segment (1 stream in 24 seen 20 ms late, 2026-12-07); at most Linux's
 /// delayed-ACK ceiling, 200 ms. Measured (2026-12-07, before the raw
 /// clients acknowledged at once): 33 of 36 streams within 0.6 ms.
 const ESTIMATE_TOLERANCE_MS: f64 = 1.0;
-const ESTIMATE_EARLY_MS: f64 = 1.5;
+const ESTIMATE_EARLY_MS: f64 = 5.0;
 const ESTIMATE_LATE_MS: f64 = 200.0;
 
 /// Streams of the loss test, one after the other on one connection: with
