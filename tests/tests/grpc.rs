@@ -348,12 +348,22 @@ fn grpc_server_frame_headers_cut_between_sends() -> Result<()> {
 /// grpc_stream.py's client (grpcio) against `port`, writing its calls to
 /// `out`.
 fn grpcio_client(port: u16, out: &std::path::Path) -> Result<std::process::ExitStatus> {
+    grpc_stream_client("client", port, out)
+}
+
+/// grpc_stream.py's client `mode` (grpcio) against `port`, writing its
+/// calls to `out`.
+fn grpc_stream_client(
+    mode: &str,
+    port: u16,
+    out: &std::path::Path,
+) -> Result<std::process::ExitStatus> {
     Command::new(grpc_python())
         .current_dir(stacks_dir())
-        .args(["grpc_stream.py", "client", &port.to_string()])
+        .args(["grpc_stream.py", mode, &port.to_string()])
         .arg(out)
         .status()
-        .context("running the gRPC client")
+        .with_context(|| format!("running the gRPC client ({mode})"))
 }
 
 /// grpc_stream.py's client (grpcio) against `server`, checked.
@@ -518,12 +528,7 @@ fn grpc_status_and_message_are_read_from_the_trailers() -> Result<()> {
     ] {
         let Some(Traced { calls, records, .. }) =
             traced_grpc_calls(name, server, &[], |port, out| {
-                Command::new(grpc_python())
-                    .current_dir(stacks_dir())
-                    .args(["grpc_stream.py", "client-statuses", &port.to_string()])
-                    .arg(out)
-                    .status()
-                    .context("running the gRPC client")
+                grpc_stream_client("client-statuses", port, out)
             })?
         else {
             return Ok(());
